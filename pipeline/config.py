@@ -1,0 +1,197 @@
+"""Frozen runtime settings; the only module that reads the environment.
+
+Variables (SPEC §7):
+
+``CHANNEL_HEALTH_KAFKA_BOOTSTRAP``
+    ``host:port[,host:port]``. Unset with ``demo``: start the embedded broker.
+``CHANNEL_HEALTH_CLICKHOUSE_URL``
+    ``http(s)://user@host:8123/db`` or ``chdb:///path/to/dir``.
+    Default ``chdb://./data/chdb``.
+``CHANNEL_HEALTH_TOPIC_PREFIX``
+    Prepended to every topic name (default empty).
+``CHANNEL_HEALTH_KAFKA_SECURITY_PROTOCOL``
+    ``PLAINTEXT`` (default), ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``.
+``CHANNEL_HEALTH_KAFKA_SASL_MECHANISM`` / ``..._SASL_USERNAME``
+    SASL mechanism (``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512``) and user.
+``CHANNEL_HEALTH_KAFKA_SASL_PASSWORD`` or ``..._SASL_PASSWORD_FILE``
+    The SASL password, or a file holding it (secret files win).
+``CHANNEL_HEALTH_CLICKHOUSE_PASSWORD`` or ``..._PASSWORD_FILE``
+    ClickHouse password, if not in the URL.
+``CHANNEL_HEALTH_CONSUMER_GROUP``
+    Kafka consumer group of the workers (default ``channel-health``).
+
+Secrets are held as :class:`Secret`, whose ``repr`` and ``str`` never show
+the value, so a logged settings object leaks nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+ENV_PREFIX = "CHANNEL_HEALTH_"
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret string that never prints. Use :meth:`reveal` where it is needed."""
+
+    _value: str = field(repr=False)
+
+    def reveal(self) -> str:
+        """Return the secret value (for client constructors only)."""
+        return self._value
+
+    def __str__(self) -> str:
+        return "***"
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Kafka topic names (SPEC §7), with the configured prefix applied."""
+
+    requests: str
+    health: str
+    dlq: str
+    quality: str
+
+    @classmethod
+    def with_prefix(cls, prefix: str) -> "Topics":
+        """Build topic names ``<prefix>gateway.requests`` etc."""
+        return cls(
+            requests=f"{prefix}gateway.requests",
+            health=f"{prefix}channel.health",
+            dlq=f"{prefix}gateway.requests.dlq",
+            quality=f"{prefix}channel.quality_scores",
+        )
+
+
+@dataclass(frozen=True)
+class KafkaSecurity:
+    """Kafka client security settings (SASL/SSL); defaults to plaintext."""
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: Secret | None = None
+    ssl_cafile: str | None = None
+
+    def aiokafka_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for aiokafka producers/consumers."""
+        kwargs: dict[str, object] = {"security_protocol": self.protocol}
+        if self.protocol.startswith("SASL"):
+            kwargs["sasl_mechanism"] = self.sasl_mechanism or "PLAIN"
+            kwargs["sasl_plain_username"] = self.sasl_username
+            kwargs["sasl_plain_password"] = self.sasl_password.reveal() if self.sasl_password else None
+        if self.protocol.endswith("SSL"):
+            import ssl
+
+            kwargs["ssl_context"] = ssl.create_default_context(cafile=self.ssl_cafile)
+        return kwargs
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All runtime settings, read once by :func:`load_settings`."""
+
+    kafka_bootstrap: str | None
+    clickhouse_url: str
+    topic_prefix: str = ""
+    consumer_group: str = "channel-health"
+    kafka_security: KafkaSecurity = KafkaSecurity()
+    clickhouse_password: Secret | None = None
+    partitions: int = 4
+
+    @property
+    def topics(self) -> Topics:
+        """Topic names with the prefix applied."""
+        return Topics.with_prefix(self.topic_prefix)
+
+    @property
+    def clickhouse_url_redacted(self) -> str:
+        """The ClickHouse URL with any password replaced by ``***`` (for logs)."""
+        return redact_url(self.clickhouse_url)
+
+    def with_overrides(self, **changes: object) -> "Settings":
+        """A copy with some fields replaced (e.g. the embedded broker address)."""
+        from dataclasses import replace
+
+        return replace(self, **changes)
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with the password part of its user-info replaced by ``***``.
+
+    >>> redact_url("https://bob:hunter2@ch.example:8443/db")
+    'https://bob:***@ch.example:8443/db'
+    >>> redact_url("chdb:///tmp/x")
+    'chdb:///tmp/x'
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _read_secret(env: Mapping[str, str], name: str) -> Secret | None:
+    file_var = f"{ENV_PREFIX}{name}_FILE"
+    if env.get(file_var):
+        path = Path(env[file_var])
+        try:
+            return Secret(path.read_text().strip())
+        except OSError as exc:
+            raise ConfigError(f"{file_var}: cannot read secret file {path}: {exc.strerror}") from None
+    value = env.get(f"{ENV_PREFIX}{name}")
+    return Secret(value) if value else None
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read :class:`Settings` from ``env`` (default ``os.environ``).
+
+    Raises :class:`ConfigError` for a malformed value (never falls back to a
+    default silently).
+    """
+    env = os.environ if env is None else env
+    url = env.get(f"{ENV_PREFIX}CLICKHOUSE_URL", "chdb://./data/chdb")
+    scheme = urlsplit(url).scheme
+    if scheme not in {"chdb", "http", "https"}:
+        raise ConfigError(
+            f"{ENV_PREFIX}CLICKHOUSE_URL must start with chdb://, http:// or https://, got scheme {scheme!r}"
+        )
+    protocol = env.get(f"{ENV_PREFIX}KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
+    if protocol not in {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"}:
+        raise ConfigError(f"{ENV_PREFIX}KAFKA_SECURITY_PROTOCOL: unknown protocol {protocol!r}")
+    partitions_raw = env.get(f"{ENV_PREFIX}PARTITIONS", "4")
+    try:
+        partitions = int(partitions_raw)
+        if partitions < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}PARTITIONS must be a positive integer, got {partitions_raw!r}") from None
+    security = KafkaSecurity(
+        protocol=protocol,
+        sasl_mechanism=env.get(f"{ENV_PREFIX}KAFKA_SASL_MECHANISM"),
+        sasl_username=env.get(f"{ENV_PREFIX}KAFKA_SASL_USERNAME"),
+        sasl_password=_read_secret(env, "KAFKA_SASL_PASSWORD"),
+        ssl_cafile=env.get(f"{ENV_PREFIX}KAFKA_SSL_CAFILE"),
+    )
+    return Settings(
+        kafka_bootstrap=env.get(f"{ENV_PREFIX}KAFKA_BOOTSTRAP") or None,
+        clickhouse_url=url,
+        topic_prefix=env.get(f"{ENV_PREFIX}TOPIC_PREFIX", ""),
+        consumer_group=env.get(f"{ENV_PREFIX}CONSUMER_GROUP", "channel-health"),
+        kafka_security=security,
+        clickhouse_password=_read_secret(env, "CLICKHOUSE_PASSWORD"),
+        partitions=partitions,
+    )

@@ -1,0 +1,133 @@
+"""Typed message classes mirroring ``schemas/`` and the one JSON codec.
+
+The JSON Schemas in ``schemas/`` are the language-neutral contract (SPEC §3);
+these msgspec Structs are the Python side of it, and
+``tests/unit/test_contracts.py`` checks the two agree. Field names are the
+contract; units are in the names (``_ms``, ``_usd``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal, Union
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+Status = Literal["ok", "error", "timeout", "rate_limited", "cancelled", "filtered"]
+State = Literal["healthy", "degraded", "open", "half_open", "recovering", "no_data"]
+
+#: Statuses that count as upstream failures (SPEC §4.1). ``cancelled`` is a
+#: client decision and ``filtered`` a content-policy outcome: neither is an
+#: upstream failure by itself.
+FAILURE_STATUSES: frozenset[str] = frozenset({"error", "timeout", "rate_limited"})
+
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+ShortStr = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+
+
+class ExpectedCall(msgspec.Struct, forbid_unknown_fields=False):
+    """One expected tool call: the function name and its required arguments."""
+
+    function: str
+    required: list[str] = []
+
+
+class RequestEvent(msgspec.Struct, omit_defaults=True):
+    """One upstream model request as a gateway reports it (SPEC §3).
+
+    ``ts_ms`` is UTC epoch milliseconds when the request finished (event
+    time), >= 0. ``latency_ms`` >= 0. ``expected_fields`` is either a list of
+    field names (JSON-object answer) or a list of :class:`ExpectedCall`
+    (tool-call answer), never a mix. ``missing_fields`` and the optional
+    ``parse_ok`` are a structure check already done (by the gateway, or by the
+    ingest decoder before it truncates a long ``response_text``);
+    ``parse_ok`` absent with ``missing_fields`` present means "parsed".
+
+    Raises ``msgspec.ValidationError`` on decode for a wrong type, a missing
+    required field, a value out of range, a non-finite number or a mixed
+    ``expected_fields`` list.
+    """
+
+    event_id: ShortStr
+    ts_ms: NonNegInt
+    channel: ShortStr
+    route: ShortStr
+    status: Status
+    latency_ms: NonNegFloat
+    gateway_id: str | None = None
+    trace_id: str | None = None
+    tier: Literal["free", "paid"] | None = None
+    http_status: Annotated[int, msgspec.Meta(ge=0, le=999)] | None = None
+    error_type: str | None = None
+    ttft_ms: NonNegFloat | None = None
+    max_stream_gap_ms: NonNegFloat | None = None
+    input_tokens: NonNegInt | None = None
+    output_tokens: NonNegInt | None = None
+    cost_usd: NonNegFloat | None = None
+    quota_remaining: Share | None = None
+    expected_fields: list[Union[str, ExpectedCall]] | None = None
+    missing_fields: list[str] | None = None
+    parse_ok: bool | None = None
+    response_text: str | None = None
+    prompt_text: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("latency_ms", "ttft_ms", "max_stream_gap_ms", "cost_usd", "quota_remaining"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.expected_fields:
+            kinds = {isinstance(f, str) for f in self.expected_fields}
+            if len(kinds) > 1:
+                raise ValueError("expected_fields mixes field names and {function, required} objects")
+
+
+class Batch(msgspec.Struct):
+    """Batch envelope: several request events in one Kafka message (SPEC §3).
+
+    ``events`` holds each element's original JSON bytes (at least one); the
+    ingest decoder validates them one by one (``pipeline.ingest.decode``).
+    """
+
+    events: Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1)]
+
+
+class Verdict(msgspec.Struct, omit_defaults=False):
+    """Channel-health verdict published on ``channel.health`` (SPEC §3).
+
+    ``weight`` in [0, 1] is the recommended traffic-share multiplier;
+    ``metrics`` holds the numbers behind ``reasons``; ``ts_ms`` is the event
+    time of the evaluation; ``seq`` increases by one per published verdict of
+    the channel.
+    """
+
+    channel: str
+    route: str
+    state: State
+    weight: Share
+    reasons: list[str]
+    metrics: dict[str, Union[float, int, str, None]]
+    ts_ms: NonNegInt
+    seq: NonNegInt
+    schema_version: int = SCHEMA_VERSION
+
+
+_encoder = msgspec.json.Encoder()
+_verdict_decoder = msgspec.json.Decoder(Verdict)
+
+
+def encode(obj: object) -> bytes:
+    """Encode a Struct (or plain JSON-able value) to compact JSON bytes."""
+    return _encoder.encode(obj)
+
+
+def decode_verdict(raw: bytes) -> Verdict:
+    """Decode one ``channel.health`` message.
+
+    Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` on bad bytes.
+    """
+    return _verdict_decoder.decode(raw)

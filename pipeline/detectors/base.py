@@ -1,0 +1,103 @@
+"""The detector contract and the shared statistics.
+
+A detector is stateless: ``detect(view, th, active) -> Finding``. ``active``
+(bool (C,)) says whether the finding fired in the previous round, so a
+detector can apply hysteresis; the engine keeps that bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+from scipy.stats import norm
+
+from pipeline.policy.defaults import Thresholds
+from pipeline.windows.store import WindowView
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detector's result for all channels.
+
+    ``reason``: the verdict reason code (SPEC §3); ``fired`` bool (C,);
+    ``metrics``: name → float64 (C,) numbers behind the reason (NaN where
+    not computable).
+    """
+
+    reason: str
+    fired: np.ndarray
+    metrics: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ThresholdArrays:
+    """:class:`Thresholds` fields as per-channel float64 arrays (C,)."""
+
+    values: dict[str, np.ndarray]
+
+    @classmethod
+    def build(cls, per_channel: Sequence[Thresholds]) -> "ThresholdArrays":
+        """Stack one :class:`Thresholds` per channel into arrays."""
+        names = [f.name for f in dataclasses.fields(Thresholds)]
+        return cls({n: np.array([getattr(t, n) for t in per_channel], dtype=np.float64) for n in names})
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Detector(Protocol):
+    """What every detector implements (see ``tests/unit/test_detectors_contract.py``)."""
+
+    reason: str
+
+    def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
+        """Evaluate all channels; arrays in ``view``/``th``/``active`` have shape (C,)."""
+        ...
+
+
+def z_for(confidence: float) -> float:
+    """One-sided normal quantile for ``confidence`` in (0.5, 1).
+
+    >>> round(z_for(0.9999), 3)
+    3.719
+    """
+    if not 0.5 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
+    return float(norm.ppf(confidence))
+
+
+def wilson_bounds(successes: np.ndarray, n: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval (Wilson 1927) for a binomial proportion, vectorised.
+
+    ``successes`` and ``n`` float arrays of equal shape (0 <= successes <= n);
+    returns ``(lower, upper)`` in [0, 1]; NaN where ``n == 0``. Matches
+    ``scipy.stats.binomtest(k, n).proportion_ci(method="wilson")`` at the
+    two-sided level whose one-sided quantile is ``z``.
+
+    >>> lo, hi = wilson_bounds(np.array([1.0]), np.array([20.0]), 3.719)
+    >>> round(float(lo[0]), 4), round(float(hi[0]), 4)
+    (0.0032, 0.4648)
+    """
+    k = np.asarray(successes, dtype=np.float64)
+    n = np.asarray(n, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = k / n
+        z2 = z * z
+        denom = 1.0 + z2 / n
+        centre = (p + z2 / (2 * n)) / denom
+        half = z * np.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+        lower = np.where(n > 0, np.clip(centre - half, 0.0, 1.0), np.nan)
+        upper = np.where(n > 0, np.clip(centre + half, 0.0, 1.0), np.nan)
+    return lower, upper
+
+
+def safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """``num / den`` with NaN where ``den`` is 0 or NaN (no warnings)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / den, np.nan)

@@ -1,0 +1,331 @@
+"""Kafka message bytes -> validated request events + dead letters (SPEC §3).
+
+A ``gateway.requests`` message holds one request event (a JSON object) or a
+batch envelope ``{"events": [...]}`` (any top-level object with an ``events``
+key is taken as a batch). Validation is the msgspec decode into
+:class:`pipeline.contracts.RequestEvent` plus the checks JSON Schema cannot
+express: ``ts_ms`` within ``[now - max_age_ms, now + max_future_ms]``, and
+``event_id`` unique within a batch (a repeat of an id already kept from the
+same batch is dead-lettered as ``duplicate_in_batch``).
+
+Bad input never raises and never stops the pipeline: each bad message, or
+each bad element of a batch, becomes one :class:`DeadLetter` with a reason
+code from :mod:`pipeline.ingest.reasons`; the good events of a batch are kept.
+So for a batch of N >= 1 elements ``len(events) + len(dead_letters) == N``,
+and any other message yields exactly one event or one dead letter.
+
+Fast path: a typed msgspec decode of the whole message (batch or event);
+per-element decoding happens only when that fails.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from pipeline.contracts import Batch, RequestEvent
+from pipeline.ingest import reasons as R
+from pipeline.ingest.counters import DecodeCounters
+from pipeline.ingest.dead_letter import DeadLetter
+from pipeline.ingest.reasons import classify_validation_error
+from pipeline.ingest.structure import check_structure
+
+__all__ = ["Decoder", "DecodeResult", "DeadLetter", "DecodeCounters"]
+
+_SECOND_MS = 1_000
+_HOUR_MS = 3_600_000
+_DAY_MS = 86_400_000
+_MAX_ID_CHARS = 512
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
+               bool: "boolean", type(None): "null"}
+
+
+class DecodeResult(msgspec.Struct):
+    """What one Kafka message decoded to: accepted ``events`` (in message
+    order) and ``dead_letters`` (in message order)."""
+
+    events: list[RequestEvent]
+    dead_letters: list[DeadLetter]
+
+
+class _TypedBatch(msgspec.Struct):
+    """Fast-path batch envelope: every element decoded as a RequestEvent."""
+
+    events: Annotated[list[RequestEvent], msgspec.Meta(min_length=1)]
+
+
+class _IdProbe(msgspec.Struct):
+    """Reads only ``event_id`` from a rejected element (for the dead letter)."""
+
+    event_id: Any = None
+
+
+def _duration(ms: float) -> str:
+    """Readable duration: ``"42 s"``, ``"3.5 h"``, ``"12.0 days"``."""
+    ms = abs(ms)
+    if ms < 2 * 60 * _SECOND_MS:
+        return f"{ms / _SECOND_MS:.0f} s"
+    if ms < 2 * _DAY_MS:
+        return f"{ms / _HOUR_MS:.1f} h"
+    return f"{ms / _DAY_MS:.1f} days"
+
+
+class Decoder:
+    """Validating decoder for ``gateway.requests`` messages (SPEC §3).
+
+    Limits (all keyword-only, ints > 0; ``None`` switches a time check off,
+    e.g. to replay old traces with their original timestamps):
+
+    ``max_message_bytes`` (default 1,000,000): larger messages -> ``too_large``.
+    ``max_future_ms`` (default 1 h): ``ts_ms > now_ms + max_future_ms`` -> ``ts_in_future``.
+    ``max_age_ms`` (default 7 days): ``ts_ms < now_ms - max_age_ms`` -> ``ts_too_old``.
+    ``max_text_chars`` (default 8,000): longer ``response_text`` /
+    ``prompt_text`` are cut to this many characters, not rejected. When a
+    ``response_text`` that the structure check (SPEC §4.4) would judge is cut,
+    the check runs first on the full text and its result is stored in the
+    event's ``missing_fields`` / ``parse_ok``.
+
+    ``counters``: a :class:`DecodeCounters` to update (a new one by default),
+    exposed as ``self.counters``.
+
+    Raises ``ValueError`` for a limit that is not a positive int.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_message_bytes: int = 1_000_000,
+        max_future_ms: int | None = _HOUR_MS,
+        max_age_ms: int | None = 7 * _DAY_MS,
+        max_text_chars: int = 8_000,
+        counters: DecodeCounters | None = None,
+    ) -> None:
+        for name, value, optional in (
+            ("max_message_bytes", max_message_bytes, False),
+            ("max_future_ms", max_future_ms, True),
+            ("max_age_ms", max_age_ms, True),
+            ("max_text_chars", max_text_chars, False),
+        ):
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.max_message_bytes = max_message_bytes
+        self.max_future_ms = max_future_ms
+        self.max_age_ms = max_age_ms
+        self.max_text_chars = max_text_chars
+        self.counters = counters if counters is not None else DecodeCounters()
+        self._event_decoder = msgspec.json.Decoder(RequestEvent)
+        self._typed_batch_decoder = msgspec.json.Decoder(_TypedBatch)
+        self._raw_batch_decoder = msgspec.json.Decoder(Batch)
+        self._probe_decoder = msgspec.json.Decoder(_IdProbe)
+        self._any_decoder = msgspec.json.Decoder()
+
+    # ------------------------------------------------------------------ API
+
+    def decode(self, raw: bytes, now_ms: int) -> DecodeResult:
+        """Decode one Kafka message value.
+
+        ``raw``: the message value (``bytes``, ``bytearray``, ``memoryview``;
+        ``None`` for a tombstone -> ``empty_message``). ``now_ms``: the
+        decoder's clock, UTC epoch ms, for the ``ts_ms`` sanity window.
+        Updates ``self.counters``. Never raises: an unexpected internal error
+        becomes one ``internal_error`` dead letter holding the input.
+        """
+        try:
+            result = self._decode(raw, now_ms)
+        except Exception as exc:  # noqa: BLE001 - bad input must never stop the stream
+            detail = f"decoder error {type(exc).__name__}: {exc}"[: R.MAX_DETAIL_CHARS]
+            result = DecodeResult([], [DeadLetter(R.INTERNAL_ERROR, detail, _safe_bytes(raw))])
+        counters = self.counters
+        counters.messages += 1
+        counters.events += len(result.events)
+        for dead in result.dead_letters:
+            counters.add_dead_letter(dead.reason)
+        return result
+
+    # ------------------------------------------------------------ internals
+
+    def _decode(self, raw: Any, now_ms: int) -> DecodeResult:
+        """:meth:`decode` without the safety net and the counting."""
+        if raw is None:
+            return _rejected(R.EMPTY_MESSAGE, "message has no value (tombstone)", b"")
+        if isinstance(raw, str):
+            raw = raw.encode("utf-8", "surrogatepass")
+        elif not isinstance(raw, bytes):
+            try:
+                raw = bytes(raw)
+            except TypeError:
+                return _rejected(R.WRONG_TYPE, f"message: expected bytes, got {type(raw).__name__}", b"")
+        size = len(raw)
+        if size > self.max_message_bytes:
+            return _rejected(R.TOO_LARGE, f"message is {size} bytes; the limit is {self.max_message_bytes}", raw)
+        if not raw.strip():
+            return _rejected(R.INVALID_JSON, "message is empty", raw)
+        if b'"events"' in raw:
+            try:
+                batch = self._typed_batch_decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                pass
+            else:
+                return self._finish_batch(batch.events, raw, None, now_ms)
+        else:
+            try:
+                event = self._event_decoder.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+                pass
+            else:
+                return self._finish_single(event, raw, now_ms)
+        return self._slow(raw, now_ms)
+
+    def _slow(self, raw: bytes, now_ms: int) -> DecodeResult:
+        """Find out what is wrong: JSON, UTF-8, envelope, or which element."""
+        try:
+            top = self._any_decoder.decode(raw)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return _rejected(R.NOT_UTF8, f"message is not valid UTF-8 (byte {bad.start}: {bad.reason})", raw)
+            if isinstance(exc, RecursionError):
+                return _rejected(R.INVALID_JSON, "message: JSON nested too deeply", raw)
+            return _rejected(R.INVALID_JSON, f"message is not valid JSON: {exc}", raw)
+        if not isinstance(top, dict):
+            return _rejected(
+                R.WRONG_TYPE,
+                'message: expected a JSON object (one event) or {"events": [...]}, '
+                f"got {_JSON_TYPES.get(type(top), 'value')}",
+                raw,
+            )
+        if "events" not in top:
+            try:
+                event = self._event_decoder.decode(raw)
+            except msgspec.ValidationError as exc:
+                reason, detail = classify_validation_error(str(exc))
+                return _rejected(reason, detail, raw, _id_of(top))
+            return self._finish_single(event, raw, now_ms)
+        try:
+            elements = self._raw_batch_decoder.decode(raw).events
+        except msgspec.ValidationError as exc:
+            _, detail = classify_validation_error(str(exc))
+            return _rejected(R.BAD_BATCH, f"{detail} (a batch is {{\"events\": [event, ...]}})", raw)
+        decoded: list[RequestEvent | DeadLetter] = []
+        for index, element in enumerate(elements):
+            try:
+                decoded.append(self._event_decoder.decode(element))
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+                reason, detail = classify_validation_error(str(exc))
+                if detail.startswith("Expected `object`"):
+                    detail = f"event: {detail}"
+                decoded.append(DeadLetter(reason, detail, bytes(element), self._probe_id(element), index))
+        return self._finish_batch(decoded, raw, elements, now_ms)
+
+    def _finish_single(self, event: RequestEvent, raw: bytes, now_ms: int) -> DecodeResult:
+        """Post-decode checks for a one-event message."""
+        problem = self._check_time(event, now_ms)
+        if problem is not None:
+            return _rejected(problem[0], problem[1], raw, event.event_id)
+        self._truncate(event)
+        return DecodeResult([event], [])
+
+    def _finish_batch(
+        self,
+        items: list[Any],
+        raw: bytes,
+        elements: list[msgspec.Raw] | None,
+        now_ms: int,
+    ) -> DecodeResult:
+        """Post-decode checks for a batch; ``items`` are events or already-made dead letters.
+
+        ``elements`` (each element's bytes) is decoded lazily on the fast path,
+        only when an element must be dead-lettered.
+        """
+        events: list[RequestEvent] = []
+        dead: list[DeadLetter] = []
+        seen: set[str] = set()
+        for index, item in enumerate(items):
+            if isinstance(item, DeadLetter):
+                dead.append(item)
+                continue
+            problem = self._check_time(item, now_ms)
+            if problem is None and item.event_id in seen:
+                problem = (R.DUPLICATE_IN_BATCH, f"event_id: {item.event_id!r} appears earlier in this batch"
+                           [: R.MAX_DETAIL_CHARS])
+            if problem is None:
+                seen.add(item.event_id)
+                self._truncate(item)
+                events.append(item)
+                continue
+            if elements is None:
+                elements = self._element_bytes(raw, len(items))
+            element = bytes(elements[index]) if elements is not None else msgspec.json.encode(item)
+            dead.append(DeadLetter(problem[0], problem[1], element, item.event_id, index))
+        return DecodeResult(events, dead)
+
+    def _element_bytes(self, raw: bytes, expected: int) -> list[msgspec.Raw] | None:
+        """Each batch element's original bytes, or None if they cannot be matched up."""
+        try:
+            elements = self._raw_batch_decoder.decode(raw).events
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return None
+        return elements if len(elements) == expected else None
+
+    def _check_time(self, event: RequestEvent, now_ms: int) -> tuple[str, str] | None:
+        """``(reason, detail)`` if ``ts_ms`` is outside the sanity window, else None."""
+        ahead = event.ts_ms - now_ms
+        if self.max_future_ms is not None and ahead > self.max_future_ms:
+            return R.TS_IN_FUTURE, (
+                f"ts_ms: {event.ts_ms} is {_duration(ahead)} ahead of the decoder clock {now_ms} "
+                f"(limit {_duration(self.max_future_ms)})"
+            )[: R.MAX_DETAIL_CHARS]
+        if self.max_age_ms is not None and -ahead > self.max_age_ms:
+            return R.TS_TOO_OLD, (
+                f"ts_ms: {event.ts_ms} is {_duration(ahead)} behind the decoder clock {now_ms} "
+                f"(limit {_duration(self.max_age_ms)})"
+            )
+        return None
+
+    def _truncate(self, event: RequestEvent) -> None:
+        """Cut long texts to ``max_text_chars``; structure-check a long answer first."""
+        limit = self.max_text_chars
+        text = event.response_text
+        if text is not None and len(text) > limit:
+            if event.status == "ok" and event.expected_fields and event.missing_fields is None:
+                result = check_structure(text, event.expected_fields)
+                event.missing_fields = result.missing_fields
+                event.parse_ok = result.parse_ok
+            event.response_text = text[:limit]
+            self.counters.texts_truncated += 1
+        if event.prompt_text is not None and len(event.prompt_text) > limit:
+            event.prompt_text = event.prompt_text[:limit]
+            self.counters.texts_truncated += 1
+
+    def _probe_id(self, element: bytes | msgspec.Raw) -> str | None:
+        """``event_id`` of a rejected element if it is a 1..512-char string."""
+        try:
+            value = self._probe_decoder.decode(element).event_id
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+            return None
+        return value if isinstance(value, str) and 0 < len(value) <= _MAX_ID_CHARS else None
+
+
+def _id_of(obj: dict[str, Any]) -> str | None:
+    """``event_id`` from an already-parsed object, if it is a 1..512-char string."""
+    value = obj.get("event_id")
+    return value if isinstance(value, str) and 0 < len(value) <= _MAX_ID_CHARS else None
+
+
+def _rejected(reason: str, detail: str, raw: bytes, event_id: str | None = None) -> DecodeResult:
+    """A result with no events and one whole-message dead letter."""
+    return DecodeResult([], [DeadLetter(reason, detail[: R.MAX_DETAIL_CHARS], raw, event_id)])
+
+
+def _safe_bytes(raw: Any) -> bytes:
+    """Best-effort bytes of any input, for an ``internal_error`` dead letter."""
+    if isinstance(raw, bytes):
+        return raw
+    try:
+        return raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
+    except Exception:  # noqa: BLE001
+        return repr(raw).encode("utf-8", "replace")

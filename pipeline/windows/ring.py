@@ -1,0 +1,131 @@
+"""Rings of per-interval counters and latency histograms, for all channels.
+
+One :class:`IntervalRing` holds, per channel, ``n_slots`` intervals of
+``slot_ms`` event time each: a counter vector and a latency histogram per
+interval. A slot is identified by its absolute interval number
+``ts_ms // slot_ms``; writing an event whose interval is newer than what a
+ring position holds evicts the old interval (the ring rolls over in event
+time, never in wall-clock time). Memory is fixed per channel:
+``n_slots * (n_counters + n_buckets) * 4`` bytes, whatever the event count.
+
+Two rings per worker (see :mod:`pipeline.windows.store`):
+  - short: 30 × 10 s (the 1 min and 5 min windows of SPEC §4.1–4.4);
+  - baseline: 25 × 1 h latency histograms (the rolling 24 h baseline of
+    SPEC §4.3 plus the hour being filled).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class IntervalRing:
+    """Per-channel ring of ``n_slots`` event-time intervals.
+
+    Arrays (C = channel capacity, grows by doubling):
+      ``slot_id``  int64 (C, n_slots): interval number held, -1 = empty;
+      ``counts``   float32 (C, n_slots, n_counters);
+      ``hist``     float32 (C, n_slots, n_buckets) latency histograms.
+    float32 keeps sums exact up to 2**24 per interval and lets window sums
+    run as batched matrix products.
+
+    ``slot_ms`` > 0, ``n_slots`` >= 1. Raises ``ValueError`` otherwise.
+    """
+
+    def __init__(self, slot_ms: int, n_slots: int, n_counters: int, n_buckets: int, capacity: int = 16):
+        if slot_ms <= 0 or n_slots < 1 or n_counters < 0 or n_buckets < 0:
+            raise ValueError("slot_ms must be > 0, n_slots >= 1, n_counters and n_buckets >= 0")
+        self.slot_ms = int(slot_ms)
+        self.n_slots = int(n_slots)
+        self.n_counters = int(n_counters)
+        self.n_buckets = int(n_buckets)
+        self.slot_id = np.full((capacity, n_slots), -1, dtype=np.int64)
+        self.counts = np.zeros((capacity, n_slots, n_counters), dtype=np.float32)
+        self.hist = np.zeros((capacity, n_slots, n_buckets), dtype=np.float32)
+
+    @property
+    def capacity(self) -> int:
+        """Number of channel rows allocated."""
+        return self.slot_id.shape[0]
+
+    def ensure_capacity(self, n_channels: int) -> None:
+        """Grow (by doubling) so that channel indices < ``n_channels`` fit."""
+        cap = self.capacity
+        if n_channels <= cap:
+            return
+        new = max(n_channels, 2 * cap)
+        pad = new - cap
+        self.slot_id = np.concatenate([self.slot_id, np.full((pad, self.n_slots), -1, np.int64)])
+        self.counts = np.concatenate([self.counts, np.zeros((pad, self.n_slots, self.n_counters), np.float32)])
+        self.hist = np.concatenate([self.hist, np.zeros((pad, self.n_slots, self.n_buckets), np.float32)])
+
+    def add(
+        self,
+        channel: np.ndarray,
+        ts_ms: np.ndarray,
+        counter_rows: np.ndarray | None = None,
+        hist_mask: np.ndarray | None = None,
+        hist_key: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Add a batch of events; returns a bool mask of events too old for the ring.
+
+        ``channel`` int (n,), ``ts_ms`` int64 (n,), ``counter_rows`` (n,
+        n_counters) increments, ``hist_mask`` bool (n,) selecting the events
+        whose ``hist_key`` (int (n,), bucket index) is counted. An event is
+        too old (mask True, not counted) when its ring position already holds
+        a newer interval, i.e. it is more than ``n_slots`` intervals older
+        than the channel's newest event.
+        """
+        channel = np.asarray(channel, dtype=np.int64)
+        slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
+        flat = channel * self.n_slots + slot % self.n_slots
+        ids = self.slot_id.reshape(-1)
+        newest = ids.copy()
+        np.maximum.at(newest, flat, slot)
+        evict = np.nonzero(newest != ids)[0]
+        if evict.size:
+            if self.n_counters:
+                self.counts.reshape(-1, self.n_counters)[evict] = 0.0
+            if self.n_buckets:
+                self.hist.reshape(-1, self.n_buckets)[evict] = 0.0
+            ids[evict] = newest[evict]
+        fits = slot == ids[flat]
+        if counter_rows is not None and self.n_counters:
+            np.add.at(self.counts.reshape(-1, self.n_counters), flat[fits], counter_rows[fits])
+        if hist_mask is not None and self.n_buckets:
+            sel = fits & hist_mask
+            np.add.at(self.hist.reshape(-1, self.n_buckets), (flat[sel], hist_key[sel]), 1.0)
+        return ~fits
+
+    def window_mask(self, lo_slot: np.ndarray | int, hi_slot: int) -> np.ndarray:
+        """float32 (C, n_slots): 1 where the held interval is in ``[lo_slot, hi_slot)``.
+
+        ``lo_slot`` may be per channel (shape (C,)) to start a window at a
+        channel's state change (judging a channel only on traffic since then).
+        """
+        lo = np.asarray(lo_slot, dtype=np.int64)
+        if lo.ndim == 1:
+            lo = lo[:, None]
+        return ((self.slot_id >= lo) & (self.slot_id < hi_slot)).astype(np.float32)
+
+    def sum_counts(self, mask: np.ndarray) -> np.ndarray:
+        """Counter sums over the masked intervals: float64 (C, n_counters)."""
+        return np.matmul(mask[:, None, :], self.counts)[:, 0, :].astype(np.float64)
+
+    def sum_hist(self, mask: np.ndarray) -> np.ndarray:
+        """Histogram sums over the masked intervals: float64 (C, n_buckets)."""
+        return np.matmul(mask[:, None, :], self.hist)[:, 0, :].astype(np.float64)
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays for a snapshot (see :meth:`load`)."""
+        return {"slot_id": self.slot_id, "counts": self.counts, "hist": self.hist}
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        """Restore arrays saved by :meth:`state`; raises ``ValueError`` on a shape mismatch."""
+        if state["counts"].shape[1:] != self.counts.shape[1:] or state["hist"].shape[1:] != self.hist.shape[1:]:
+            raise ValueError(
+                f"snapshot ring shape {state['hist'].shape[1:]} does not match configured {self.hist.shape[1:]}"
+            )
+        self.slot_id = state["slot_id"].astype(np.int64).copy()
+        self.counts = state["counts"].astype(np.float32).copy()
+        self.hist = state["hist"].astype(np.float32).copy()

@@ -1,0 +1,86 @@
+"""Consecutive-failure runs over each channel's last requests (SPEC §4.2).
+
+The run is counted over requests, not over time: failures separated by long
+quiet gaps still add up, and nothing resets every 60 s. A run is capped at
+``window`` (default 100, the "last 100 requests" of SPEC §4.2). Requests that
+are neither success nor upstream failure (``cancelled``, ``filtered``) leave
+the run unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RunTracker:
+    """Trailing consecutive-failure run per channel.
+
+    ``trailing`` int32 (C,): failures since the channel's last success,
+    capped at ``window`` (>= 1).
+    """
+
+    def __init__(self, window: int = 100, capacity: int = 16):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = int(window)
+        self.trailing = np.zeros(capacity, dtype=np.int32)
+
+    def ensure_capacity(self, n_channels: int) -> None:
+        """Grow (doubling) so channel indices < ``n_channels`` fit."""
+        cap = self.trailing.shape[0]
+        if n_channels > cap:
+            self.trailing = np.concatenate([self.trailing, np.zeros(max(n_channels, 2 * cap) - cap, np.int32)])
+
+    def reset(self, channel: int) -> None:
+        """Forget the run of ``channel`` (on entering ``half_open``: judge new probes only)."""
+        self.trailing[channel] = 0
+
+    def update(self, channel: np.ndarray, outcome: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Feed events in arrival order; return ``(channels, max_run)``.
+
+        ``channel`` int (n,); ``outcome`` int8 (n,): 1 failure, 0 success,
+        -1 neutral (ignored). Returns the distinct channels touched (int64,
+        sorted) and, for each, the longest run reached during this batch
+        (including the run carried in from earlier batches).
+
+        >>> t = RunTracker()
+        >>> t.update(np.array([0, 0, 1, 0, 0]), np.array([1, 1, 1, 0, 1], np.int8))
+        (array([0, 1]), array([2, 1], dtype=int32))
+        >>> int(t.trailing[0]), int(t.trailing[1])
+        (1, 1)
+        """
+        channel = np.asarray(channel, dtype=np.int64)
+        outcome = np.asarray(outcome, dtype=np.int8)
+        keep = outcome >= 0
+        channel, outcome = channel[keep], outcome[keep]
+        if channel.size == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        order = np.argsort(channel, kind="stable")
+        ch, fail = channel[order], outcome[order] == 1
+        n = ch.size
+        starts = np.flatnonzero(np.r_[True, ch[1:] != ch[:-1]])
+        groups = ch[starts]
+        group_no = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, n]))
+        big = np.int64(n + self.window + 2)
+        pos = np.arange(n, dtype=np.int64)
+        key = group_no * big + pos
+        # Key of the last success at or before each event; a group's carried-in
+        # run acts as a virtual success `carried + 1` positions before its start.
+        reset = np.where(~fail, key, np.iinfo(np.int64).min)
+        carried = self.trailing[groups].astype(np.int64)
+        first_fail = fail[starts]
+        reset[starts] = np.where(first_fail, key[starts] - 1 - carried, key[starts])
+        last_reset = np.maximum.accumulate(reset)
+        run = np.minimum(key - last_reset, self.window).astype(np.int32)
+        max_run = np.maximum.reduceat(run, starts)
+        ends = np.r_[starts[1:], n] - 1
+        self.trailing[groups] = run[ends]
+        return groups, max_run
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays for a snapshot."""
+        return {"trailing": self.trailing}
+
+    def load(self, state: dict[str, np.ndarray]) -> None:
+        """Restore from :meth:`state`."""
+        self.trailing = state["trailing"].astype(np.int32).copy()

@@ -1,0 +1,240 @@
+"""All event-time window state of one worker, and the per-round view of it.
+
+:class:`WindowStore` owns the channel registry, the short ring (30 × 10 s),
+the baseline ring (25 × 1 h), the consecutive-failure runs and the watermark.
+:meth:`WindowStore.view` turns them into a :class:`WindowView` of per-channel
+aggregates (arrays of shape (C,)) that every detector reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.windows.histogram import LatencyBuckets
+from pipeline.windows.ring import IntervalRing
+from pipeline.windows.runs import RunTracker
+
+# Counter columns of the short ring.
+JUDGED, FAILURES, OK, NEUTRAL, CHECKED, MISSING, RATE_LIMITED = range(7)
+N_COUNTERS = 7
+
+SHORT_SLOT_MS = 10_000
+BASE_SLOT_MS = 3_600_000
+
+
+@dataclass
+class EventColumns:
+    """A batch of validated events as columns (all arrays shape (n,)).
+
+    ``channel`` int64 index from :meth:`WindowStore.channel_index`;
+    ``ts_ms`` int64 event time; ``outcome`` int8 (1 upstream failure,
+    0 success, -1 neutral: cancelled/filtered); ``ok`` bool (status ok);
+    ``latency_ms`` float64 >= 0; ``checked`` bool (structure judged);
+    ``missing`` bool (judged and missing a field or unparseable);
+    ``rate_limited`` bool.
+    """
+
+    channel: np.ndarray
+    ts_ms: np.ndarray
+    outcome: np.ndarray
+    ok: np.ndarray
+    latency_ms: np.ndarray
+    checked: np.ndarray
+    missing: np.ndarray
+    rate_limited: np.ndarray
+
+    def take(self, mask: np.ndarray) -> "EventColumns":
+        """The rows selected by ``mask``."""
+        return EventColumns(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+    def __len__(self) -> int:
+        return int(self.channel.shape[0])
+
+
+@dataclass(frozen=True)
+class WindowView:
+    """Per-channel aggregates at event time ``now_ms`` (arrays shape (C,)).
+
+    Counts are float64. ``*_1m`` cover the last minute, ``*_5m`` the last
+    5 min, both starting no earlier than the channel's ``since`` time (state
+    entry) when one was given. ``p95_ms`` is the P95 latency of ``ok``
+    requests over 5 min (NaN below ``min_latency``), ``base_p95_ms`` the P95
+    over the 24 complete hours before the current hour (NaN without enough
+    history), ``base_n`` its sample count and ``base_hours`` the number of
+    hours present. ``run`` is the trailing consecutive-failure run.
+    """
+
+    now_ms: int
+    judged_1m: np.ndarray
+    failures_1m: np.ndarray
+    judged_5m: np.ndarray
+    failures_5m: np.ndarray
+    ok_5m: np.ndarray
+    checked_5m: np.ndarray
+    missing_5m: np.ndarray
+    rate_limited_5m: np.ndarray
+    p95_ms: np.ndarray
+    n_latency_5m: np.ndarray
+    base_p95_ms: np.ndarray
+    base_n: np.ndarray
+    base_hours: np.ndarray
+    run: np.ndarray
+
+
+class WindowStore:
+    """Bounded event-time state for all channels of a worker.
+
+    ``buckets``: latency bucket mapping; ``window_ms`` / ``short_window_ms``:
+    the 5 min and 1 min windows (multiples of 10 s); ``baseline_hours``: 24.
+    Memory per channel ≈ (30 + 25) × (n_buckets + 7) × 4 bytes ≈ 75 KB.
+    """
+
+    def __init__(self, buckets: LatencyBuckets | None = None, window_ms: int = 300_000,
+                 short_window_ms: int = 60_000, baseline_hours: int = 24, run_window: int = 100):
+        if window_ms % SHORT_SLOT_MS or short_window_ms % SHORT_SLOT_MS or short_window_ms > window_ms:
+            raise ValueError("window lengths must be multiples of 10 s with short <= long")
+        self.buckets = buckets or LatencyBuckets()
+        self.window_ms = window_ms
+        self.short_window_ms = short_window_ms
+        self.baseline_hours = baseline_hours
+        k = self.buckets.n_buckets
+        self.short = IntervalRing(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, N_COUNTERS, k)
+        self.base = IntervalRing(BASE_SLOT_MS, baseline_hours + 1, 0, k)
+        self.runs = RunTracker(run_window)
+        self.names: list[str] = []
+        self.routes: list[str] = []
+        self.tiers: list[str | None] = []
+        self._index: dict[str, int] = {}
+        self.last_ts_ms = np.zeros(16, dtype=np.int64)
+        self.watermark_ms: int | None = None
+        self._base_cache: tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    # -- registry ---------------------------------------------------------
+    def channel_index(self, name: str, route: str, tier: str | None) -> int:
+        """Index of channel ``name`` (registered on first sight; route/tier updated)."""
+        idx = self._index.get(name)
+        if idx is None:
+            idx = len(self.names)
+            self._index[name] = idx
+            self.names.append(name)
+            self.routes.append(route)
+            self.tiers.append(tier)
+            n = idx + 1
+            self.short.ensure_capacity(n)
+            self.base.ensure_capacity(n)
+            self.runs.ensure_capacity(n)
+            if n > self.last_ts_ms.shape[0]:
+                self.last_ts_ms = np.concatenate([self.last_ts_ms, np.zeros(n, np.int64)])
+            self._base_cache = None
+        else:
+            if self.routes[idx] != route:
+                self.routes[idx] = route
+            if tier is not None and self.tiers[idx] != tier:
+                self.tiers[idx] = tier
+        return idx
+
+    @property
+    def n_channels(self) -> int:
+        """Channels registered so far."""
+        return len(self.names)
+
+    # -- writes -----------------------------------------------------------
+    def add(self, cols: EventColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Add validated events; returns ``(late_mask, run_channels, run_max)``.
+
+        ``late_mask`` bool (n,) marks events that fell out of the short ring
+        (they are still counted in the baseline). ``run_channels`` /
+        ``run_max``: see :meth:`RunTracker.update`.
+        """
+        n = len(cols)
+        if n == 0:
+            return np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int32)
+        rows = np.zeros((n, N_COUNTERS), dtype=np.float32)
+        rows[:, JUDGED] = cols.outcome >= 0
+        rows[:, FAILURES] = cols.outcome == 1
+        rows[:, OK] = cols.ok
+        rows[:, NEUTRAL] = cols.outcome < 0
+        rows[:, CHECKED] = cols.checked & cols.ok
+        rows[:, MISSING] = cols.missing & cols.checked & cols.ok
+        rows[:, RATE_LIMITED] = cols.rate_limited
+        key = self.buckets.key_of(cols.latency_ms)
+        late = self.short.add(cols.channel, cols.ts_ms, rows, cols.ok, key)
+        self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
+        np.maximum.at(self.last_ts_ms, cols.channel, cols.ts_ms)
+        hi = int(cols.ts_ms.max())
+        self.watermark_ms = hi if self.watermark_ms is None else max(self.watermark_ms, hi)
+        run_ch, run_max = self.runs.update(cols.channel, cols.outcome)
+        return late, run_ch, run_max
+
+    # -- reads ------------------------------------------------------------
+    def _baseline(self, now_ms: int, min_latency: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hour = now_ms // BASE_SLOT_MS
+        c = self.n_channels
+        if self._base_cache is None or self._base_cache[0] != hour or self._base_cache[1] != c:
+            mask = self.base.window_mask(hour - self.baseline_hours, hour)[:c]
+            hist = np.matmul(mask[:, None, :], self.base.hist[:c])[:, 0, :].astype(np.float64)
+            n = hist.sum(axis=1)
+            p95 = self.buckets.quantile(hist, 0.95, min_count=min_latency)
+            self._base_cache = (hour, c, p95, n, mask.sum(axis=1))
+        return self._base_cache[2], self._base_cache[3], self._base_cache[4]
+
+    def view(self, now_ms: int, since_ms: np.ndarray | None = None, min_latency: int = 1,
+             min_baseline: int = 1) -> WindowView:
+        """Aggregates at event time ``now_ms`` for all registered channels.
+
+        ``since_ms`` int64 (C,) optionally starts each channel's windows at
+        its state entry (slot granularity: 10 s, rounded up). Baseline P95s
+        are recomputed once per event-time hour (cached).
+        """
+        c = self.n_channels
+        hi = -(-now_ms // SHORT_SLOT_MS)  # slots strictly before the one after now
+        n_long = self.window_ms // SHORT_SLOT_MS
+        n_short = self.short_window_ms // SHORT_SLOT_MS
+        lo_long = np.full(c, hi - n_long, dtype=np.int64)
+        lo_short = np.full(c, hi - n_short, dtype=np.int64)
+        if since_ms is not None:
+            since_slot = -(-np.asarray(since_ms[:c], dtype=np.int64) // SHORT_SLOT_MS)
+            lo_long = np.maximum(lo_long, since_slot)
+            lo_short = np.maximum(lo_short, since_slot)
+        ring = self.short
+        m5 = ((ring.slot_id[:c] >= lo_long[:, None]) & (ring.slot_id[:c] < hi)).astype(np.float32)
+        m1 = ((ring.slot_id[:c] >= lo_short[:, None]) & (ring.slot_id[:c] < hi)).astype(np.float32)
+        s5 = np.matmul(m5[:, None, :], ring.counts[:c])[:, 0, :].astype(np.float64)
+        s1 = np.matmul(m1[:, None, :], ring.counts[:c])[:, 0, :].astype(np.float64)
+        h5 = np.matmul(m5[:, None, :], ring.hist[:c])[:, 0, :].astype(np.float64)
+        n_lat = h5.sum(axis=1)
+        p95 = self.buckets.quantile(h5, 0.95, min_count=min_latency)
+        base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline)
+        return WindowView(
+            now_ms=now_ms,
+            judged_1m=s1[:, JUDGED], failures_1m=s1[:, FAILURES],
+            judged_5m=s5[:, JUDGED], failures_5m=s5[:, FAILURES], ok_5m=s5[:, OK],
+            checked_5m=s5[:, CHECKED], missing_5m=s5[:, MISSING], rate_limited_5m=s5[:, RATE_LIMITED],
+            p95_ms=p95, n_latency_5m=n_lat,
+            base_p95_ms=base_p95, base_n=base_n, base_hours=base_hours,
+            run=self.runs.trailing[:c].astype(np.float64),
+        )
+
+    # -- snapshot -----------------------------------------------------------
+    def state(self) -> dict[str, object]:
+        """Everything needed to resume after a restart (arrays + registry)."""
+        return {
+            "short": self.short.state(), "base": self.base.state(), "runs": self.runs.state(),
+            "names": list(self.names), "routes": list(self.routes), "tiers": list(self.tiers),
+            "last_ts_ms": self.last_ts_ms, "watermark_ms": self.watermark_ms,
+        }
+
+    def load(self, state: dict[str, object]) -> None:
+        """Restore from :meth:`state` (raises ``ValueError`` on shape mismatch)."""
+        self.short.load(state["short"])  # type: ignore[arg-type]
+        self.base.load(state["base"])  # type: ignore[arg-type]
+        self.runs.load(state["runs"])  # type: ignore[arg-type]
+        self.names = list(state["names"])  # type: ignore[arg-type]
+        self.routes = list(state["routes"])  # type: ignore[arg-type]
+        self.tiers = list(state["tiers"])  # type: ignore[arg-type]
+        self._index = {n: i for i, n in enumerate(self.names)}
+        self.last_ts_ms = np.asarray(state["last_ts_ms"], dtype=np.int64).copy()
+        self.watermark_ms = state["watermark_ms"]  # type: ignore[assignment]
+        self._base_cache = None
