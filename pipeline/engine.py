@@ -37,12 +37,13 @@ class BatchResult:
 
     ``verdicts``: published in order; ``late``: events older than the
     watermark minus the allowed lateness (not counted; dead-letter them);
-    ``structure``: per accepted event ``(parse_ok, missing_fields)`` as
-    resolved for storage.
+    ``accepted``: the events counted; ``structure``: per accepted event
+    ``(parse_ok, missing_fields)`` as resolved for storage.
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
     late: list[RequestEvent] = field(default_factory=list)
+    accepted: list[RequestEvent] = field(default_factory=list)
     structure: list[tuple[bool | None, list[str] | None]] = field(default_factory=list)
 
 
@@ -61,6 +62,8 @@ class Engine:
         self.seq: list[int] = []
         self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool) for d in SOFT_DETECTORS}
         self.prev_shares: dict[str, np.ndarray] = {}
+        #: route → channel → traffic share after the last round (bounded shifts).
+        self.shares_by_route: dict[str, dict[str, float]] = {}
         self.next_eval_ms: int | None = None
         self.last_eval_ms: int | None = None
         self._th: ThresholdArrays | None = None
@@ -131,7 +134,6 @@ class Engine:
                 structure = [structure[i] for i in keep]
                 if not events:
                     return result
-        result.structure = list(structure)
         cols = self._columns(events, structure)
         # Evaluate boundaries that lie before this batch's events first.
         first = int(cols.ts_ms.min())
@@ -140,6 +142,11 @@ class Engine:
         if late.any():  # older than the ring although within lateness: count as late too
             result.late.extend(e for e, l in zip(events, late) if l)
             self.late_count += int(late.sum())
+            result.accepted = [e for e, l in zip(events, late) if not l]
+            result.structure = [s for s, l in zip(structure, late) if not l]
+        else:
+            result.accepted = list(events)
+            result.structure = list(structure)
         np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
         result.verdicts.extend(self._pretrip(cols, run_ch, run_max))
         result.verdicts.extend(self.advance(int(cols.ts_ms.max())))
@@ -237,6 +244,7 @@ class Engine:
             w = np.array([self.machines[i].weight for i in idx])
             s = bounded_shares(w, self.prev_shares.get(r), self.policy.max_share_growth)
             self.prev_shares[r] = s
+            self.shares_by_route[r] = {self.store.names[i]: float(x) for i, x in zip(idx, s)}
             shares[idx] = s
         return shares
 
@@ -258,15 +266,17 @@ class Engine:
         return out
 
 
-def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_size: int = 500) -> tuple[Engine, list[Verdict]]:
-    """Feed JSON-ready event dicts through a fresh :class:`Engine` in batches.
+def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_size: int = 500,
+           engine: Engine | None = None) -> tuple[Engine, list[Verdict]]:
+    """Feed JSON-ready event dicts through an :class:`Engine` (default: a fresh one) in batches.
 
-    Returns the engine and every verdict in publication order. Used by the
-    scenario tests and the simulator's in-process mode.
+    ``events`` is consumed lazily, so a generator may read the engine's
+    state (e.g. :attr:`Engine.shares_by_route`) to close the routing loop.
+    Returns the engine and every verdict in publication order.
     """
     import msgspec
 
-    engine = Engine(policy)
+    engine = engine or Engine(policy)
     verdicts: list[Verdict] = []
     batch: list[RequestEvent] = []
     for e in events:

@@ -153,15 +153,14 @@ class Decoder:
             return _rejected(R.EMPTY_MESSAGE, "message has no value (tombstone)", b"")
         if isinstance(raw, str):
             raw = raw.encode("utf-8", "surrogatepass")
+        elif isinstance(raw, (bytearray, memoryview)):
+            raw = bytes(raw)
         elif not isinstance(raw, bytes):
-            try:
-                raw = bytes(raw)
-            except TypeError:
-                return _rejected(R.WRONG_TYPE, f"message: expected bytes, got {type(raw).__name__}", b"")
+            return _rejected(R.WRONG_TYPE, f"message: expected bytes, got {type(raw).__name__}", b"")
         size = len(raw)
         if size > self.max_message_bytes:
             return _rejected(R.TOO_LARGE, f"message is {size} bytes; the limit is {self.max_message_bytes}", raw)
-        if not raw.strip():
+        if not raw or raw.isspace():
             return _rejected(R.INVALID_JSON, "message is empty", raw)
         if b'"events"' in raw:
             try:
@@ -190,6 +189,8 @@ class Decoder:
                 return _rejected(R.NOT_UTF8, f"message is not valid UTF-8 (byte {bad.start}: {bad.reason})", raw)
             if isinstance(exc, RecursionError):
                 return _rejected(R.INVALID_JSON, "message: JSON nested too deeply", raw)
+            if str(exc).startswith("Number out of range"):
+                return self._with_overflow(raw, now_ms)
             return _rejected(R.INVALID_JSON, f"message is not valid JSON: {exc}", raw)
         if not isinstance(top, dict):
             return _rejected(
@@ -209,15 +210,43 @@ class Decoder:
             elements = self._raw_batch_decoder.decode(raw).events
         except msgspec.ValidationError as exc:
             _, detail = classify_validation_error(str(exc))
+            if detail.startswith("events: Expected `array` of length >= 1"):
+                detail = "events: empty batch"
             return _rejected(R.BAD_BATCH, f"{detail} (a batch is {{\"events\": [event, ...]}})", raw)
+        return self._batch_elements(raw, elements, now_ms)
+
+    def _with_overflow(self, raw: bytes, now_ms: int) -> DecodeResult:
+        """A message with a number too large for a float (e.g. ``1e999``): the
+        generic parser refuses it, so find the shape with the typed decoders
+        (each element of a batch is then judged on its own)."""
+        try:
+            elements = self._raw_batch_decoder.decode(raw).events
+        except msgspec.ValidationError:
+            try:
+                event = self._event_decoder.decode(raw)
+            except msgspec.ValidationError as exc:
+                reason, detail = classify_validation_error(str(exc))
+                return _rejected(reason, detail, raw, self._probe_id(raw))
+            except (msgspec.DecodeError, RecursionError) as exc:
+                return _rejected(R.INVALID_JSON, f"message is not valid JSON: {exc}", raw)
+            return self._finish_single(event, raw, now_ms)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return _rejected(R.INVALID_JSON, f"message is not valid JSON: {exc}", raw)
+        return self._batch_elements(raw, elements, now_ms)
+
+    def _batch_elements(self, raw: bytes, elements: list[msgspec.Raw], now_ms: int) -> DecodeResult:
+        """Decode each batch element on its own; bad ones become dead letters."""
         decoded: list[RequestEvent | DeadLetter] = []
         for index, element in enumerate(elements):
             try:
                 decoded.append(self._event_decoder.decode(element))
-            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+            except msgspec.ValidationError as exc:
                 reason, detail = classify_validation_error(str(exc))
                 if detail.startswith("Expected `object`"):
                     detail = f"event: {detail}"
+                decoded.append(DeadLetter(reason, detail, bytes(element), self._probe_id(element), index))
+            except (msgspec.DecodeError, RecursionError) as exc:
+                reason, detail = R.INVALID_JSON, f"event is not valid JSON: {exc}"[: R.MAX_DETAIL_CHARS]
                 decoded.append(DeadLetter(reason, detail, bytes(element), self._probe_id(element), index))
         return self._finish_batch(decoded, raw, elements, now_ms)
 

@@ -22,12 +22,13 @@ TS_TOO_OLD = "ts_too_old"  #: ``ts_ms`` further behind now than allowed
 BAD_BATCH = "bad_batch"  #: ``{"events": ...}`` that is not a non-empty array
 DUPLICATE_IN_BATCH = "duplicate_in_batch"  #: ``event_id`` seen earlier in the same batch
 INVALID_EVENT = "invalid_event"  #: any other validation failure
+LATE_EVENT = "late_event"  #: behind the event-time watermark (set by the stream stage, not the decoder)
 INTERNAL_ERROR = "internal_error"  #: a bug in the decoder; the input is kept
 
 ALL_REASONS: tuple[str, ...] = (
     INVALID_JSON, NOT_UTF8, TOO_LARGE, EMPTY_MESSAGE, MISSING_FIELD, WRONG_TYPE,
     OUT_OF_RANGE, INVALID_ENUM, TS_IN_FUTURE, TS_TOO_OLD, BAD_BATCH,
-    DUPLICATE_IN_BATCH, INVALID_EVENT, INTERNAL_ERROR,
+    DUPLICATE_IN_BATCH, INVALID_EVENT, LATE_EVENT, INTERNAL_ERROR,
 )
 
 MAX_DETAIL_CHARS = 300

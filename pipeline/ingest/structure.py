@@ -98,6 +98,8 @@ def _expected_call(entry: Any) -> tuple[str, list[str]]:
     """``(function, required)`` from an :class:`ExpectedCall` or a ``{function, required}`` dict."""
     if isinstance(entry, ExpectedCall):
         return entry.function, list(entry.required)
+    if not isinstance(entry, Mapping):
+        raise TypeError(f"expected_fields entry must be a name or {{function, required}}, got {entry!r}")
     return str(entry.get("function", "")), [str(a) for a in (entry.get("required") or [])]
 
 
@@ -189,7 +191,8 @@ def check_structure(response_text: str, expected_fields: Iterable[Any]) -> Struc
     the text parses as a JSON object or as a tool-call list, and
     ``missing_fields`` is empty.
 
-    Raises ``TypeError`` if ``expected_fields`` mixes names and call entries.
+    Raises ``TypeError`` if ``expected_fields`` mixes names and call entries
+    or holds anything else.
     """
     expected = list(expected_fields)
     if not expected:

@@ -19,6 +19,7 @@ towards 1.0 by ``burstiness`` in [0, 1].
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -86,7 +87,7 @@ class BurstEnvelope:
     ``envelope``: float64, shape (n,), n >= 1 seconds, mean 1.0 (from
     :meth:`AzureTrace.burst_envelope`). ``burstiness`` in [0, 1]: 0 gives a
     flat 1.0, 1 the full trace envelope. ``offset_s``: where scenario second
-    0 starts in the envelope (seeded per route).
+    0 starts in the envelope (fixed per scenario and route).
     """
 
     envelope: np.ndarray
@@ -100,12 +101,16 @@ class BurstEnvelope:
             raise ValueError("envelope must not be empty")
 
     @classmethod
-    def from_trace(
-        cls, trace: AzureTrace, burstiness: float, rng: np.random.Generator
-    ) -> "BurstEnvelope":
-        """Envelope of ``trace`` starting at a random second drawn from ``rng``."""
+    def from_trace(cls, trace: AzureTrace, burstiness: float, key: str) -> "BurstEnvelope":
+        """Envelope of ``trace`` starting at a second derived from ``key``.
+
+        The offset is a stable hash of ``key`` (e.g. ``"<scenario>/<route>"``),
+        not of the run's seed, so the burst pattern of a route is known in
+        advance and the scenario's injected-truth helpers can include it.
+        """
         env = trace.burst_envelope()
-        return cls(envelope=env, burstiness=burstiness, offset_s=int(rng.integers(len(env))))
+        digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+        return cls(envelope=env, burstiness=burstiness, offset_s=int.from_bytes(digest, "big") % len(env))
 
     def factor(self, seconds: np.ndarray) -> np.ndarray:
         """Multiplier for integer scenario seconds ``seconds`` (shape kept), >= 0."""

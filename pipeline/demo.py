@@ -1,0 +1,163 @@
+"""``channel-health demo``: the main job on the embedded default, end to end.
+
+Brings up the Tansu broker (unless a bootstrap is configured) and a worker
+process writing to chDB, publishes a simulator scenario in batch envelopes,
+shows the verdict timeline live, then stops the worker and prints where the
+data lives with one example SQL query and its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from pipeline.config import Settings
+from pipeline.contracts import Verdict
+
+STATE_STYLE = {"healthy": "green", "degraded": "yellow", "open": "bold red", "half_open": "magenta",
+               "recovering": "cyan", "no_data": "dim"}
+
+EXAMPLE_SQL = (
+    "SELECT channel, state, count() AS verdicts, min(weight) AS min_weight, "
+    "groupUniqArrayArray(reasons) AS reasons "
+    "FROM channel_health.channel_verdicts FINAL GROUP BY channel, state ORDER BY channel, state"
+)
+
+
+def _fmt_offset(ts_ms: int, start_ms: int) -> str:
+    s = max(0, (ts_ms - start_ms) // 1000)
+    return f"+{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _table(latest: dict[str, Verdict], start_ms: int, events_sent: int, total: int) -> Table:
+    t = Table(title=f"channel.health — {events_sent:,}/{total:,} events published", expand=False)
+    for col in ("channel", "route", "state", "weight", "share", "reasons", "event time"):
+        t.add_column(col)
+    for name in sorted(latest):
+        v = latest[name]
+        share = v.metrics.get("route_share")
+        t.add_row(name, v.route, f"[{STATE_STYLE.get(v.state, '')}]{v.state}[/]", f"{v.weight:.2f}",
+                  "-" if share is None else f"{share:.2f}", ", ".join(v.reasons) or "-", _fmt_offset(v.ts_ms, start_ms))
+    return t
+
+
+async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: float, console: Console) -> int:
+    from pipeline.producer import BatchingProducer
+    from pipeline.router.subscriber import HealthSubscriber
+    from pipeline.simulate.scenarios import get_scenario
+
+    scenario = get_scenario(scenario_name)
+    now_ms = int(time.time() * 1000)
+    start_ms = now_ms - int(scenario.duration_s * 1000)
+    console.print(f"[bold]Scenario[/] {scenario.name}: {scenario.description}")
+    console.print(f"Event time {scenario.duration_s / 3600:.1f} h ending now; generating events…")
+    events = list(scenario.events(start_ms=start_ms, seed=seed))
+    last_ts = events[-1]["ts_ms"]
+    latest: dict[str, Verdict] = {}
+    changes = 0
+    sec = settings.kafka_security.aiokafka_kwargs()
+    async with HealthSubscriber(settings) as sub:
+        async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests, security=sec) as prod:
+            with Live(_table(latest, start_ms, 0, len(events)), console=console, refresh_per_second=4) as live:
+                seen: dict[str, tuple[str, tuple[str, ...]]] = {}
+
+                def on_update() -> None:
+                    nonlocal changes
+                    for name, v in sub.table.latest().items():
+                        latest[name] = v
+                        key = (v.state, tuple(v.reasons))
+                        if seen.get(name, (None, None))[0] != v.state:
+                            if name in seen:
+                                changes += 1
+                                live.console.print(
+                                    f"{_fmt_offset(v.ts_ms, start_ms)}  {name:<28} {seen[name][0]:>10} → "
+                                    f"[{STATE_STYLE.get(v.state, '')}]{v.state:<10}[/] weight {v.weight:.2f}  "
+                                    f"{', '.join(v.reasons)}")
+                            seen[name] = key
+
+                for i in range(0, len(events), 5_000):
+                    await prod.send_many(events[i:i + 5_000])
+                    await prod.flush()
+                    on_update()
+                    live.update(_table(latest, start_ms, prod.events_sent, len(events)))
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    on_update()
+                    live.update(_table(latest, start_ms, prod.events_sent, len(events)))
+                    newest = max((v.ts_ms for v in latest.values()), default=0)
+                    if newest >= last_ts - 60_000:
+                        break
+                    await asyncio.sleep(0.5)
+                else:
+                    console.print(f"[yellow]Stopped waiting after {timeout_s:.0f} s; the worker is behind.[/]")
+    console.print(f"{len(events):,} events published; {changes} state changes seen.")
+    return 0
+
+
+def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, timeout_s: float = 600.0) -> int:
+    """Run the whole demo; returns a process exit code."""
+    from pipeline.embedded.broker import EmbeddedBroker, ensure_topics
+
+    console = Console()
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if "CHANNEL_HEALTH_CLICKHOUSE_URL" not in os.environ:
+        settings = settings.with_overrides(clickhouse_url=f"chdb://{data_dir / 'chdb'}")
+    broker = None
+    worker = None
+    try:
+        if not settings.kafka_bootstrap:
+            console.print("Starting the embedded Kafka broker (Tansu, memory storage)…")
+            broker = EmbeddedBroker()
+            broker.start()
+            settings = settings.with_overrides(kafka_bootstrap=broker.bootstrap)
+            console.print(f"Broker at [bold]{broker.bootstrap}[/]")
+        t = settings.topics
+        asyncio.run(ensure_topics(settings.kafka_bootstrap, [t.requests, t.health, t.dlq],
+                                  settings.partitions, settings.kafka_security.aiokafka_kwargs()))
+        log_path = data_dir / "worker.log"
+        env = dict(os.environ, CHANNEL_HEALTH_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
+                   CHANNEL_HEALTH_CLICKHOUSE_URL=settings.clickhouse_url)
+        console.print(f"Starting the stream worker (log: {log_path})…")
+        with open(log_path, "ab") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"], env=env,
+                                      stdout=log, stderr=subprocess.STDOUT)
+        rc = asyncio.run(_run(settings, scenario, seed, timeout_s, console))
+    except KeyboardInterrupt:
+        console.print("Interrupted.")
+        rc = 130
+    finally:
+        if worker is not None and worker.poll() is None:
+            console.print("Stopping the worker (flushes and commits)…")
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        if broker is not None:
+            broker.stop()
+    if rc == 0:
+        _summary(settings, console)
+    return rc
+
+
+def _summary(settings: Settings, console: Console) -> None:
+    from pipeline.storage.client import open_client
+    from pipeline.storage.query import format_table, run_readonly_query
+
+    console.print(f"\n[bold]Data[/]: ClickHouse at {settings.clickhouse_url_redacted} "
+                  "(tables channel_health.request_events, channel_minute_stats, channel_verdicts)")
+    console.print("Example query (also: channel-health query \"SQL\"):")
+    console.print(f"  {EXAMPLE_SQL}")
+    client = open_client(settings)
+    cols, rows = run_readonly_query(client, EXAMPLE_SQL)
+    console.print(format_table(cols, rows))

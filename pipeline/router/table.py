@@ -1,0 +1,185 @@
+"""The latest verdict per channel, turned into per-route traffic shares.
+
+Pure (no Kafka, no event loop): a router, or :class:`~pipeline.router.
+subscriber.HealthSubscriber`, feeds it :class:`~pipeline.contracts.Verdict`
+objects and reads :class:`RouteWeights`.
+
+Rules:
+
+- **Latest wins, replays ignored.** Delivery is at-least-once, so a verdict
+  may arrive twice. A verdict is ignored when its ``seq`` is <= the stored
+  one of its channel, unless its ``ts_ms`` is newer (a restarted pipeline
+  that did not restore its counters starts ``seq`` again at 1).
+- **Membership follows the latest verdict.** A channel belongs to the route
+  named by its latest accepted verdict; a verdict naming another route moves
+  it there. A route with no channel left disappears.
+- **Shares are weights normalised within the route** (SPEC §4): sum 1 over
+  the route's channels. When every weight is 0 every share is 0 and
+  ``all_open`` is set, so the router applies its own fallback rule.
+- **Fail-static.** When the newest verdict of a route was received more than
+  ``stale_after_s`` ago (the pipeline stopped), the last known shares are
+  still returned, flagged ``stale``; a fresh verdict clears the flag.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from pipeline.contracts import Verdict
+
+#: Default staleness bound: three 30 s evaluation rounds (SPEC §4) missed.
+DEFAULT_STALE_AFTER_S = 90.0
+
+
+@dataclass(frozen=True)
+class RouteWeights:
+    """Traffic shares of one route's channels, as a router uses them.
+
+    ``shares``: channel -> share in [0, 1], summing to 1 (all 0 when
+    ``all_open``). ``weights``: channel -> the verdict's raw ``weight``.
+    ``states``: channel -> verdict ``state``. ``stale``: the newest verdict of
+    the route is older than the table's ``stale_after_s`` (shares are the last
+    known ones). ``age_s``: seconds since the newest verdict of the route was
+    received (table clock). Channels are in name order.
+    """
+
+    route: str
+    shares: dict[str, float]
+    weights: dict[str, float]
+    states: dict[str, str]
+    stale: bool
+    age_s: float
+    all_open: bool
+
+
+@dataclass(frozen=True)
+class _Entry:
+    verdict: Verdict
+    received_s: float
+
+
+class HealthTable:
+    """Latest verdict per channel, grouped by route.
+
+    ``stale_after_s`` > 0: age (seconds, by ``clock``) beyond which a route's
+    shares are flagged stale. ``clock``: seconds, monotonic (injectable for
+    tests). Raises ``ValueError`` for a non-positive or non-finite bound.
+    Not thread-safe; use it from one thread or event loop.
+    """
+
+    def __init__(self, stale_after_s: float = DEFAULT_STALE_AFTER_S,
+                 clock: Callable[[], float] = time.monotonic):
+        if not (math.isfinite(stale_after_s) and stale_after_s > 0):
+            raise ValueError(f"stale_after_s must be a positive number, got {stale_after_s!r}")
+        self.stale_after_s = float(stale_after_s)
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._routes: dict[str, set[str]] = {}
+        #: Verdicts stored / ignored as replays or out of order.
+        self.accepted = 0
+        self.ignored = 0
+
+    def update(self, verdict: Verdict) -> bool:
+        """Store ``verdict`` if it is newer than the channel's stored one.
+
+        Returns True when stored, False when ignored (``seq`` <= stored and
+        ``ts_ms`` not newer). Raises ``ValueError`` for a weight outside
+        [0, 1] or not finite, or an empty channel or route name.
+        """
+        if not verdict.channel or not verdict.route:
+            raise ValueError("verdict has an empty channel or route")
+        if not (isinstance(verdict.weight, (int, float)) and 0.0 <= verdict.weight <= 1.0):
+            raise ValueError(f"verdict weight must be in [0, 1], got {verdict.weight!r} for {verdict.channel!r}")
+        old = self._entries.get(verdict.channel)
+        if old is not None and verdict.seq <= old.verdict.seq and verdict.ts_ms <= old.verdict.ts_ms:
+            self.ignored += 1
+            return False
+        if old is not None and old.verdict.route != verdict.route:
+            self._leave(verdict.channel, old.verdict.route)
+        self._entries[verdict.channel] = _Entry(verdict, self._clock())
+        self._routes.setdefault(verdict.route, set()).add(verdict.channel)
+        self.accepted += 1
+        return True
+
+    def forget(self, channel: str) -> bool:
+        """Drop ``channel`` (e.g. a tombstone on the compacted topic).
+
+        Returns False when the channel was unknown.
+        """
+        entry = self._entries.pop(channel, None)
+        if entry is None:
+            return False
+        self._leave(channel, entry.verdict.route)
+        return True
+
+    def _leave(self, channel: str, route: str) -> None:
+        members = self._routes[route]
+        members.discard(channel)
+        if not members:
+            del self._routes[route]
+
+    def routes(self) -> list[str]:
+        """Names of the routes with at least one channel, sorted."""
+        return sorted(self._routes)
+
+    def channels(self, route: str) -> list[str]:
+        """Channels of ``route``, sorted. Raises ``KeyError`` for an unknown route."""
+        if route not in self._routes:
+            raise KeyError(f"no verdicts for route {route!r}")
+        return sorted(self._routes[route])
+
+    def verdict(self, channel: str) -> Verdict | None:
+        """The stored verdict of ``channel``, or None."""
+        entry = self._entries.get(channel)
+        return entry.verdict if entry else None
+
+    def weights(self, route: str) -> RouteWeights:
+        """Current :class:`RouteWeights` of ``route``.
+
+        Raises ``KeyError`` when no verdict of the route has been received
+        (the router then uses its own default rule).
+        """
+        names = self.channels(route)
+        entries = [self._entries[c] for c in names]
+        raw = {c: float(e.verdict.weight) for c, e in zip(names, entries)}
+        total = sum(raw.values())
+        shares = {c: (w / total if total > 0 else 0.0) for c, w in raw.items()}
+        age_s = max(0.0, self._clock() - max(e.received_s for e in entries))
+        return RouteWeights(
+            route=route,
+            shares=shares,
+            weights=raw,
+            states={c: e.verdict.state for c, e in zip(names, entries)},
+            stale=age_s > self.stale_after_s,
+            age_s=age_s,
+            all_open=total <= 0,
+        )
+
+    def snapshot(self) -> dict[str, dict]:
+        """JSON-ready view for display: route -> flags and per-channel rows.
+
+        Each route has ``stale``, ``age_s``, ``all_open`` and ``channels``:
+        channel -> ``state``, ``weight``, ``share``, ``reasons``, ``seq``,
+        ``ts_ms`` and ``age_s`` (seconds since that verdict was received).
+        """
+        now_s = self._clock()
+        out: dict[str, dict] = {}
+        for route in self.routes():
+            rw = self.weights(route)
+            rows = {}
+            for c in rw.shares:
+                e = self._entries[c]
+                rows[c] = {
+                    "state": e.verdict.state,
+                    "weight": rw.weights[c],
+                    "share": rw.shares[c],
+                    "reasons": list(e.verdict.reasons),
+                    "seq": e.verdict.seq,
+                    "ts_ms": e.verdict.ts_ms,
+                    "age_s": max(0.0, now_s - e.received_s),
+                }
+            out[route] = {"stale": rw.stale, "age_s": rw.age_s, "all_open": rw.all_open, "channels": rows}
+        return out

@@ -1,0 +1,673 @@
+"""Named traffic scenarios with injected faults and their expected verdicts (SPEC §5).
+
+``SCENARIOS`` maps each name to a :class:`Scenario`; :func:`get_scenario`
+looks one up (``ValueError`` listing the valid names otherwise). A scenario
+is pure configuration; :meth:`Scenario.events` generates its request events
+in event time (no sleeping) from the real traces in ``../shared/data``.
+
+Times inside a scenario (``duration_s``, fault windows, ``expected``) are
+*scenario seconds*: seconds of event time since the scenario start. An event
+at scenario time ``t`` has ``ts_ms = start_ms + round(1000 * t)``. The
+day/night phase is fixed by ``start_hour`` (hour of day at scenario time 0),
+so a scenario behaves the same for any ``start_ms``.
+
+Every scenario with faults starts with :data:`WARMUP_S` (2 h) of healthy
+traffic so the detectors have baselines before anything goes wrong.
+
+``expected`` is a tuple of JSON-ready dicts, each one check on the verdicts
+(``channel.health``) of one channel, times in scenario seconds:
+
+``{"channel", "state_in": [...], "by_s", "from_s"?, "reasons_any"?}``
+    some verdict with ``from_s <= t <= by_s`` (``from_s`` default 0) has a
+    state in ``state_in`` (and, with ``reasons_any``, one of those reasons).
+``{"channel", "never_in": [...], "from_s", "to_s"}``
+    no verdict with ``from_s <= t < to_s`` has a state in ``never_in``.
+``{"channel", "state_sequence": [...], "from_s", "by_s"}``
+    the states appear in this order (not necessarily adjacent) among the
+    verdicts with ``from_s <= t <= by_s``.
+``{"channel", "max_state_changes": k, "from_s", "to_s"}``
+    at most ``k`` state changes in the window (no flip-flopping).
+
+Expectations hold for the open loop (``shares=None``) and should hold for a
+health-aware router closing the loop through ``shares``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, Mapping
+
+import numpy as np
+
+from .channels import ChannelProfile, LatencyModel, RouteSpec
+from .faults import Fault, channel_effects, failure_probability, overload_factors
+from .generator import Generator, SharesFn
+from .load import BurstEnvelope, DiurnalCurve
+from .replay import ReplayChannel, replay_channel_name
+from .traces import load_azure_trace, load_llmperf, resolve_data_dir
+
+#: Healthy warm-up before any fault, scenario seconds (brief: >= 2 h, so
+#: the 24 h latency baselines of SPEC §4.3 have data).
+WARMUP_S = 7200
+
+BAD_STATES = ["degraded", "open", "half_open", "recovering"]
+
+Channel = ChannelProfile | ReplayChannel
+
+
+@lru_cache(maxsize=256)
+def _burst(data_dir: Path, trace: str, burstiness: float, key: str) -> BurstEnvelope:
+    return BurstEnvelope.from_trace(load_azure_trace(trace, data_dir), burstiness, key)  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=256)
+def _latency_model(source: str, latency_ms: float, quantile: float, data_dir: Path) -> LatencyModel:
+    return LatencyModel.from_llmperf(load_llmperf(source, data_dir), latency_ms, quantile)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One named scenario: traffic, faults and the expected verdict timeline.
+
+    name, description: identification. duration_s: event-time length,
+    seconds (> 0). channels: :class:`ChannelProfile` (synthetic traffic) or
+    :class:`ReplayChannel` (real-provider replay). routes: the routes of the
+    synthetic channels. faults: injected :class:`Fault` s. expected: verdict
+    checks (module doc). start_hour: hour of day at scenario time 0.
+    night_fraction, latency_swing: day/night curve (:class:`DiurnalCurve`).
+    warmup_s: healthy time before the first fault. data_dir: data folder
+    (``None``: ``../shared/data``).
+
+    Raises ``ValueError`` if a fault or route names an unknown channel, a
+    channel's route is missing, or a fault starts before ``warmup_s``.
+    """
+
+    name: str
+    description: str
+    duration_s: int
+    channels: tuple[Channel, ...]
+    routes: tuple[RouteSpec, ...] = ()
+    faults: tuple[Fault, ...] = ()
+    expected: tuple[Mapping[str, Any], ...] = ()
+    start_hour: float = 10.0
+    night_fraction: float = 0.35
+    latency_swing: float = 0.15
+    warmup_s: int = WARMUP_S
+    data_dir: Path | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.duration_s > 0:
+            raise ValueError(f"{self.name}: duration_s must be > 0")
+        names = [c.name for c in self.channels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: duplicate channel names")
+        routes = {r.name: r for r in self.routes}
+        for c in self.channels:
+            if isinstance(c, ChannelProfile):
+                r = routes.get(c.route)
+                if r is None or c.name not in r.shares:
+                    raise ValueError(f"{self.name}: channel {c.name} is not on a route {c.route!r}")
+        for r in self.routes:
+            for cname in r.shares:
+                ch = next((c for c in self.channels if c.name == cname), None)
+                if not isinstance(ch, ChannelProfile) or ch.route != r.name:
+                    raise ValueError(f"{self.name}: route {r.name} lists unknown channel {cname!r}")
+        for f in self.faults:
+            if f.channel not in names:
+                raise ValueError(f"{self.name}: fault on unknown channel {f.channel!r}")
+            if f.start_s < self.warmup_s:
+                raise ValueError(f"{self.name}: fault {f.kind} starts before the {self.warmup_s} s warm-up")
+        DiurnalCurve(self.start_hour, self.night_fraction, self.latency_swing)
+
+    # ------------------------------------------------------------------ lookup
+
+    @property
+    def channel_names(self) -> tuple[str, ...]:
+        """All channel names, configuration order."""
+        return tuple(c.name for c in self.channels)
+
+    def channel(self, name: str) -> Channel:
+        """The channel called ``name``; ``KeyError`` listing valid names otherwise."""
+        for c in self.channels:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name}: unknown channel {name!r}; valid: {', '.join(self.channel_names)}")
+
+    def route(self, name: str) -> RouteSpec:
+        """The route called ``name``; ``KeyError`` otherwise."""
+        for r in self.routes:
+            if r.name == name:
+                return r
+        raise KeyError(f"{self.name}: unknown route {name!r}")
+
+    def burst_envelope(self, route: str, data_dir: str | Path | None = None) -> BurstEnvelope:
+        """The burst envelope of ``route`` (its Azure trace, offset fixed by scenario + route name)."""
+        r = self.route(route)
+        folder = resolve_data_dir(data_dir if data_dir is not None else self.data_dir)
+        return _burst(folder, r.trace, r.burstiness, f"{self.name}/{r.name}")
+
+    @property
+    def curve(self) -> DiurnalCurve:
+        """The scenario's day/night curve."""
+        return DiurnalCurve(self.start_hour, self.night_fraction, self.latency_swing)
+
+    # ------------------------------------------------------------------ events
+
+    def events(
+        self,
+        start_ms: int,
+        seed: int = 0,
+        shares: SharesFn | None = None,
+        *,
+        data_dir: str | Path | None = None,
+        block_s: int = 10,
+    ) -> Iterator[dict]:
+        """Generate the scenario's request events, JSON-ready dicts (SPEC §3 names).
+
+        start_ms: epoch ms of scenario time 0 (int). seed: all randomness
+        derives from (seed, scenario name): same arguments -> same events.
+        shares: ``shares(route, ts_ms) -> {channel: share}`` called once per
+        route and block (``ts_ms`` = block start); requests are assigned by
+        these shares (missing channels get 0, unknown names are ignored; all
+        zero -> the static shares). Default: static configured shares.
+        data_dir: overrides the scenario's data folder. block_s: generation
+        block, seconds (>= 1); a ``shares`` change takes effect from the
+        next block.
+
+        Yields dicts with a unique ``event_id`` (``sim-<hash>-<n>``,
+        increasing) and non-decreasing ``ts_ms``. Raises
+        :class:`~pipeline.simulate.traces.DataNotFoundError` if the data is
+        missing, ``TypeError`` for a non-int ``start_ms``, ``ValueError``
+        for a bad ``block_s`` or a negative share.
+        """
+        return Generator(self, start_ms, seed, shares, data_dir=data_dir, block_s=block_s).events()
+
+    # ------------------------------------------------------------------ injected truth
+
+    def _profile(self, channel: str) -> Channel:
+        return self.channel(channel)
+
+    def expected_rps(self, channel: str, t_s: float | np.ndarray) -> np.ndarray | float:
+        """Expected first-attempt request rate of ``channel`` at ``t_s`` under static shares, req/s.
+
+        ``route.peak_rps x load_factor(t) x burst(t) x share`` (``burst``: the
+        route's trace envelope at the whole second of ``t``), with the shares of channels in a ``consecutive_failures`` window
+        moved to their siblings. Replay channels: ``1 / spacing_s`` during
+        the replay, else 0.
+        """
+        t = np.asarray(t_s, dtype=np.float64)
+        c = self._profile(channel)
+        if isinstance(c, ReplayChannel):
+            n = len(c.trace(self.data_dir))
+            on = (t >= c.offset_s) & (t < c.offset_s + n * c.spacing_s)
+            out = np.where(on, 1.0 / c.spacing_s, 0.0)
+            return float(out) if out.ndim == 0 else out
+        route = self.route(c.route)
+        weights = {}
+        for name in route.channel_names:
+            prof = self.channel(name)
+            sup = channel_effects(prof, self.faults, t).suppressed  # type: ignore[arg-type]
+            weights[name] = np.where(sup, 0.0, float(route.shares[name]))
+        total = sum(weights.values())
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(total > 0, weights[channel] / total, 0.0)
+        burst = self.burst_envelope(route.name).factor(np.floor(t))
+        out = route.peak_rps * self.curve.load_factor(t) * burst * share
+        return float(out) if np.ndim(out) == 0 else out
+
+    def _base_failure(self, prof: ChannelProfile, t: np.ndarray) -> np.ndarray:
+        eff = channel_effects(prof, self.faults, t)
+        return failure_probability(prof, eff, np.zeros(t.shape))
+
+    def expected_load_rps(self, channel: str, t_s: float | np.ndarray) -> np.ndarray | float:
+        """Expected request rate incl. retries from failing siblings (``retry_failures`` routes), req/s.
+
+        One pass: siblings' failure probabilities are taken without their own
+        overload effects.
+        """
+        t = np.asarray(t_s, dtype=np.float64)
+        c = self._profile(channel)
+        load = np.asarray(self.expected_rps(channel, t), dtype=np.float64)
+        if isinstance(c, ChannelProfile):
+            route = self.route(c.route)
+            if route.retry_failures:
+                for other in route.channel_names:
+                    if other == channel:
+                        continue
+                    rest = sum(v for k, v in route.shares.items() if k != other)
+                    if rest <= 0:
+                        continue
+                    prof = self.channel(other)
+                    fail = self._base_failure(prof, t)  # type: ignore[arg-type]
+                    load = load + np.asarray(self.expected_rps(other, t)) * fail * route.shares[channel] / rest
+        return float(load) if load.ndim == 0 else load
+
+    def _load_if_limited(self, channel: str, eff: Any, t: np.ndarray) -> np.ndarray:
+        """Expected load where a capacity is in force; zeros otherwise (no data needed)."""
+        if not np.isfinite(eff.capacity_rps).any():
+            return np.zeros(t.shape)
+        return np.asarray(self.expected_load_rps(channel, t), dtype=np.float64)
+
+    def _replay_window(self, c: ReplayChannel, t: np.ndarray, window_s: float, fn: Callable) -> np.ndarray:
+        tr = c.trace(self.data_dir)
+        fin = c.finish_s(self.data_dir)
+        out = np.full(t.shape, np.nan)
+        flat_t = t.reshape(-1)
+        flat = out.reshape(-1)
+        for i, ti in enumerate(flat_t):
+            sel = (fin > ti - window_s) & (fin <= ti)
+            if sel.any():
+                flat[i] = fn(tr, sel)
+        return out
+
+    def injected_error_rate(self, channel: str, t_s: float | np.ndarray) -> float | np.ndarray:
+        """Injected failure probability of ``channel`` at scenario time ``t_s`` (0..1).
+
+        Synthetic channels: baseline + ramps + overload at the expected load
+        (:meth:`expected_load_rps`), 1.0 in an outage or a
+        ``consecutive_failures`` window (its only requests fail). Replay
+        channels: share of failures among the requests that finished in the
+        60 s up to ``t_s`` (``nan`` if none).
+        """
+        t = np.asarray(t_s, dtype=np.float64)
+        c = self._profile(channel)
+        if isinstance(c, ReplayChannel):
+            out = self._replay_window(c, t, 60.0, lambda tr, sel: float(np.mean([s != "ok" for s in np.array(tr.status)[sel]])))
+        else:
+            eff = channel_effects(c, self.faults, t)
+            _, ol_err = overload_factors(eff, self._load_if_limited(channel, eff, t))
+            out = np.where(eff.suppressed, 1.0, failure_probability(c, eff, ol_err))
+        return float(out) if np.ndim(out) == 0 else out
+
+    def injected_p95_ms(self, channel: str, t_s: float | np.ndarray) -> float | np.ndarray:
+        """Injected P95 latency of successful requests of ``channel`` at ``t_s``, ms.
+
+        Synthetic channels: the healthy P95 x day/night multiplier x fault
+        factor x overload factor (expected load); ``nan`` in an outage or a
+        ``consecutive_failures`` window (no successful requests). Replay
+        channels: P95 of the successful requests that finished in the 300 s
+        up to ``t_s`` (``nan`` if none). Needs the data (latency shape).
+        """
+        t = np.asarray(t_s, dtype=np.float64)
+        c = self._profile(channel)
+        if isinstance(c, ReplayChannel):
+            def p95(tr, sel):
+                ok = sel & tr.ok_mask
+                return float(np.quantile(tr.e2e_latency_s[ok] * 1000.0, 0.95)) if ok.any() else np.nan
+
+            out = self._replay_window(c, t, 300.0, p95)
+        else:
+            model = _latency_model(c.latency_source, c.latency_ms, c.latency_quantile, resolve_data_dir(self.data_dir))
+            eff = channel_effects(c, self.faults, t)
+            ol_lat, _ = overload_factors(eff, self._load_if_limited(channel, eff, t))
+            out = model.p95_ms * self.curve.latency_multiplier(t) * eff.latency_factor * ol_lat
+            out = np.where((eff.outage >= 0) | eff.suppressed, np.nan, out)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def injected_missing_rate(self, channel: str, t_s: float | np.ndarray) -> float | np.ndarray:
+        """Injected share of structured ``ok`` answers missing a field at ``t_s`` (0..1; replay: 0)."""
+        t = np.asarray(t_s, dtype=np.float64)
+        c = self._profile(channel)
+        if isinstance(c, ReplayChannel):
+            out = np.zeros(t.shape)
+        else:
+            out = channel_effects(c, self.faults, t).missing_rate
+        return float(out) if np.ndim(out) == 0 else out
+
+    def time_when(
+        self,
+        channel: str,
+        metric: Literal["error_rate", "p95_ms", "missing_rate"],
+        threshold: float,
+        *,
+        from_s: float = 0.0,
+        to_s: float | None = None,
+        step_s: float = 1.0,
+    ) -> float | None:
+        """First scenario time on a ``step_s`` grid in ``[from_s, to_s)`` at which the
+        injected ``metric`` of ``channel`` is >= ``threshold``; ``None`` if never.
+
+        E.g. ``time_when(ch, "error_rate", 0.015)``: when the injected error
+        rate reaches 1.5 %. Raises ``ValueError`` for an unknown metric.
+        """
+        fns = {
+            "error_rate": self.injected_error_rate,
+            "p95_ms": self.injected_p95_ms,
+            "missing_rate": self.injected_missing_rate,
+        }
+        if metric not in fns:
+            raise ValueError(f"unknown metric {metric!r}; valid: {sorted(fns)}")
+        grid = np.arange(from_s, self.duration_s if to_s is None else to_s, step_s)
+        vals = np.asarray(fns[metric](channel, grid))
+        hit = np.flatnonzero(np.nan_to_num(vals, nan=-np.inf) >= threshold)
+        return float(grid[hit[0]]) if len(hit) else None
+
+
+# =========================================================================== builders
+
+def _never_bad(channel: str, to_s: float, from_s: float = 0.0) -> dict:
+    return {"channel": channel, "never_in": list(BAD_STATES), "from_s": from_s, "to_s": to_s}
+
+
+def _chat_8b(peak_rps: float, error_rate: float | None = None) -> tuple[RouteSpec, tuple[ChannelProfile, ...]]:
+    """A background route ``chat-8b``: a paid and a free channel, healthy."""
+    chans = (
+        ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
+                       latency_ms=900.0, error_rate=error_rate,
+                       price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
+        ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b",
+                       latency_ms=450.0, error_rate=error_rate),
+    )
+    return RouteSpec("chat-8b", peak_rps, {c.name: 0.5 for c in chans}), chans
+
+
+def gradual_degradation() -> Scenario:
+    """SPEC §5.1: over 13 min a free channel's P95 goes 180 -> 800 ms and its
+    error rate 0.2 % -> 4.6 %; then holds for 10 min."""
+    t0, ramp, hold = WARMUP_S, 780, 600
+    faulty = ChannelProfile("lepton/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
+                            latency_ms=180.0, latency_quantile=0.95, structured_share=0.1)
+    sibling = ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
+                             latency_ms=210.0, latency_quantile=0.95, structured_share=0.1,
+                             price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9)
+    r8, c8 = _chat_8b(6.0)
+    duration = t0 + ramp + hold
+    return Scenario(
+        name="gradual-degradation",
+        description=(
+            "Free channel lepton/llama-70b@free (~16 req/s at the fault) degrades linearly over 13 min "
+            "from 10:00: P95 180 -> 800 ms, failure rate 0.2 % -> 4.6 %, then holds 10 min. "
+            "2 h healthy warm-up; paid sibling and chat-8b stay healthy."
+        ),
+        duration_s=duration,
+        channels=(faulty, sibling) + c8,
+        routes=(RouteSpec("chat-70b", 40.0, {faulty.name: 0.6, sibling.name: 0.4}, burstiness=0.5), r8),
+        faults=(
+            Fault(faulty.name, "latency_ramp", t0, duration, {"factor": 800.0 / 180.0, "ramp_s": ramp}),
+            Fault(faulty.name, "error_ramp", t0, duration,
+                  {"to_rate": 0.046, "ramp_s": ramp, "mix": {"error": 0.6, "timeout": 0.2, "rate_limited": 0.2}}),
+        ),
+        expected=(
+            _never_bad(faulty.name, t0),
+            {"channel": faulty.name, "state_in": ["degraded", "open"], "from_s": t0, "by_s": t0 + 480,
+             "reasons_any": ["error_rate", "latency_p95_ratio"]},
+            {"channel": faulty.name, "state_in": ["open"], "from_s": t0, "by_s": t0 + ramp,
+             "reasons_any": ["error_rate", "consecutive_failures"]},
+            _never_bad(sibling.name, duration),
+            *(_never_bad(c.name, duration) for c in c8),
+        ),
+        start_hour=8.0,
+    )
+
+
+def backup_overload() -> Scenario:
+    """SPEC §5.2: the primary fails hard for 15 min; the backup takes its load
+    (retries, or a router's shares) and degrades above its capacity."""
+    t0, outage = WARMUP_S, 900
+    primary = ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
+                             latency_ms=2400.0, price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9)
+    backup = ChannelProfile("together/llama-70b@paid", "chat-70b", "paid", latency_source="together_70b",
+                            latency_ms=2200.0, capacity_rps=10.0, overload_latency_gain=2.0,
+                            overload_error_gain=0.06, price_in_usd_per_mtok=0.88, price_out_usd_per_mtok=0.88)
+    r8, c8 = _chat_8b(6.0)
+    duration = t0 + outage + 1800
+    return Scenario(
+        name="backup-overload",
+        description=(
+            "Route chat-70b (~13.5 req/s at 10:00, 50/50): the primary fireworks/llama-70b@paid answers "
+            "every request with HTTP 503 for 15 min. The gateway retries failures on the backup "
+            "together/llama-70b@paid (capacity 10 req/s), which under ~2x load (~15 req/s) gets "
+            "~2x latency and ~+3 % failures. 30 min after the outage ends."
+        ),
+        duration_s=duration,
+        channels=(primary, backup) + c8,
+        routes=(RouteSpec("chat-70b", 20.0, {primary.name: 0.5, backup.name: 0.5}, burstiness=0.5,
+                          retry_failures=True), r8),
+        faults=(
+            Fault(primary.name, "outage", t0, t0 + outage,
+                  {"status": "error", "http_status": 503, "error_type": "upstream_unavailable", "latency_ms": 40.0}),
+        ),
+        expected=(
+            _never_bad(primary.name, t0),
+            _never_bad(backup.name, t0),
+            {"channel": primary.name, "state_in": ["open"], "from_s": t0, "by_s": t0 + 60,
+             "reasons_any": ["error_rate", "consecutive_failures"]},
+            {"channel": backup.name, "state_in": ["degraded", "open"], "from_s": t0, "by_s": t0 + 420},
+            {"channel": backup.name, "max_state_changes": 6, "from_s": t0, "to_s": duration},
+            {"channel": primary.name, "state_in": ["healthy"], "from_s": t0 + outage, "by_s": t0 + outage + 1500},
+            *(_never_bad(c.name, duration) for c in c8),
+        ),
+        start_hour=8.0,
+    )
+
+
+def content_hollowing() -> Scenario:
+    """SPEC §5.3: all requests ``ok`` at normal latency, but structured answers
+    of one channel start missing required fields (0 -> 4 % over 10 min)."""
+    t0, ramp, hold = WARMUP_S, 600, 1200
+    hollow = ChannelProfile("fireworks/mixtral-8x7b@paid", "extract", "paid", latency_source="fireworks_7b",
+                            latency_ms=1300.0, error_rate=0.0, structured_share=0.6,
+                            price_in_usd_per_mtok=0.5, price_out_usd_per_mtok=0.5)
+    sibling = ChannelProfile("together/mixtral-8x7b@paid", "extract", "paid", latency_source="anyscale_13b",
+                             latency_ms=1100.0, error_rate=0.0, structured_share=0.6,
+                             price_in_usd_per_mtok=0.6, price_out_usd_per_mtok=0.6)
+    r8, c8 = _chat_8b(6.0, error_rate=0.0)
+    duration = t0 + ramp + hold
+    return Scenario(
+        name="content-hollowing",
+        description=(
+            "Route extract (60 % structured answers: real BFCL tool calls and JSON objects). From 10:00 "
+            "the share of fireworks/mixtral-8x7b@paid answers missing a required field rises 0 -> 4 % "
+            "over 10 min and holds 20 min; every request is ok with normal latency."
+        ),
+        duration_s=duration,
+        channels=(hollow, sibling) + c8,
+        routes=(RouteSpec("extract", 16.0, {hollow.name: 0.5, sibling.name: 0.5}), r8),
+        faults=(Fault(hollow.name, "missing_fields", t0, duration, {"to_rate": 0.04, "ramp_s": ramp}),),
+        expected=(
+            _never_bad(hollow.name, t0),
+            {"channel": hollow.name, "state_in": ["degraded"], "from_s": t0, "by_s": t0 + ramp,
+             "reasons_any": ["missing_fields"]},
+            {"channel": hollow.name, "never_in": ["open"], "from_s": 0, "to_s": duration},
+            _never_bad(sibling.name, duration),
+            *(_never_bad(c.name, duration) for c in c8),
+        ),
+        start_hour=8.0,
+    )
+
+
+def sparse_consecutive_failures() -> Scenario:
+    """SPEC §5.5: 7 failures in a row on a low-traffic channel, 75 s apart, with
+    no traffic on that channel in between."""
+    t0, count, gap = WARMUP_S, 7, 75.0
+    last = t0 + (count - 1) * gap
+    low = ChannelProfile("replicate/llama-13b@free", "chat-13b", "free", latency_source="replicate_13b",
+                         latency_ms=2500.0)
+    sib = ChannelProfile("together/llama-13b@paid", "chat-13b", "paid", latency_source="anyscale_13b",
+                         latency_ms=1200.0, price_in_usd_per_mtok=0.3, price_out_usd_per_mtok=0.3)
+    r8, c8 = _chat_8b(4.0)
+    end = last + 1.0
+    duration = int(end) + 1800
+    return Scenario(
+        name="sparse-consecutive-failures",
+        description=(
+            "Low-traffic replicate/llama-13b@free (~1 request / 30 s) fails 7 times in a row, "
+            "one failure every 75 s from 10:00, with no other traffic on it in between "
+            "(so any 60 s window sees at most one failure). Healthy again afterwards."
+        ),
+        duration_s=duration,
+        channels=(low, sib) + c8,
+        routes=(RouteSpec("chat-13b", 3.0, {low.name: 0.015, sib.name: 0.985}), r8),
+        faults=(
+            Fault(low.name, "consecutive_failures", t0, end,
+                  {"count": count, "gap_s": gap, "status": "error", "http_status": 502,
+                   "error_type": "upstream_error", "latency_ms": 250.0}),
+        ),
+        expected=(
+            _never_bad(low.name, t0),
+            {"channel": low.name, "state_in": ["open"], "from_s": t0, "by_s": last + 1.0,
+             "reasons_any": ["consecutive_failures"]},
+            _never_bad(sib.name, duration),
+            *(_never_bad(c.name, duration) for c in c8),
+        ),
+        start_hour=8.0,
+    )
+
+
+def recovery() -> Scenario:
+    """SPEC §5.8: a 4 min hard outage, then healthy for 30 min so the
+    half-open probe and the weight ramp of SPEC §4 can be followed."""
+    t0, outage = WARMUP_S, 240
+    chan = ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
+                          latency_ms=900.0, price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18)
+    free = ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0)
+    p70 = ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
+                         latency_ms=2400.0, price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9)
+    f70 = ChannelProfile("lepton/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
+                         latency_ms=3000.0)
+    end = t0 + outage
+    duration = end + 1800
+    return Scenario(
+        name="recovery",
+        description=(
+            "together/llama-8b@paid (~4.5 req/s) answers HTTP 503 to everything for 4 min from 10:00, "
+            "then is fully healthy for 30 min: open -> half_open (after the 90 s cooldown) -> "
+            "recovering -> healthy per SPEC §4."
+        ),
+        duration_s=duration,
+        channels=(chan, free, p70, f70),
+        routes=(RouteSpec("chat-8b", 12.0, {chan.name: 0.5, free.name: 0.5}),
+                RouteSpec("chat-70b", 8.0, {p70.name: 0.6, f70.name: 0.4})),
+        faults=(
+            Fault(chan.name, "outage", t0, end,
+                  {"status": "error", "http_status": 503, "error_type": "upstream_unavailable", "latency_ms": 40.0}),
+        ),
+        expected=(
+            _never_bad(chan.name, t0),
+            {"channel": chan.name, "state_in": ["open"], "from_s": t0, "by_s": t0 + 60,
+             "reasons_any": ["error_rate", "consecutive_failures"]},
+            {"channel": chan.name, "state_sequence": ["open", "half_open", "recovering", "healthy"],
+             "from_s": t0, "by_s": end + 1500},
+            {"channel": chan.name, "state_in": ["healthy"], "from_s": end, "by_s": end + 1500},
+            *(_never_bad(c.name, duration) for c in (free, p70, f70)),
+        ),
+        start_hour=8.0,
+    )
+
+
+def clean_day() -> Scenario:
+    """SPEC §5.9: 2 h warm-up + 24 h of healthy traffic, 3 routes, free and paid
+    channels, day/night load (night 35 % of the peak) and +-15 % latency swing."""
+    duration = WARMUP_S + 24 * 3600
+    chans = (
+        ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
+                       latency_ms=2400.0, structured_share=0.2,
+                       price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9),
+        ChannelProfile("lepton/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
+                       latency_ms=3000.0, structured_share=0.2),
+        ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
+                       latency_ms=900.0, price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
+        ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0),
+        ChannelProfile("anyscale/codellama-34b@paid", "code", "paid", latency_source="anyscale_13b",
+                       latency_ms=1200.0, price_in_usd_per_mtok=1.0, price_out_usd_per_mtok=1.0),
+        ChannelProfile("deepinfra/codellama-34b@free", "code", "free", latency_source="fireworks_13b",
+                       latency_ms=1500.0),
+    )
+    return Scenario(
+        name="clean-day",
+        description=(
+            "26 h of healthy traffic (2 h warm-up from 00:00, then a full day): chat-70b (peak 9 req/s, "
+            "20 % structured answers), chat-8b (peak 7), code (peak 4, bursty Azure code trace); "
+            "night load 35 % of the 16:00 peak, latency +-15 % with the load. No faults."
+        ),
+        duration_s=duration,
+        channels=chans,
+        routes=(
+            RouteSpec("chat-70b", 9.0, {chans[0].name: 0.6, chans[1].name: 0.4}),
+            RouteSpec("chat-8b", 7.0, {chans[2].name: 0.5, chans[3].name: 0.5}),
+            RouteSpec("code", 4.0, {chans[4].name: 0.7, chans[5].name: 0.3}, trace="code", burstiness=0.5),
+        ),
+        faults=(),
+        expected=tuple(_never_bad(c.name, duration) for c in chans),
+        start_hour=0.0,
+    )
+
+
+#: The 19 llmperf-leaderboard files (``../shared/data/llmperf-leaderboard``).
+REAL_PROVIDER_SOURCES: tuple[str, ...] = (
+    "anyscale_13b", "anyscale_70b", "anyscale_7b", "bedrock_13b", "bedrock_70b",
+    "fireworks_13b", "fireworks_70b", "fireworks_7b", "groq_70b", "lepton_13b",
+    "lepton_70b", "lepton_7b", "perplexity_70b", "replicate_13b", "replicate_70b",
+    "replicate_7b", "together_13b", "together_70b", "together_7b",
+)
+#: Files where >= 30 % of the requests really failed (lepton: 130/150 HTTP 429
+#: after 10 successes; bedrock 13b: 97/150 and 70b: 49/150 error -100).
+REAL_PROVIDER_FAILING: tuple[str, ...] = ("bedrock_13b", "bedrock_70b", "lepton_13b", "lepton_70b", "lepton_7b")
+#: Files whose requests all succeeded.
+REAL_PROVIDER_CLEAN: tuple[str, ...] = (
+    "anyscale_13b", "anyscale_70b", "anyscale_7b", "fireworks_13b", "fireworks_70b",
+    "fireworks_7b", "groq_70b", "replicate_13b", "replicate_70b", "replicate_7b",
+    "together_70b", "together_7b",
+)
+#: Replay pacing: 150 requests over 720 s per channel (one every 4.8 s).
+REPLAY_SPAN_S = 720.0
+
+
+def real_providers(sources: tuple[str, ...] = REAL_PROVIDER_SOURCES) -> Scenario:
+    """SPEC §5.10: every llmperf file replayed as channel ``provider/size``."""
+    n = len(sources)
+    spacing = REPLAY_SPAN_S / 150
+    chans = []
+    for k, stem in enumerate(sources):
+        name, route = replay_channel_name(stem)
+        chans.append(ReplayChannel(name, route, stem, "paid", offset_s=round(k * spacing / n, 3), spacing_s=spacing))
+    expected: list[dict] = []
+    for c in chans:
+        if c.source in REAL_PROVIDER_FAILING:
+            expected.append({"channel": c.name, "state_in": ["open"], "from_s": 0, "by_s": REPLAY_SPAN_S})
+        elif c.source in REAL_PROVIDER_CLEAN:
+            expected.append({"channel": c.name, "never_in": ["open"], "from_s": 0, "to_s": 900})
+    return Scenario(
+        name="real-providers",
+        description=(
+            "Each llmperf-leaderboard file is a channel provider/size on route llama-<size>; its 150 real "
+            "requests are replayed in order, one every 4.8 s (~12 min), with the measured latencies, "
+            "TTFT, tokens and outcomes (lepton: 429 after 10 requests; bedrock: error -100). "
+            "No synthetic traffic, no injected faults."
+        ),
+        duration_s=900,
+        channels=tuple(chans),
+        expected=tuple(expected),
+        warmup_s=0,
+    )
+
+
+_BUILDERS: dict[str, Callable[[], Scenario]] = {
+    "gradual-degradation": gradual_degradation,
+    "backup-overload": backup_overload,
+    "content-hollowing": content_hollowing,
+    "sparse-consecutive-failures": sparse_consecutive_failures,
+    "recovery": recovery,
+    "clean-day": clean_day,
+    "real-providers": real_providers,
+}
+
+#: All scenarios by name (configuration only; no data is read until ``events``).
+SCENARIOS: dict[str, Scenario] = {name: build() for name, build in _BUILDERS.items()}
+
+
+def get_scenario(name: str, data_dir: str | Path | None = None) -> Scenario:
+    """The scenario called ``name``, optionally bound to another data folder.
+
+    Raises ``ValueError`` naming the valid scenarios for an unknown name.
+    """
+    try:
+        sc = SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}") from None
+    if data_dir is not None:
+        sc = dataclasses.replace(sc, data_dir=Path(data_dir))
+    return sc

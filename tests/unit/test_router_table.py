@@ -1,0 +1,211 @@
+"""pipeline.router.table: latest verdict per channel -> per-route shares (SPEC §1, §4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.contracts import Verdict
+from pipeline.router.table import HealthTable, RouteWeights
+
+T0_MS = 1_750_000_000_000
+
+
+class FakeClock:
+    """Seconds, advanced by hand."""
+
+    def __init__(self, now_s: float = 1000.0):
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def verdict(channel: str, weight: float, seq: int, *, route: str = "chat-70b", state: str = "healthy",
+            ts_ms: int | None = None) -> Verdict:
+    return Verdict(channel=channel, route=route, state=state, weight=weight, reasons=[], metrics={},
+                   ts_ms=T0_MS + 30_000 * seq if ts_ms is None else ts_ms, seq=seq)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def table(clock: FakeClock) -> HealthTable:
+    return HealthTable(stale_after_s=90.0, clock=clock)
+
+
+def test_weights_are_normalised_within_the_route(table: HealthTable) -> None:
+    assert table.update(verdict("a", 1.0, 1))
+    assert table.update(verdict("b", 0.5, 1, state="degraded"))
+    assert table.update(verdict("c", 0.0, 1, state="open"))
+    assert table.update(verdict("x", 0.3, 1, route="other"))
+
+    rw = table.weights("chat-70b")
+    assert rw == RouteWeights(
+        route="chat-70b",
+        shares={"a": 2 / 3, "b": 1 / 3, "c": 0.0},
+        weights={"a": 1.0, "b": 0.5, "c": 0.0},
+        states={"a": "healthy", "b": "degraded", "c": "open"},
+        stale=False,
+        age_s=0.0,
+        all_open=False,
+    )
+    assert list(rw.shares) == ["a", "b", "c"]
+    assert table.weights("other").shares == {"x": 1.0}
+    assert table.routes() == ["chat-70b", "other"]
+
+
+def test_all_zero_weights_give_zero_shares_and_all_open(table: HealthTable) -> None:
+    table.update(verdict("a", 0.0, 1, state="open"))
+    table.update(verdict("b", 0.0, 1, state="open"))
+
+    rw = table.weights("chat-70b")
+    assert rw.shares == {"a": 0.0, "b": 0.0}
+    assert rw.all_open is True
+    assert rw.states == {"a": "open", "b": "open"}
+
+    table.update(verdict("b", 0.05, 2, state="half_open"))
+    rw = table.weights("chat-70b")
+    assert rw.all_open is False
+    assert rw.shares == {"a": 0.0, "b": 1.0}
+
+
+def test_stale_after_the_bound_keeps_last_weights(table: HealthTable, clock: FakeClock) -> None:
+    table.update(verdict("a", 1.0, 1))
+    clock.now_s += 30.0
+    table.update(verdict("b", 0.25, 1))  # newest verdict of the route: received at 1030 s
+    fresh = table.weights("chat-70b")
+
+    clock.now_s = 1030.0 + 90.0  # exactly at the bound: not yet stale
+    at_bound = table.weights("chat-70b")
+    assert at_bound.age_s == 90.0
+    assert at_bound.stale is False
+
+    clock.now_s = 1030.0 + 90.5
+    stale = table.weights("chat-70b")
+    assert stale.age_s == 90.5
+    assert stale.stale is True
+    assert stale.shares == fresh.shares == {"a": 0.8, "b": 0.2}
+    assert stale.states == fresh.states
+
+    clock.now_s = 1030.0 + 3600.0  # pipeline down for an hour: still the last known weights
+    assert table.weights("chat-70b").shares == {"a": 0.8, "b": 0.2}
+    assert table.weights("chat-70b").age_s == 3600.0
+
+
+def test_fresh_verdict_clears_stale(table: HealthTable, clock: FakeClock) -> None:
+    table.update(verdict("a", 1.0, 1))
+    table.update(verdict("b", 1.0, 1))
+    clock.now_s += 200.0
+    assert table.weights("chat-70b").stale is True
+
+    table.update(verdict("a", 0.5, 2, state="degraded"))
+    rw = table.weights("chat-70b")
+    assert rw.stale is False
+    assert rw.age_s == 0.0
+    assert rw.shares == {"a": 1 / 3, "b": 2 / 3}
+
+    clock.now_s += 12.5
+    assert table.weights("chat-70b").age_s == 12.5
+
+
+def test_staleness_is_per_route(table: HealthTable, clock: FakeClock) -> None:
+    table.update(verdict("a", 1.0, 1))
+    clock.now_s += 100.0
+    table.update(verdict("x", 1.0, 1, route="other"))
+    assert table.weights("chat-70b").stale is True
+    assert table.weights("other").stale is False
+
+
+def test_duplicate_and_out_of_order_seq_are_ignored(table: HealthTable, clock: FakeClock) -> None:
+    assert table.update(verdict("a", 1.0, 5))
+    assert table.update(verdict("b", 1.0, 5))
+    clock.now_s += 10.0
+    assert not table.update(verdict("a", 1.0, 5))  # redelivered duplicate
+    assert not table.update(verdict("a", 0.0, 3, state="open"))  # older, arrives late
+    assert table.accepted == 2
+    assert table.ignored == 2
+
+    rw = table.weights("chat-70b")
+    assert rw.shares == {"a": 0.5, "b": 0.5}
+    assert rw.states["a"] == "healthy"
+    assert rw.age_s == 10.0  # an ignored verdict does not refresh the receive time
+    assert table.verdict("a").seq == 5
+
+
+def test_lower_seq_with_newer_ts_is_a_restart_and_accepted(table: HealthTable) -> None:
+    table.update(verdict("a", 1.0, 40, ts_ms=T0_MS))
+    table.update(verdict("b", 1.0, 40, ts_ms=T0_MS))
+    assert table.update(verdict("a", 0.25, 1, ts_ms=T0_MS + 60_000, state="degraded"))
+    assert table.verdict("a").seq == 1
+    assert table.weights("chat-70b").shares == {"a": 0.2, "b": 0.8}
+    assert not table.update(verdict("a", 1.0, 1, ts_ms=T0_MS + 60_000))  # replay of the new one
+
+
+def test_route_membership_follows_the_latest_verdict(table: HealthTable) -> None:
+    table.update(verdict("a", 1.0, 1))
+    table.update(verdict("b", 0.5, 1))
+    table.update(verdict("x", 1.0, 1, route="other"))
+
+    assert table.update(verdict("b", 0.5, 2, route="other"))
+    assert table.channels("chat-70b") == ["a"]
+    assert table.weights("chat-70b").shares == {"a": 1.0}
+    assert table.weights("other").shares == {"b": 1 / 3, "x": 2 / 3}
+
+    assert table.update(verdict("a", 1.0, 2, route="other"))
+    assert table.routes() == ["other"]
+    with pytest.raises(KeyError, match="chat-70b"):
+        table.weights("chat-70b")
+    assert table.weights("other").shares == {"a": 0.4, "b": 0.2, "x": 0.4}
+
+
+def test_forget_removes_a_channel(table: HealthTable) -> None:
+    table.update(verdict("a", 1.0, 1))
+    table.update(verdict("b", 1.0, 1))
+    assert table.forget("a")
+    assert not table.forget("a")
+    assert table.weights("chat-70b").shares == {"b": 1.0}
+    assert table.forget("b")
+    assert table.routes() == []
+
+
+def test_unknown_route_raises(table: HealthTable) -> None:
+    with pytest.raises(KeyError, match="no verdicts for route 'nope'"):
+        table.weights("nope")
+
+
+@pytest.mark.parametrize("weight", [-0.1, 1.5, float("nan"), float("inf")])
+def test_invalid_weight_raises_and_changes_nothing(table: HealthTable, weight: float) -> None:
+    table.update(verdict("a", 1.0, 1))
+    with pytest.raises(ValueError, match="weight must be in"):
+        table.update(verdict("a", weight, 2))
+    assert table.verdict("a").seq == 1
+
+
+@pytest.mark.parametrize("bound", [0.0, -1.0, float("nan"), float("inf")])
+def test_invalid_stale_bound_raises(bound: float) -> None:
+    with pytest.raises(ValueError, match="stale_after_s"):
+        HealthTable(stale_after_s=bound)
+
+
+def test_snapshot(table: HealthTable, clock: FakeClock) -> None:
+    table.update(Verdict(channel="a", route="r", state="degraded", weight=0.75, reasons=["latency_p95_ratio"],
+                         metrics={"p95_ratio": 1.9}, ts_ms=T0_MS, seq=3))
+    clock.now_s += 5.0
+    table.update(verdict("b", 0.25, 1, route="r", ts_ms=T0_MS + 1))
+    clock.now_s += 1.0
+    assert table.snapshot() == {
+        "r": {
+            "stale": False,
+            "age_s": 1.0,
+            "all_open": False,
+            "channels": {
+                "a": {"state": "degraded", "weight": 0.75, "share": 0.75, "reasons": ["latency_p95_ratio"],
+                      "seq": 3, "ts_ms": T0_MS, "age_s": 6.0},
+                "b": {"state": "healthy", "weight": 0.25, "share": 0.25, "reasons": [],
+                      "seq": 1, "ts_ms": T0_MS + 1, "age_s": 1.0},
+            },
+        }
+    }

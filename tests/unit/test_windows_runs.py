@@ -1,0 +1,129 @@
+"""pipeline.windows.runs.RunTracker: consecutive-failure runs over requests, not time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.windows.runs import RunTracker
+
+F, S, N = 1, 0, -1  # failure, success, neutral
+
+
+def _upd(t: RunTracker, ch, out):
+    g, m = t.update(np.asarray(ch, dtype=np.int64), np.asarray(out, dtype=np.int8))
+    return g.tolist(), m.tolist()
+
+
+class Reference:
+    """Brute force: one Python loop per event."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.trailing: dict[int, int] = {}
+
+    def update(self, ch, out):
+        best: dict[int, int] = {}
+        for c, o in zip(ch, out):
+            if o < 0:
+                continue
+            r = self.trailing.get(c, 0)
+            r = min(r + 1, self.window) if o == 1 else 0
+            self.trailing[c] = r
+            best[c] = max(best.get(c, 0), r)
+        keys = sorted(best)
+        return keys, [best[k] for k in keys]
+
+
+def test_run_across_batches():
+    t = RunTracker()
+    assert _upd(t, [0, 0], [S, F]) == ([0], [1])
+    assert _upd(t, [0, 0], [F, F]) == ([0], [3])
+    assert _upd(t, [0], [F]) == ([0], [4])
+    assert _upd(t, [0, 0, 0], [F, S, F]) == ([0], [5])
+    assert int(t.trailing[0]) == 1
+
+
+def test_run_across_quiet_gaps_is_not_reset_by_time():
+    """Failures hours apart still add up: nothing resets on a timer, only a success does."""
+    t = RunTracker()
+    for k in range(1, 8):
+        assert _upd(t, [3], [F]) == ([3], [k])
+        assert _upd(t, [], []) == ([], [])  # empty batches (quiet gaps)
+    assert int(t.trailing[3]) == 7
+
+
+def test_neutral_outcomes_ignored():
+    t = RunTracker()
+    assert _upd(t, [0] * 7, [F, N, F, N, N, F, N]) == ([0], [3])
+    assert _upd(t, [0, 0], [N, N]) == ([], [])  # only neutrals: channel not reported
+    assert int(t.trailing[0]) == 3
+    assert _upd(t, [0, 0], [N, F]) == ([0], [4])
+
+
+def test_success_resets_and_max_is_within_batch():
+    t = RunTracker()
+    assert _upd(t, [0] * 6, [F, F, F, S, F, S]) == ([0], [3])
+    assert int(t.trailing[0]) == 0
+    # carried run counts toward the batch max only while unbroken
+    _upd(t, [0, 0], [F, F])
+    assert _upd(t, [0, 0], [S, F]) == ([0], [1])
+
+
+def test_cap_at_window():
+    t = RunTracker()  # default window 100
+    assert t.window == 100
+    assert _upd(t, [0] * 150, [F] * 150) == ([0], [100])
+    assert int(t.trailing[0]) == 100
+    assert _upd(t, [0] * 10, [F] * 10) == ([0], [100])
+    assert _upd(t, [0, 0], [S, F]) == ([0], [1])
+
+
+def test_small_window():
+    t = RunTracker(window=3)
+    assert _upd(t, [1] * 5, [F] * 5) == ([1], [3])
+    with pytest.raises(ValueError):
+        RunTracker(window=0)
+
+
+def test_channels_interleaved_are_independent():
+    t = RunTracker()
+    ch = [0, 1, 0, 2, 1, 0, 1, 2]
+    out = [F, F, F, S, S, F, F, F]
+    assert _upd(t, ch, out) == ([0, 1, 2], [3, 1, 1])
+    assert t.trailing[:3].tolist() == [3, 1, 1]
+
+
+def test_capacity_grows():
+    t = RunTracker(capacity=2)
+    t.ensure_capacity(37)
+    assert t.trailing.shape[0] >= 37
+    assert _upd(t, [36, 36], [F, F]) == ([36], [2])
+    t.reset(36)
+    assert int(t.trailing[36]) == 0
+
+
+def test_snapshot_roundtrip():
+    t = RunTracker()
+    _upd(t, [0, 1, 1], [F, F, F])
+    u = RunTracker()
+    u.load(t.state())
+    assert _upd(u, [1], [F]) == ([1], [3])
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("window", [1, 5, 100])
+def test_random_against_brute_force(seed, window):
+    rng = np.random.default_rng(seed)
+    n_ch = int(rng.integers(1, 12))
+    t = RunTracker(window=window, capacity=n_ch)
+    ref = Reference(window)
+    p_fail = rng.uniform(0.3, 0.98)
+    for _ in range(40):
+        n = int(rng.integers(0, 300))
+        ch = rng.integers(0, n_ch, n)
+        out = rng.choice([F, S, N], n, p=[p_fail * 0.9, (1 - p_fail) * 0.9, 0.1])
+        got = _upd(t, ch, out)
+        exp = ref.update(ch.tolist(), out.tolist())
+        assert got == exp
+        assert t.trailing[:n_ch].tolist() == [ref.trailing.get(c, 0) for c in range(n_ch)]
