@@ -116,60 +116,75 @@ class Engine:
 
         ``structure`` optionally gives ``(parse_ok, missing_fields)`` per
         event; by default it is resolved with
-        :func:`pipeline.ingest.structure.resolve_structure`.
+        :func:`pipeline.ingest.structure.resolve_structure`. A batch that
+        spans several evaluation rounds (a backlog replay) is split at the
+        round boundaries and fed in event-time order, so every 30 s round
+        sees exactly the events before it — as when they arrive live.
         """
         result = BatchResult()
         if not events:
             return result
         if structure is None:
             structure = [resolve_structure(e) if e.status == "ok" else (None, None) for e in events]
+        step = self.policy.eval_interval_ms
+        pairs = list(zip(events, structure))
+        if min(e.ts_ms for e in events) // step != max(e.ts_ms for e in events) // step:
+            pairs.sort(key=lambda p: p[0].ts_ms)
+        start = 0
+        while start < len(pairs):
+            bucket = pairs[start][0].ts_ms // step
+            end = start + 1
+            while end < len(pairs) and pairs[end][0].ts_ms // step == bucket:
+                end += 1
+            self._process_chunk([p[0] for p in pairs[start:end]], [p[1] for p in pairs[start:end]], result)
+            start = end
+        return result
+
+    def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult) -> None:
         wm = self.store.watermark_ms
         if wm is not None:
             limit = wm - self.policy.allowed_lateness_ms
             if any(e.ts_ms < limit for e in events):
+                late = [e for e in events if e.ts_ms < limit]
+                result.late.extend(late)
+                self.late_count += len(late)
                 keep = [i for i, e in enumerate(events) if e.ts_ms >= limit]
-                result.late = [e for e in events if e.ts_ms < limit]
-                self.late_count += len(result.late)
                 events = [events[i] for i in keep]
                 structure = [structure[i] for i in keep]
                 if not events:
-                    return result
+                    return
         cols = self._columns(events, structure)
-        # Evaluate boundaries that lie before this batch's events first.
-        first = int(cols.ts_ms.min())
-        result.verdicts.extend(self.advance(first))
-        late, run_ch, run_max = self.store.add(cols)
-        if late.any():  # older than the ring although within lateness: count as late too
+        result.verdicts.extend(self.advance(int(cols.ts_ms.min())))
+        th = self.thresholds().consecutive_failures.copy()
+        for c, m in enumerate(self.machines[: th.shape[0]]):
+            if m.state == HALF_OPEN:  # SPEC §4: any failure run sends a probing channel back
+                th[c] = min(th[c], self.policy.half_open_failure_run)
+        late, run_ch, run_max = self.store.add(cols, th)
+        crossed = self.store.runs.crossed_at
+        if late.any():  # too old for the ring although within lateness: count as late too
             result.late.extend(e for e, l in zip(events, late) if l)
             self.late_count += int(late.sum())
-            result.accepted = [e for e, l in zip(events, late) if not l]
-            result.structure = [s for s, l in zip(structure, late) if not l]
-        else:
-            result.accepted = list(events)
-            result.structure = list(structure)
+        result.accepted.extend(e for e, l in zip(events, late) if not l)
+        result.structure.extend(s for s, l in zip(structure, late) if not l)
         np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
-        result.verdicts.extend(self._pretrip(cols, run_ch, run_max))
+        result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
         result.verdicts.extend(self.advance(int(cols.ts_ms.max())))
-        return result
 
-    def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, run_max: np.ndarray) -> list[Verdict]:
-        """SPEC §4.2: a failure run opens the circuit immediately."""
-        if run_ch.size == 0:
-            return []
-        th = self.thresholds().consecutive_failures[run_ch]
-        half_open_run = np.array([2 if self.machines[c].state == HALF_OPEN else th[i]
-                                  for i, c in enumerate(run_ch)], dtype=np.float64)
-        trips = ConsecutiveFailures.trips(run_max, np.minimum(th, half_open_run))
+    def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
+                 threshold: np.ndarray) -> list[Verdict]:
+        """SPEC §4.2: a failure run opens the circuit at the event that completed it."""
         out = []
-        for c in run_ch[trips]:
-            c = int(c)
+        for c, idx in zip(run_ch.tolist(), crossed.tolist()):
+            if idx < 0:
+                continue
             m = self.machines[c]
-            now = int(self.store.last_ts_ms[c])
             if m.state == OPEN:
                 continue
+            now = int(cols.ts_ms[idx])
             m.add_penalty(self.policy.penalty_per_run, now, self.policy)
             if m.trip(now, ["consecutive_failures"]):
-                out.append(self._verdict(c, now, {"consecutive_failures": float(self.store.runs.trailing[c])}))
+                out.append(self._verdict(c, now, {"consecutive_failures": float(threshold[c]),
+                                                  "consecutive_failures_threshold": float(threshold[c])}))
         return out
 
     # -- evaluation ---------------------------------------------------------
@@ -256,7 +271,7 @@ class Engine:
             v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v
             clean[k] = None if isinstance(v, float) and not np.isfinite(v) else (round(v, 4) if isinstance(v, float) else v)
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
-                       weight=m.weight, reasons=list(m.reasons), metrics=clean, ts_ms=now_ms, seq=self.seq[i])
+                       weight=float(m.weight), reasons=list(m.reasons), metrics=clean, ts_ms=now_ms, seq=self.seq[i])
 
     def route_weights(self) -> dict[str, dict[str, float]]:
         """Current recommended weights: route → channel → weight."""

@@ -96,6 +96,9 @@ class PolicyConfig:
     open_cooldown_ms: int = 90_000
     half_open_observe_ms: int = 90_000
     half_open_weight: float = 0.05
+    #: SPEC §4: "any failure run sends it back to open": run length that
+    #: re-opens a channel while it is probing in ``half_open``.
+    half_open_failure_run: int = 2
     #: SPEC §4 recovering ramp: +0.10 every 120 s up to 0.40, then +0.20 steps.
     ramp_interval_ms: int = 120_000
     ramp_small_step: float = 0.10

@@ -48,14 +48,14 @@ class ChannelMachine:
         self.state = state
         self.entered_ms = now_ms
         self.last_step_ms = now_ms
-        self.weight = round(weight, 4)
+        self.weight = round(float(weight), 4)
 
     def add_penalty(self, amount: float, now_ms: int, cfg: PolicyConfig) -> None:
         """Decay the penalty to ``now_ms`` and add ``amount`` (>= 0), capped at ``max_penalty``."""
         if now_ms > self.penalty_ms:
             self.penalty *= 0.5 ** ((now_ms - self.penalty_ms) / cfg.penalty_half_life_ms)
-            self.penalty_ms = now_ms
-        self.penalty = min(self.penalty + amount, cfg.max_penalty)
+            self.penalty_ms = int(now_ms)
+        self.penalty = float(min(self.penalty + float(amount), cfg.max_penalty))
 
     def trip(self, now_ms: int, reasons: list[str]) -> bool:
         """Open the circuit now (hard signal). Returns True if the state changed.

@@ -118,6 +118,10 @@ class Fault:
             if not float(p.get("capacity_rps", 0)) > 0:
                 raise ValueError("overload fault needs params['capacity_rps'] > 0")
 
+    def __iter__(self):
+        """Unpack as ``(channel, kind, start_s, end_s, params)``."""
+        return iter((self.channel, self.kind, self.start_s, self.end_s, self.params))
+
     @property
     def ramp_s(self) -> float:
         """Seconds from ``start_s`` to full strength."""

@@ -348,7 +348,7 @@ class Scenario:
 
 # =========================================================================== builders
 
-def _never_bad(channel: str, to_s: float, from_s: float = 0.0) -> dict:
+def _never_bad(channel: str, to_s: float, from_s: float = 0) -> dict:
     return {"channel": channel, "never_in": list(BAD_STATES), "from_s": from_s, "to_s": to_s}
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -71,7 +73,8 @@ class WorkerState:
     last_batch_wall_s: float = 0.0
 
 
-def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None) -> tuple[faust.App, WorkerState]:
+def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None,
+              datadir: str | None = None) -> tuple[faust.App, WorkerState]:
     """Create the faust app, its topics, the agent and the idle timer.
 
     ``sink``: an object with ``add_events(rows)``, ``add_verdicts(verdicts)``
@@ -79,9 +82,14 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     storage.
     """
     topics = settings.topics
+    if datadir is None:
+        import tempfile
+
+        datadir = str(Path(tempfile.gettempdir()) / f"channel-health-faust-{os.getpid()}")
     app = faust.App(
         f"{settings.consumer_group}",
         store="memory://",
+        datadir=datadir,
         web_enabled=False,
         topic_partitions=settings.partitions,
         consumer_auto_offset_reset="earliest",

@@ -59,9 +59,12 @@ class BatchProcessor:
         for d in out.dead_letters:
             self.counters.add_dead_letter(d.reason)
         self.events_in += len(events)
+        late: list[RequestEvent] = []
         result = self.engine.process(events)
-        out.verdicts = result.verdicts
-        for e in result.late:
+        out.verdicts.extend(result.verdicts)
+        late.extend(result.late)
+        out.stored.extend((e, s[0], s[1]) for e, s in zip(result.accepted, result.structure))
+        for e in late:
             lateness_s = ((self.engine.store.watermark_ms or e.ts_ms) - e.ts_ms) / 1000
             out.dead_letters.append(DeadLetter(
                 reason="late_event",
@@ -69,7 +72,6 @@ class BatchProcessor:
                        f"{self.engine.policy.allowed_lateness_ms / 1000:.0f} s",
                 raw=encode(e), event_id=e.event_id))
             self.counters.add_dead_letter("late_event")
-        out.stored = [(e, s[0], s[1]) for e, s in zip(result.accepted, result.structure)]
         self.verdicts_out += len(out.verdicts)
         return out
 

@@ -72,9 +72,8 @@ class IntervalRing:
         ``channel`` int (n,), ``ts_ms`` int64 (n,), ``counter_rows`` (n,
         n_counters) increments, ``hist_mask`` bool (n,) selecting the events
         whose ``hist_key`` (int (n,), bucket index) is counted. An event is
-        too old (mask True, not counted) when its ring position already holds
-        a newer interval, i.e. it is more than ``n_slots`` intervals older
-        than the channel's newest event.
+        too old (mask True, not counted) when it is ``n_slots`` or more
+        intervals older than the channel's newest event.
         """
         channel = np.asarray(channel, dtype=np.int64)
         slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
@@ -90,6 +89,9 @@ class IntervalRing:
                 self.hist.reshape(-1, self.n_buckets)[evict] = 0.0
             ids[evict] = newest[evict]
         fits = slot == ids[flat]
+        # Older than the channel's whole ring: its position may even be empty.
+        newest_slot = self.slot_id[channel].max(axis=1)
+        fits &= slot > newest_slot - self.n_slots
         if counter_rows is not None and self.n_counters:
             np.add.at(self.counts.reshape(-1, self.n_counters), flat[fits], counter_rows[fits])
         if hist_mask is not None and self.n_buckets:
@@ -106,7 +108,7 @@ class IntervalRing:
         lo = np.asarray(lo_slot, dtype=np.int64)
         if lo.ndim == 1:
             lo = lo[:, None]
-        return ((self.slot_id >= lo) & (self.slot_id < hi_slot)).astype(np.float32)
+        return ((self.slot_id >= np.maximum(lo, 0)) & (self.slot_id < hi_slot)).astype(np.float32)
 
     def sum_counts(self, mask: np.ndarray) -> np.ndarray:
         """Counter sums over the masked intervals: float64 (C, n_counters)."""

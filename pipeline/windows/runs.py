@@ -24,6 +24,8 @@ class RunTracker:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = int(window)
         self.trailing = np.zeros(capacity, dtype=np.int32)
+        #: See :meth:`update` (input indices of threshold crossings).
+        self.crossed_at = np.zeros(0, np.int64)
 
     def ensure_capacity(self, n_channels: int) -> None:
         """Grow (doubling) so channel indices < ``n_channels`` fit."""
@@ -35,13 +37,17 @@ class RunTracker:
         """Forget the run of ``channel`` (on entering ``half_open``: judge new probes only)."""
         self.trailing[channel] = 0
 
-    def update(self, channel: np.ndarray, outcome: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def update(self, channel: np.ndarray, outcome: np.ndarray,
+               threshold: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Feed events in arrival order; return ``(channels, max_run)``.
 
         ``channel`` int (n,); ``outcome`` int8 (n,): 1 failure, 0 success,
         -1 neutral (ignored). Returns the distinct channels touched (int64,
         sorted) and, for each, the longest run reached during this batch
-        (including the run carried in from earlier batches).
+        (including the run carried in from earlier batches). With
+        ``threshold`` (per channel index, shape (C,)), :attr:`crossed_at`
+        then holds, per returned channel, the input index of the first event
+        whose run reached the threshold (-1: none).
 
         >>> t = RunTracker()
         >>> t.update(np.array([0, 0, 1, 0, 0]), np.array([1, 1, 1, 0, 1], np.int8))
@@ -52,7 +58,9 @@ class RunTracker:
         channel = np.asarray(channel, dtype=np.int64)
         outcome = np.asarray(outcome, dtype=np.int8)
         keep = outcome >= 0
+        original = np.flatnonzero(keep)
         channel, outcome = channel[keep], outcome[keep]
+        self.crossed_at = np.zeros(0, np.int64)
         if channel.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
         order = np.argsort(channel, kind="stable")
@@ -75,6 +83,10 @@ class RunTracker:
         max_run = np.maximum.reduceat(run, starts)
         ends = np.r_[starts[1:], n] - 1
         self.trailing[groups] = run[ends]
+        if threshold is not None:
+            hit = run >= np.asarray(threshold)[ch]
+            first = np.minimum.reduceat(np.where(hit, pos, n), starts)
+            self.crossed_at = np.where(first < n, original[order[np.minimum(first, n - 1)]], -1)
         return groups, max_run
 
     def state(self) -> dict[str, np.ndarray]:

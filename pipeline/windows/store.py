@@ -109,7 +109,7 @@ class WindowStore:
         self._index: dict[str, int] = {}
         self.last_ts_ms = np.zeros(16, dtype=np.int64)
         self.watermark_ms: int | None = None
-        self._base_cache: tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._base_cache: tuple[tuple[int, int, int], np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # -- registry ---------------------------------------------------------
     def channel_index(self, name: str, route: str, tier: str | None) -> int:
@@ -141,12 +141,13 @@ class WindowStore:
         return len(self.names)
 
     # -- writes -----------------------------------------------------------
-    def add(self, cols: EventColumns) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def add(self, cols: EventColumns, run_threshold: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Add validated events; returns ``(late_mask, run_channels, run_max)``.
 
         ``late_mask`` bool (n,) marks events that fell out of the short ring
         (they are still counted in the baseline). ``run_channels`` /
-        ``run_max``: see :meth:`RunTracker.update`.
+        ``run_max``: see :meth:`RunTracker.update`; with ``run_threshold``
+        (per channel) ``self.runs.crossed_at`` gives the crossing events.
         """
         n = len(cols)
         if n == 0:
@@ -165,20 +166,21 @@ class WindowStore:
         np.maximum.at(self.last_ts_ms, cols.channel, cols.ts_ms)
         hi = int(cols.ts_ms.max())
         self.watermark_ms = hi if self.watermark_ms is None else max(self.watermark_ms, hi)
-        run_ch, run_max = self.runs.update(cols.channel, cols.outcome)
+        run_ch, run_max = self.runs.update(cols.channel, cols.outcome, run_threshold)
         return late, run_ch, run_max
 
     # -- reads ------------------------------------------------------------
     def _baseline(self, now_ms: int, min_latency: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         hour = now_ms // BASE_SLOT_MS
         c = self.n_channels
-        if self._base_cache is None or self._base_cache[0] != hour or self._base_cache[1] != c:
+        key = (hour, c, min_latency)
+        if self._base_cache is None or self._base_cache[0] != key:
             mask = self.base.window_mask(hour - self.baseline_hours, hour)[:c]
             hist = np.matmul(mask[:, None, :], self.base.hist[:c])[:, 0, :].astype(np.float64)
             n = hist.sum(axis=1)
             p95 = self.buckets.quantile(hist, 0.95, min_count=min_latency)
-            self._base_cache = (hour, c, p95, n, mask.sum(axis=1))
-        return self._base_cache[2], self._base_cache[3], self._base_cache[4]
+            self._base_cache = (key, p95, n, mask.sum(axis=1))
+        return self._base_cache[1], self._base_cache[2], self._base_cache[3]
 
     def view(self, now_ms: int, since_ms: np.ndarray | None = None, min_latency: int = 1,
              min_baseline: int = 1) -> WindowView:
@@ -192,8 +194,8 @@ class WindowStore:
         hi = -(-now_ms // SHORT_SLOT_MS)  # slots strictly before the one after now
         n_long = self.window_ms // SHORT_SLOT_MS
         n_short = self.short_window_ms // SHORT_SLOT_MS
-        lo_long = np.full(c, hi - n_long, dtype=np.int64)
-        lo_short = np.full(c, hi - n_short, dtype=np.int64)
+        lo_long = np.full(c, max(hi - n_long, 0), dtype=np.int64)
+        lo_short = np.full(c, max(hi - n_short, 0), dtype=np.int64)
         if since_ms is not None:
             since_slot = -(-np.asarray(since_ms[:c], dtype=np.int64) // SHORT_SLOT_MS)
             lo_long = np.maximum(lo_long, since_slot)

@@ -36,11 +36,18 @@ def by_time(events: list[dict]) -> list[dict]:
     return sorted(events, key=lambda e: e["ts_ms"])
 
 
-def feed(events: list[dict], sizes: Callable[[int], int]) -> tuple[Engine, list[Verdict]]:
-    """Like ``replay`` but the batch size may depend on the event time (``sizes(ts_ms)``)."""
+def feed(events: list[dict], fine_from: int, fine_to: int, coarse: int = 500) -> tuple[Engine, list[Verdict]]:
+    """Like ``replay``, but events with ``fine_from <= ts_ms <= fine_to`` go one per batch
+    (no coarse batch crosses ``fine_from``)."""
     engine, out, i = Engine(), [], 0
     while i < len(events):
-        j = i + sizes(events[i]["ts_ms"])
+        t = events[i]["ts_ms"]
+        if fine_from <= t <= fine_to:
+            j = i + 1
+        else:
+            j = i
+            while j < len(events) and j - i < coarse and not (t < fine_from <= events[j]["ts_ms"]):
+                j += 1
         out.extend(engine.process([msgspec.convert(e, RequestEvent) for e in events[i:j]]).verdicts)
         i = j
     return engine, out
@@ -67,7 +74,7 @@ def failure_run() -> tuple[list[dict], int]:
 
 def test_failure_run_opens_at_the_fifth_failure_single_event_batches(failure_run):
     ev, fifth = failure_run
-    engine, verdicts = feed(ev, lambda ts: 1 if T_FAIL - 60_000 <= ts <= T_FAIL + 10_000 else 500)
+    engine, verdicts = feed(ev, T_FAIL, T_FAIL + 10_000)
     assert not_healthy(verdicts, "b") == []
     bad = not_healthy(verdicts, "a")
     assert bad, "channel a never left healthy"
@@ -91,15 +98,44 @@ def test_failure_run_opens_with_replay(failure_run):
     assert later and all(v.state == "open" for v in later)  # 60 s of failures: still open (cooldown 90 s)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG engine.py Engine._pretrip (line ~165): the verdict ts is "
-                                        "store.last_ts_ms[c], the channel's newest event in the whole batch, "
-                                        "not the event that completed the run (with replay's 500-event batches "
-                                        "it lands ~48 s after the 5th failure)")
 def test_failure_run_verdict_ts_within_half_a_second_with_replay(failure_run):
     ev, fifth = failure_run
     _, verdicts = replay(ev)
     first = not_healthy(verdicts, "a")[0]
     assert abs(first.ts_ms - fifth) <= 500
+
+
+def test_full_cycle_open_half_open_recovering_healthy_and_no_data():
+    rng = np.random.default_rng(7)
+    t_fail = T0 + H + 5_000
+    t_b_stop = T0 + H + 20 * 60_000
+    ev = gen(rng, ["a", "b"], T0, T0 + H + 30 * 60_000, 5.0,
+             status=lambda c, t: "error" if c == "a" and t_fail <= t < t_fail + 3_000 else "ok")
+    ev = by_time([e for e in ev if not (e["channel"] == "b" and e["ts_ms"] >= t_b_stop)])
+    fifth = [e["ts_ms"] for e in ev if e["status"] == "error"][4]
+    last_b = max(e["ts_ms"] for e in ev if e["channel"] == "b")
+    _, verdicts = feed(ev, t_fail, t_fail + 5_000, coarse=200)
+    a = [v for v in verdicts if v.channel == "a"]
+    changes = [v for k, v in enumerate(a) if k == 0 or (v.state, v.weight) != (a[k - 1].state, a[k - 1].weight)]
+    assert [(v.state, v.weight) for v in changes] == [
+        ("healthy", 1.0), ("open", 0.0), ("half_open", 0.05), ("recovering", 0.1), ("recovering", 0.2),
+        ("recovering", 0.3), ("recovering", 0.4), ("recovering", 0.6), ("recovering", 0.8), ("healthy", 1.0)]
+    t_open, t_half, t_rec = changes[1].ts_ms, changes[2].ts_ms, changes[3].ts_ms
+    assert t_open == fifth
+    assert 90_000 <= t_half - t_open < 120_000 and t_half % 30_000 == 0  # first round after the cooldown
+    assert t_rec - t_half == 90_000  # observed 90 s, clean probes
+    assert [v.ts_ms - t_rec for v in changes[4:]] == [120_000, 240_000, 360_000, 480_000, 600_000, 720_000]
+    # while a is out, b takes the traffic; a's share then grows back gradually, never more than 1.5x (+0.05)
+    rounds = [v for v in a if v.seq > changes[1].seq and "route_share" in v.metrics]
+    shares = [v.metrics["route_share"] for v in rounds]
+    assert shares[0] == 0.0 and shares[-1] == 0.5
+    for prev, cur in zip(shares, shares[1:]):
+        assert cur <= max(prev * 1.5, prev + 0.05) + 1e-4
+    # b: healthy throughout, then no_data once, at the first round >= 300 s after its last event
+    b = [v for v in verdicts if v.channel == "b"]
+    assert [v.state for v in b[:-1]] == ["healthy"] * (len(b) - 1)
+    assert b[-1].state == "no_data" and b[-1].reasons == ["no_data"]
+    assert 0 <= b[-1].ts_ms - (last_b + 300_000) < 30_000 and b[-1].ts_ms % 30_000 == 0
 
 
 # --- failures across quiet gaps --------------------------------------------------------
@@ -129,17 +165,13 @@ def test_failures_across_quiet_gaps_open_low_traffic_channel(sparse_failures):
 
 def test_failures_across_quiet_gaps_exact_time(sparse_failures):
     ev, fails = sparse_failures
-    _, verdicts = feed(ev, lambda ts: 1 if T0 + H <= ts <= fails[-1] else 500)
+    _, verdicts = feed(ev, T0 + H, fails[-1])
     low = not_healthy(verdicts, "low")
     assert low[0].state == "open" and low[0].ts_ms == fails[4]
     assert low[0].metrics["consecutive_failures"] == 5.0
     assert all(v.state == "healthy" for v in verdicts if v.channel == "low" and v.seq < low[0].seq)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG engine.py Engine.process: evaluation rounds at boundaries inside a "
-                                        "batch run after the whole batch was added and pre-tripped, so they "
-                                        "publish 'open' at event times before the trip and verdict ts_ms goes "
-                                        "backwards within a channel")
 def test_verdicts_never_go_back_in_time(sparse_failures):
     ev, fails = sparse_failures
     _, verdicts = replay(ev)
@@ -168,9 +200,6 @@ def test_day_night_swing_stays_healthy():
     assert engine.route_weights() == {"chat": {"p": 1.0, "f": 1.0}}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG engine.py Engine.advance: the 'long jump' catch-up "
-                                        "(now - next_eval > no_data_after + eval_interval) also fires when one "
-                                        "batch spans > 330 s of event time, skipping the 30 s rounds inside it")
 def test_every_30s_round_is_evaluated_at_low_rate():
     rng = np.random.default_rng(5)
     ev = by_time(gen(rng, ["p"], T0, T0 + 2 * H, 1.0))  # a 500-event batch spans ~500 s
@@ -200,10 +229,6 @@ def test_one_minute_window_counts_in_verdicts_are_exact():
         assert v.metrics["requests_1m"] == ((ts >= v.ts_ms - 60_000) & (ts < v.ts_ms)).sum()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG engine.py Engine.process: rounds at boundaries inside a batch are "
-                                        "evaluated after the whole batch is in the 30-slot ring, whose newer "
-                                        "slots have recycled the oldest slots of those rounds' 5 min windows "
-                                        "(5 min counts/P95 short by up to batch span, ~30 % here)")
 def test_five_minute_window_counts_in_verdicts_are_exact():
     rng = np.random.default_rng(5)
     ev = by_time(gen(rng, ["p", "q"], T0, T0 + H, 2.0))
@@ -235,10 +260,6 @@ def test_latency_step_degrades_within_five_minutes():
     assert all(v.state == "degraded" for v in bad)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG engine.py:214 passes a numpy float (fail_since_eval[i]) to "
-                                        "ChannelMachine.add_penalty, so penalty and then weight (state_machine.py "
-                                        ":132 round(full, 2)) become numpy.float64; Verdict.weight "
-                                        "(engine.py:259) is then not JSON-encodable by pipeline.contracts.encode")
 def test_verdicts_encode_to_json():
     from pipeline.contracts import decode_verdict, encode
 
@@ -267,7 +288,8 @@ def test_late_events_are_returned_not_counted():
     late_b = _event(11, limit - 50_000, "error", channel="b")
     on_time = [_event(12, limit), _event(13, wm - 5)]
     r2 = engine.process([late_a, on_time[0], late_b, on_time[1]])
-    assert r2.late == [late_a, late_b]
+    # A batch spanning several rounds is fed in event-time order.
+    assert r2.late == [late_b, late_a]
     assert r2.accepted == on_time
     assert len(r2.structure) == 2
     assert engine.late_count == 2

@@ -83,6 +83,8 @@ def test_ramped_faults_and_outage_effects():
         Fault(ch.name, "outage", 2000, 2100),
         Fault("other", "outage", 0, 5000),
     )
+    channel, kind, start_s, end_s, params = faults[0]
+    assert (channel, kind, start_s, end_s, params["ramp_s"]) == (ch.name, "latency_ramp", 100, 1000, 600)
     t = np.array([50.0, 100.0, 400.0, 700.0, 999.0, 1000.0, 2050.0])
     eff = channel_effects(ch, faults, t)
     np.testing.assert_allclose(eff.latency_factor, [1, 1, 2.5, 4, 4, 1, 1])

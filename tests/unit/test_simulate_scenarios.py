@@ -194,7 +194,10 @@ def test_same_seed_same_events_other_seed_differs(name):
 # --------------------------------------------------------------------------- contract
 
 
-@pytest.mark.parametrize("name", NAMES)
+FULL_RUNS = [pytest.param(n, marks=pytest.mark.slow) if n == "clean-day" else n for n in NAMES]
+
+
+@pytest.mark.parametrize("name", FULL_RUNS)
 def test_events_validate_are_ordered_and_unique(name):
     r = run(name)
     assert r.invalid == 0
@@ -381,6 +384,7 @@ def test_recovery_outage_then_fully_healthy():
 # --------------------------------------------------------------------------- clean day
 
 
+@pytest.mark.slow
 def test_clean_day_has_no_faults_and_a_day_night_swing():
     sc = SCENARIOS["clean-day"]
     r = run("clean-day")

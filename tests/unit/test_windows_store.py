@@ -199,9 +199,6 @@ def test_no_baseline_in_first_hour():
     assert v.n_latency_5m[0] == 100 - (t < t[-1] // 10_000 * 10_000 + 10_000 - 300_000).sum()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG ring.py window_mask / store.py _baseline: empty ring slots "
-                                        "(slot_id -1) fall inside [hour-24, hour) when hour < 24 (event times "
-                                        "within a day of the epoch), so base_hours counts them")
 def test_base_hours_near_epoch_counts_only_hours_with_data():
     store = WindowStore()
     store.channel_index("a", "r", None)
@@ -252,8 +249,6 @@ def test_min_latency_gives_nan(data):
     assert (v.n_latency_5m > 0).all()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG store.py _baseline: cache key (hour, C) ignores min_baseline, "
-                                        "so a second view() in the same hour reuses the first call's NaN mask")
 def test_min_baseline_is_honoured_on_second_call():
     store = WindowStore()
     store.channel_index("a", "r", None)
@@ -362,9 +357,6 @@ def test_ring_gap_rule_busy_channel(gap_ms):
             assert old == (newest // 10_000 - (newest - gap_ms) // 10_000 >= 30)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG ring.py IntervalRing.add: an event >= n_slots intervals older than "
-                                        "the channel's newest is reported too old only if its ring position "
-                                        "holds a newer interval; on a sparse channel it is silently dropped")
 @pytest.mark.parametrize("gap_ms", [310_000, 3_610_000, 10**7])
 def test_ring_gap_rule_sparse_channel(gap_ms):
     r = _ring()

@@ -1,0 +1,151 @@
+"""Read-only analyst queries (``channel-health query "SQL"``) and table output.
+
+:func:`run_readonly_query` runs exactly one ``SELECT`` / ``WITH`` / ``SHOW`` /
+``DESCRIBE`` / ``EXPLAIN`` statement. Two fences:
+
+1. a lexical gate (:func:`check_readonly_sql`): one statement, an allowed first
+   keyword, no ``INTO OUTFILE`` (it writes a file, and on chDB that file is
+   on this machine);
+2. on a ClickHouse server over HTTP(S) the query also runs with the setting
+   ``readonly=1`` (unless the user is read-only already), so the server itself
+   refuses writes. chDB gets only the first fence: a setting passed with one
+   chDB query sticks to the shared session and would make later writes of
+   the same process fail.
+
+Parameters are bound server-side with ClickHouse's ``{name:Type}`` syntax,
+never formatted into the SQL text by Python.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from datetime import datetime
+from typing import Any, Sequence
+
+from pipeline.storage.sqltext import SqlLexError, mask_sql, split_statements
+
+#: First keywords of the statements :func:`run_readonly_query` runs.
+ALLOWED_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN"})
+
+_FIRST_WORD = re.compile(r"\s*\(*\s*([A-Za-z_]+)")
+_INTO_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)
+_PLACEHOLDER = re.compile(r"\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*[^{}]+\}")
+
+
+class QueryError(ValueError):
+    """A query cannot be run as given."""
+
+
+class QueryRefused(QueryError):
+    """The SQL is not a single read-only statement; the message says why."""
+
+
+class QueryParameterError(QueryError):
+    """Placeholders and parameter values do not match one to one."""
+
+
+def check_readonly_sql(sql: str) -> str:
+    """Return the single read-only statement in ``sql`` (trailing ``;`` removed).
+
+    >>> check_readonly_sql("  select 1;  ")
+    'select 1'
+
+    Raises :class:`QueryRefused` for no statement, several statements, a
+    first keyword outside :data:`ALLOWED_KEYWORDS`, ``INTO OUTFILE`` or
+    unterminated quotes/comments.
+    """
+    try:
+        statements = split_statements(sql)
+    except SqlLexError as exc:
+        raise QueryRefused(f"cannot read the SQL: {exc}") from None
+    if len(statements) != 1:
+        raise QueryRefused(f"expected exactly one statement, got {len(statements)}")
+    statement = statements[0]
+    code = mask_sql(statement)
+    match = _FIRST_WORD.match(code)
+    keyword = match.group(1).upper() if match else ""
+    if keyword not in ALLOWED_KEYWORDS:
+        allowed = ", ".join(sorted(ALLOWED_KEYWORDS))
+        raise QueryRefused(f"only read-only statements ({allowed}) are allowed, got {keyword or 'no keyword'!s}")
+    if _INTO_OUTFILE.search(code):
+        raise QueryRefused("INTO OUTFILE writes a file; not allowed in a read-only query")
+    return statement
+
+
+def placeholders(sql: str) -> set[str]:
+    """Names of the ``{name:Type}`` placeholders in the code of ``sql`` (not in strings/comments).
+
+    >>> sorted(placeholders("SELECT {a:String}, '{b:UInt8}' WHERE x = {c: Array(UInt8)}"))
+    ['a', 'c']
+    """
+    return set(_PLACEHOLDER.findall(mask_sql(sql)))
+
+
+def run_readonly_query(
+    client: Any, sql: str, params: dict[str, Any] | None = None
+) -> tuple[list[str], list[tuple]]:
+    """Run one read-only statement and return ``(column_names, rows)``.
+
+    ``client``: a clickhouse-connect client (HTTP or chDB). ``params``: values
+    for the ``{name:Type}`` placeholders, bound by the server.
+
+    Raises :class:`QueryRefused` (see :func:`check_readonly_sql`),
+    :class:`QueryParameterError` when placeholders and ``params`` keys differ,
+    and the driver's error when ClickHouse rejects the query.
+    """
+    statement = check_readonly_sql(sql)
+    params = dict(params or {})
+    names = placeholders(statement)
+    if names != set(params):
+        parts = []
+        if names - set(params):
+            parts.append(f"placeholders without a value: {sorted(names - set(params))}")
+        if set(params) - names:
+            parts.append(f"values without a {{name:Type}} placeholder: {sorted(set(params) - names)}")
+        raise QueryParameterError("; ".join(parts))
+    result = client.query(statement, parameters=params or None, settings=_readonly_settings(client))
+    return list(result.column_names), [tuple(row) for row in result.result_rows]
+
+
+def _readonly_settings(client: Any) -> dict[str, Any] | None:
+    """``{"readonly": 1}`` for an HTTP client whose user may still write, else None."""
+    from clickhouse_connect.driver.httpclient import HttpClient
+
+    if not isinstance(client, HttpClient):
+        return None
+    current = client.server_settings.get("readonly")
+    if current is not None and current.value != "0":
+        return None  # already read-only; changing the setting would be refused
+    return {"readonly": 1}
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, width: int = 160) -> str:
+    """Render a result as a plain-text table (rich, no colour) followed by a ``(N rows)`` line.
+
+    ``None`` prints as ``NULL``, datetimes in ISO 8601, floats with up to 6
+    significant digits. ``width``: maximum line width in characters.
+    """
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    # Text(...) everywhere: values such as "[bold]" must print as-is, not as rich markup.
+    table = Table()
+    for column in columns:
+        table.add_column(Text(str(column)))
+    for row in rows:
+        table.add_row(*(Text(_cell(value)) for value in row))
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None, force_terminal=False, no_color=True).print(table)
+    return out.getvalue() + f"({len(rows)} row{'' if len(rows) == 1 else 's'})\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
