@@ -86,9 +86,12 @@ def fit_logistic(
     l2: float = 1e-2,
     sample_weight: np.ndarray | None = None,
     max_iter: int = 2000,
-    tol: float = 1e-7,
+    tol: float = 1e-6,
+    init: LogisticHead | None = None,
 ) -> LogisticHead:
     """Fit an L2-regularised logistic regression head.
+
+    ``init`` warm-starts from another head fit on the same rows (an L2 path).
 
     >>> X = np.array([[0.0], [1.0], [2.0], [3.0]]); y = np.array([0, 0, 1, 1])
     >>> h = fit_logistic(X, y, l2=0.1)
@@ -122,9 +125,14 @@ def fit_logistic(
         grad[d] = g.sum()
         return float(loss), grad
 
-    p0 = float(np.clip(np.dot(w, y), 1e-6, 1 - 1e-6))
     theta0 = np.zeros(d + 1)
-    theta0[d] = np.log(p0 / (1 - p0))
+    if init is not None and init.n_features == d:
+        # Warm start (e.g. along an L2 path on the same rows): same standardisation.
+        theta0[:d] = init.coef
+        theta0[d] = init.intercept
+    else:
+        p0 = float(np.clip(np.dot(w, y), 1e-6, 1 - 1e-6))
+        theta0[d] = np.log(p0 / (1 - p0))
     res = optimize.minimize(
         fun,
         theta0,

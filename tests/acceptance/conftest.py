@@ -44,10 +44,7 @@ class Run:
 
 def run_scenario(name: str, closed_loop: bool = False, seed: int = 0) -> Run:
     """Replay scenario ``name``; with ``closed_loop`` the simulated router follows the published shares."""
-    try:
-        sc = get_scenario(name)
-    except DataNotFoundError as exc:
-        pytest.skip(f"shared data folder absent: {exc}")
+    sc = get_scenario(name)
     events: list[dict] = []
     holder: dict[str, Engine] = {}
 
@@ -62,7 +59,10 @@ def run_scenario(name: str, closed_loop: bool = False, seed: int = 0) -> Run:
 
     engine = Engine()
     holder["engine"] = engine
-    engine, verdicts = replay(gen(), engine=engine)
+    try:
+        engine, verdicts = replay(gen(), engine=engine)
+    except DataNotFoundError as exc:
+        pytest.skip(f"shared data folder absent: {exc}")
     return Run(sc, events, engine, verdicts)
 
 
