@@ -64,6 +64,7 @@ class Topics:
     health: str
     dlq: str
     quality: str
+    state: str
 
     @classmethod
     def with_prefix(cls, prefix: str) -> "Topics":
@@ -73,6 +74,7 @@ class Topics:
             health=f"{prefix}channel.health",
             dlq=f"{prefix}gateway.requests.dlq",
             quality=f"{prefix}channel.quality_scores",
+            state=f"{prefix}channel-health.state",
         )
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.live import Live
@@ -50,7 +51,18 @@ def _table(latest: dict[str, Verdict], start_ms: int, events_sent: int, total: i
     return t
 
 
-async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: float, console: Console) -> int:
+class WorkerDied(RuntimeError):
+    """The worker process exited during the demo; the message holds its log tail."""
+
+
+def _check_worker(worker: subprocess.Popen | None, log_path: Path) -> None:
+    if worker is not None and worker.poll() is not None:
+        tail = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else ""
+        raise WorkerDied(f"the worker exited with code {worker.returncode}; end of {log_path}:\n{tail}")
+
+
+async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: float, console: Console,
+               check: Callable[[], None] = lambda: None) -> int:
     from pipeline.producer import BatchingProducer
     from pipeline.router.subscriber import HealthSubscriber
     from pipeline.simulate.scenarios import get_scenario
@@ -87,10 +99,12 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
                 for i in range(0, len(events), 5_000):
                     await prod.send_many(events[i:i + 5_000])
                     await prod.flush()
+                    check()
                     on_update()
                     live.update(_table(latest, start_ms, prod.events_sent, len(events)))
                 deadline = time.monotonic() + timeout_s
                 while time.monotonic() < deadline:
+                    check()
                     on_update()
                     live.update(_table(latest, start_ms, prod.events_sent, len(events)))
                     newest = max((v.ts_ms for v in latest.values()), default=0)
@@ -105,7 +119,8 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
 
 def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, timeout_s: float = 600.0) -> int:
     """Run the whole demo; returns a process exit code."""
-    from pipeline.embedded.broker import EmbeddedBroker, ensure_topics
+    from pipeline.embedded.broker import EmbeddedBroker
+    from pipeline.embedded.topics import ensure_topics
 
     console = Console()
     data_dir = data_dir.resolve()
@@ -122,7 +137,7 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, t
             settings = settings.with_overrides(kafka_bootstrap=broker.bootstrap)
             console.print(f"Broker at [bold]{broker.bootstrap}[/]")
         t = settings.topics
-        asyncio.run(ensure_topics(settings.kafka_bootstrap, [t.requests, t.health, t.dlq],
+        asyncio.run(ensure_topics(settings.kafka_bootstrap, [t.requests, t.health, t.dlq, t.state],
                                   settings.partitions, settings.kafka_security.aiokafka_kwargs()))
         log_path = data_dir / "worker.log"
         env = dict(os.environ, CHANNEL_HEALTH_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
@@ -131,7 +146,11 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, t
         with open(log_path, "ab") as log:
             worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"], env=env,
                                       stdout=log, stderr=subprocess.STDOUT)
-        rc = asyncio.run(_run(settings, scenario, seed, timeout_s, console))
+        rc = asyncio.run(_run(settings, scenario, seed, timeout_s, console,
+                              check=lambda: _check_worker(worker, log_path)))
+    except WorkerDied as exc:
+        console.print(f"[red]{exc}[/]")
+        rc = 1
     except KeyboardInterrupt:
         console.print("Interrupted.")
         rc = 130

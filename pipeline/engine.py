@@ -64,7 +64,9 @@ class Engine:
         self.prev_shares: dict[str, np.ndarray] = {}
         #: route → channel → traffic share after the last round (bounded shifts).
         self.shares_by_route: dict[str, dict[str, float]] = {}
-        self.next_eval_ms: int | None = None
+        #: Per channel: the next round boundary (event time, ms; 0 = not yet scheduled).
+        self.next_eval = np.zeros(0, np.int64)
+        self.low_watermark_ms: int | None = None
         self.last_eval_ms: int | None = None
         self._th: ThresholdArrays | None = None
         self.fail_since_eval = np.zeros(0, np.float64)
@@ -102,6 +104,8 @@ class Engine:
                 self.active[k] = np.concatenate([arr, np.zeros(n - arr.shape[0], bool)])
         if self.fail_since_eval.shape[0] < n:
             self.fail_since_eval = np.concatenate([self.fail_since_eval, np.zeros(n - self.fail_since_eval.shape[0])])
+        if self.next_eval.shape[0] < n:
+            self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
 
     def thresholds(self) -> ThresholdArrays:
         """Per-channel thresholds (rebuilt when channels are added)."""
@@ -111,15 +115,28 @@ class Engine:
         return self._th
 
     def process(self, events: Sequence[RequestEvent],
-                structure: Sequence[tuple[bool | None, list[str] | None]] | None = None) -> BatchResult:
+                structure: Sequence[tuple[bool | None, list[str] | None]] | None = None,
+                low_watermark_ms: int | None = None) -> BatchResult:
         """Ingest a batch of validated events (any order); return verdicts and late events.
 
         ``structure`` optionally gives ``(parse_ok, missing_fields)`` per
         event; by default it is resolved with
-        :func:`pipeline.ingest.structure.resolve_structure`. A batch that
-        spans several evaluation rounds (a backlog replay) is split at the
-        round boundaries and fed in event-time order, so every 30 s round
-        sees exactly the events before it — as when they arrive live.
+        :func:`pipeline.ingest.structure.resolve_structure`.
+
+        Event time is kept per channel (a channel's events come in order from
+        one partition, however far partitions drift apart during a backlog
+        replay): a batch is split at 30 s round boundaries and fed in
+        event-time order; before a chunk's events are added, each of its
+        channels is evaluated at every round boundary up to the chunk, so a
+        round sees exactly the channel's events before it. An event is late
+        when it is more than ``allowed_lateness_ms`` older than its
+        channel's newest event.
+
+        ``low_watermark_ms``: event time up to which *all* input has been
+        seen (with Kafka: the minimum over partitions). Channels without
+        events are evaluated up to it (that is how ``no_data`` is noticed).
+        None means the batches form one stream in event-time order, so each
+        chunk's start is itself the low watermark.
         """
         result = BatchResult()
         if not events:
@@ -136,25 +153,29 @@ class Engine:
             end = start + 1
             while end < len(pairs) and pairs[end][0].ts_ms // step == bucket:
                 end += 1
+            if low_watermark_ms is None:
+                result.verdicts.extend(self.advance(bucket * step))
             self._process_chunk([p[0] for p in pairs[start:end]], [p[1] for p in pairs[start:end]], result)
             start = end
+        if low_watermark_ms is not None:
+            result.verdicts.extend(self.advance(low_watermark_ms))
         return result
 
     def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult) -> None:
-        wm = self.store.watermark_ms
-        if wm is not None:
-            limit = wm - self.policy.allowed_lateness_ms
-            if any(e.ts_ms < limit for e in events):
-                late = [e for e in events if e.ts_ms < limit]
-                result.late.extend(late)
-                self.late_count += len(late)
-                keep = [i for i, e in enumerate(events) if e.ts_ms >= limit]
-                events = [events[i] for i in keep]
-                structure = [structure[i] for i in keep]
-                if not events:
-                    return
         cols = self._columns(events, structure)
-        result.verdicts.extend(self.advance(int(cols.ts_ms.min())))
+        newest = self.store.last_ts_ms[cols.channel]
+        late_mask = cols.ts_ms < newest - self.policy.allowed_lateness_ms
+        if late_mask.any():
+            result.late.extend(e for e, l in zip(events, late_mask) if l)
+            self.late_count += int(late_mask.sum())
+            keep = ~late_mask
+            events = [e for e, k in zip(events, keep) if k]
+            structure = [x for x, k in zip(structure, keep) if k]
+            cols = cols.take(keep)
+            if not events:
+                return
+        rows = np.unique(cols.channel)
+        result.verdicts.extend(self._evaluate_until(rows, int(cols.ts_ms.min())))
         th = self.thresholds().consecutive_failures.copy()
         for c, m in enumerate(self.machines[: th.shape[0]]):
             if m.state == HALF_OPEN:  # SPEC §4: any failure run sends a probing channel back
@@ -189,62 +210,80 @@ class Engine:
 
     # -- evaluation ---------------------------------------------------------
     def advance(self, now_ms: int) -> list[Verdict]:
-        """Run every evaluation round whose boundary is <= ``now_ms`` (event time)."""
-        step = self.policy.eval_interval_ms
-        if self.next_eval_ms is None:
-            self.next_eval_ms = (now_ms // step + 1) * step
+        """Evaluate every channel at each round boundary <= ``now_ms`` it has not had yet."""
+        c = self.store.n_channels
+        self.low_watermark_ms = now_ms if self.low_watermark_ms is None else max(self.low_watermark_ms, now_ms)
+        if c == 0:
             return []
+        return self._evaluate_until(np.arange(c), now_ms)
+
+    def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:
+        """Rounds for channels ``rows`` at their due boundaries up to ``now_ms``, oldest first."""
+        step = self.policy.eval_interval_ms
+        ne = self.next_eval[rows]
+        unset = ne <= 0
+        if unset.any():  # first sight: the first round is the boundary after now
+            ne[unset] = (now_ms // step + 1) * step
+        # A channel far behind (idle for long): one round just before now is enough to catch up.
+        jump = now_ms - ne > self.policy.no_data_after_ms + step
+        if jump.any():
+            ne[jump] = (now_ms - self.policy.no_data_after_ms) // step * step
         out: list[Verdict] = []
-        if now_ms - self.next_eval_ms > self.policy.no_data_after_ms + step:
-            # A long jump in event time: evaluate once just before it, then catch up.
-            self.next_eval_ms = (now_ms - self.policy.no_data_after_ms) // step * step
-        while self.next_eval_ms <= now_ms:
-            out.extend(self.evaluate(self.next_eval_ms))
-            self.next_eval_ms += step
+        while rows.size:
+            t = int(ne.min())
+            if t > now_ms:
+                break
+            due = ne == t
+            out.extend(self.evaluate(t, rows[due]))
+            ne[due] += step
+        self.next_eval[rows] = ne
         return out
 
-    def evaluate(self, now_ms: int) -> list[Verdict]:
-        """One evaluation round at event time ``now_ms`` for all channels."""
+    def evaluate(self, now_ms: int, rows: np.ndarray | None = None) -> list[Verdict]:
+        """One evaluation round at event time ``now_ms`` for channels ``rows`` (default: all)."""
         c = self.store.n_channels
         if c == 0:
             return []
+        rows = np.arange(c) if rows is None else np.asarray(rows, dtype=np.int64)
         cfg = self.policy
-        th = self.thresholds()
-        since = np.array([m.entered_ms if m.state in _SINCE_STATES else np.iinfo(np.int64).min // 2
-                          for m in self.machines[:c]], dtype=np.int64)
-        view = self.store.view(now_ms, since_ms=since)
-        hard = [d.detect(view, th, np.zeros(c, bool)) for d in HARD_DETECTORS]
+        th_all = self.thresholds()
+        th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})
+        since = np.array([self.machines[i].entered_ms if self.machines[i].state in _SINCE_STATES
+                          else np.iinfo(np.int64).min // 2 for i in rows], dtype=np.int64)
+        view = self.store.view(now_ms, since_ms=since, rows=rows)
+        n = rows.shape[0]
+        hard = [d.detect(view, th, np.zeros(n, bool)) for d in HARD_DETECTORS]
         soft = []
         for d in SOFT_DETECTORS:
-            f = d.detect(view, th, self.active[d.reason][:c])
-            self.active[d.reason][:c] = f.fired
+            f = d.detect(view, th, self.active[d.reason][rows])
+            self.active[d.reason][rows] = f.fired
             soft.append(f)
-        last_ts = self.store.last_ts_ms[:c]
-        changed = np.zeros(c, bool)
-        for i in range(c):
+        last_ts = self.store.last_ts_ms[rows]
+        changed = np.zeros(n, bool)
+        for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
-            if m.state == NO_DATA and (now_ms - last_ts[i] >= cfg.no_data_after_ms) and m.reasons == ["no_data"]:
+            if m.state == NO_DATA and (now_ms - last_ts[j] >= cfg.no_data_after_ms) and m.reasons == ["no_data"]:
                 continue  # idle and already reported
             if m.state not in (OPEN, HALF_OPEN):
                 m.add_penalty(cfg.penalty_per_failure * self.fail_since_eval[i], now_ms, cfg)
-            h = [f.reason for f in hard if f.fired[i]]
+            h = [f.reason for f in hard if f.fired[j]]
             if m.state == OPEN:
                 h = []  # cooldown runs from the first trip; probes judge it later
-            s = [f.reason for f in soft if f.fired[i]]
-            changed[i] = m.step(now_ms, h, s, view.judged_5m[i], view.failures_5m[i],
-                                int(last_ts[i]) if last_ts[i] > 0 else None, cfg, self.policy.thresholds(
-                                    self.store.names[i], self.store.tiers[i]))
-            if m.state == HALF_OPEN and changed[i]:
+            s = [f.reason for f in soft if f.fired[j]]
+            changed[j] = m.step(now_ms, h, s, view.judged_5m[j], view.failures_5m[j],
+                                int(last_ts[j]) if last_ts[j] > 0 else None, cfg,
+                                self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
+            if m.state == HALF_OPEN and changed[j]:
                 self.store.runs.reset(i)
-        self.fail_since_eval[:c] = 0.0
+        self.fail_since_eval[rows] = 0.0
         shares = self._route_shares(c)
         self.last_eval_ms = now_ms
         out = []
-        for i in range(c):
+        for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
-            if m.state == NO_DATA and not changed[i]:
+            if m.state == NO_DATA and not changed[j]:
                 continue
-            metrics = {k: v[i] for f in (*hard, *soft) for k, v in f.metrics.items()}
+            metrics = {k: v[j] for f in (*hard, *soft) for k, v in f.metrics.items()}
             metrics["route_share"] = shares[i]
             metrics["penalty"] = round(m.penalty, 4)
             out.append(self._verdict(i, now_ms, metrics))

@@ -15,7 +15,7 @@ CREATE VIEW IF NOT EXISTS channel_health.channel_minute_stats AS
 SELECT
     channel,
     route,
-    toStartOfMinute(ts)                                         AS minute,
+    toDateTime64(toStartOfMinute(ts), 3, 'UTC')                 AS minute,
     count()                                                     AS requests,
     countIf(status = 'ok')                                      AS ok,
     countIf(status = 'error')                                   AS errors,

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -32,17 +32,18 @@ async def ensure_topics(
     bootstrap: str,
     topics: list[str],
     partitions: int,
+    security: Mapping[str, Any] | None = None,
     *,
     replication_factor: int = 1,
     timeout_s: float = 15.0,
-    **security: Any,
 ) -> dict[str, int]:
     """Create ``topics`` with ``partitions`` partitions unless they exist.
 
     ``bootstrap``: ``host:port[,host:port]``. ``security``: aiokafka security
-    keyword arguments (``KafkaSecurity.aiokafka_kwargs()``: ``security_protocol``,
-    ``sasl_*``, ``ssl_context``). ``replication_factor``: 1 for the embedded
-    broker; set it for a production cluster. ``timeout_s``: overall limit.
+    keyword arguments as a mapping (``settings.kafka_security.aiokafka_kwargs()``:
+    ``security_protocol``, ``sasl_*``, ``ssl_context``); None for plaintext.
+    ``replication_factor``: 1 for the embedded broker; set it for a
+    production cluster. ``timeout_s``: overall limit in seconds.
 
     Returns ``{topic: partition count}`` as the broker reports it after the
     call (an existing topic keeps its count; a mismatch is logged as a warning).
@@ -58,7 +59,7 @@ async def ensure_topics(
         return {}
     deadline = time.monotonic() + timeout_s
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, request_timeout_ms=max(1000, int(timeout_s * 1000)), **security
+        bootstrap_servers=bootstrap, request_timeout_ms=max(1000, int(timeout_s * 1000)), **dict(security or {})
     )
     try:
         await asyncio.wait_for(admin.start(), timeout=timeout_s)
@@ -81,8 +82,10 @@ async def ensure_topics(
     return counts
 
 
-def ensure_topics_sync(bootstrap: str, topics: list[str], partitions: int, **kwargs: Any) -> dict[str, int]:
-    """Blocking :func:`ensure_topics`; safe to call with or without a running event loop.
+def ensure_topics_sync(
+    bootstrap: str, topics: list[str], partitions: int, security: Mapping[str, Any] | None = None, **kwargs: Any
+) -> dict[str, int]:
+    """Blocking :func:`ensure_topics` (same arguments); safe with or without a running event loop.
 
     Runs the coroutine on a helper thread with its own event loop.
     """
@@ -90,7 +93,7 @@ def ensure_topics_sync(bootstrap: str, topics: list[str], partitions: int, **kwa
 
     def runner() -> None:
         try:
-            result["value"] = asyncio.run(ensure_topics(bootstrap, topics, partitions, **kwargs))
+            result["value"] = asyncio.run(ensure_topics(bootstrap, topics, partitions, security, **kwargs))
         except BaseException as exc:  # re-raised in the caller's thread
             result["error"] = exc
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.quality.embedding import EmbeddingInfo
-from pipeline.quality.features import Recipe, get_recipe
+from pipeline.quality.features import FeatureInputs, Recipe, get_recipe, recipe_params
 from pipeline.quality.head import LogisticHead
 
 FORMAT = "channel-health-quality/1"
@@ -87,6 +87,22 @@ class QualityModel:
     @property
     def noprompt_recipe(self) -> Recipe:
         return get_recipe(self.metadata["recipe"]["noprompt"])
+
+    def predict(self, inputs: FeatureInputs) -> np.ndarray:
+        """P(good) per row: the with-prompt head where a prompt exists, else the
+        response-only head."""
+        n = len(inputs)
+        out = np.empty(n, dtype=np.float64)
+        hp = inputs.has_prompt
+        if hp.any():
+            idx = np.flatnonzero(hp)
+            out[idx] = self.heads["with_prompt"].predict_proba(self.recipe(inputs.subset(idx)))
+        if (~hp).any():
+            idx = np.flatnonzero(~hp)
+            out[idx] = self.heads["no_prompt"].predict_proba(
+                self.noprompt_recipe(inputs.subset(idx))
+            )
+        return out
 
     def check_embedding(self, info: EmbeddingInfo) -> None:
         """Raise :class:`ModelMismatchError` unless ``info`` is the training-time model."""
@@ -233,9 +249,25 @@ def load_model(
         )
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
         heads = {n: LogisticHead.from_arrays(z, prefix=f"{n}__") for n in HEAD_NAMES}
+    try:
+        recipe = get_recipe(meta["recipe"]["name"])
+        get_recipe(meta["recipe"]["noprompt"])
+    except KeyError as exc:
+        raise ModelMismatchError(
+            f"quality model {version} needs feature recipe {meta['recipe']}, which this code "
+            f"does not have: {exc.args[0]}"
+        ) from None
+    want_params = meta["recipe"].get("params")
+    if want_params is not None and want_params != recipe_params():
+        diff = sorted(k for k in set(want_params) | set(recipe_params())
+                      if want_params.get(k) != recipe_params().get(k))
+        raise ModelMismatchError(
+            f"quality model {version} was built with different feature constants ({', '.join(diff)}); "
+            "retrain it with this code or use the code version that built it"
+        )
     model = QualityModel(
         version=version,
-        recipe=get_recipe(meta["recipe"]["name"]),
+        recipe=recipe,
         heads=heads,
         embedding=EmbeddingInfo.from_json(meta["embedding"]),
         metadata=meta,

@@ -314,3 +314,17 @@ class EmbeddingCache:
         np.savez(tmp, keys=keys, vecs=vecs)
         os.replace(tmp, self.path)
         self._dirty = False
+
+
+_shared: dict[str, Embedder] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_embedder(model_path: str | Path | None = None) -> Embedder:
+    """One :class:`Embedder` per model path per process (loading takes seconds)."""
+    key = str(Path(model_path).expanduser().resolve()) if model_path else ""
+    with _shared_lock:
+        emb = _shared.get(key)
+        if emb is None:
+            emb = _shared[key] = Embedder(model_path)
+        return emb

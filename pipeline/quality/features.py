@@ -22,7 +22,7 @@ Recipes:
 ``rich-v1``   plain-v1 plus prompt embedding, |prompt - response|, the tail
               embedding, cos(tail, response), cos(tail, prompt) and the text
               statistics (length, lines, repetition, refusal phrases, code
-              fences, cut-off ending, ...)
+              fences, cut-off ending, ...) and hinges on log length
 ``*-noprompt`` the same recipe restricted to response-only features; used
               for rows without a prompt
 """
@@ -149,6 +149,16 @@ def _log_len(f: FeatureInputs) -> np.ndarray:
     return f.stats[:, [STAT_NAMES.index("log_chars")]]
 
 
+LENGTH_KNOTS = (3.0, 4.0, 5.0, 6.0, 7.0, 8.0)
+"""Hinge knots on log1p(characters) (about 20, 55, 150, 400, 1100, 3000 chars)."""
+
+
+def _length_spline(f: FeatureInputs) -> np.ndarray:
+    """Piecewise-linear basis on log length: very short and very long both look bad."""
+    ll = _log_len(f)
+    return np.hstack([np.maximum(ll - k, 0.0) for k in LENGTH_KNOTS])
+
+
 def _plain(f: FeatureInputs) -> np.ndarray:
     return np.hstack([f.resp, f.prompt * f.resp, _rowdot(f.prompt, f.resp), _log_len(f)])
 
@@ -169,12 +179,13 @@ def _rich(f: FeatureInputs) -> np.ndarray:
             _rowdot(f.tail, f.resp),
             _rowdot(f.tail, f.prompt),
             f.stats,
+            _length_spline(f),
         ]
     )
 
 
 def _rich_noprompt(f: FeatureInputs) -> np.ndarray:
-    return np.hstack([f.resp, f.tail, _rowdot(f.tail, f.resp), f.stats])
+    return np.hstack([f.resp, f.tail, _rowdot(f.tail, f.resp), f.stats, _length_spline(f)])
 
 
 def _length_only(f: FeatureInputs) -> np.ndarray:
@@ -213,17 +224,28 @@ RECIPES: dict[str, Recipe] = {
             True,
             True,
             "[resp, prompt, prompt*resp, |prompt-resp|, tail, cos(prompt,resp), "
-            "cos(tail,resp), cos(tail,prompt), text stats]",
+            "cos(tail,resp), cos(tail,prompt), text stats, log-length hinges]",
         ),
         Recipe(
             "rich-v1-noprompt",
             _rich_noprompt,
             False,
             True,
-            "[resp, tail, cos(tail,resp), text stats]",
+            "[resp, tail, cos(tail,resp), text stats, log-length hinges]",
         ),
     )
 }
+
+
+def recipe_params() -> dict[str, Any]:
+    """Constants every recipe depends on; stored in the artifact, checked on load."""
+    return {
+        "max_chars": MAX_CHARS,
+        "tail_chars": TAIL_CHARS,
+        "length_cap": LENGTH_CAP,
+        "length_knots": list(LENGTH_KNOTS),
+        "stat_names": list(STAT_NAMES),
+    }
 
 
 def get_recipe(name: str) -> Recipe:

@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -39,7 +39,13 @@ from pipeline.quality.artifact import (
     save_model,
 )
 from pipeline.quality.embedding import Embedder, EmbeddingCache, clean_text
-from pipeline.quality.features import FeatureInputs, Recipe, build_inputs, get_recipe
+from pipeline.quality.features import (
+    FeatureInputs,
+    Recipe,
+    build_inputs,
+    get_recipe,
+    recipe_params,
+)
 from pipeline.quality.head import LogisticHead, fit_logistic, fit_platt, roc_auc
 
 log = logging.getLogger(__name__)
@@ -48,7 +54,7 @@ GOOD_MIN = 7.0
 BAD_MAX = 4.0
 LABEL_RULE = "good = score >= 7, bad = score <= 4 (1-10 scale); 5-6 dropped"
 DEFAULT_RECIPE = "rich-v1"
-DEFAULT_L2_GRID = (3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+DEFAULT_L2_GRID = (1.0, 0.3, 0.1, 3e-2, 1e-2, 3e-3)
 DEFAULT_SPLIT_SALT = "quality-split-v1"
 GROUP_KEYS = ("group", "model", "channel")
 
@@ -78,6 +84,8 @@ class LabelledRow:
     group: str | None = None
     category: str | None = None
     score: float | None = None
+    item: str | None = None
+    """Question/item id (``question_id`` or ``item``), for prompt-level splits."""
 
 
 def label_from_score(score: Any, scale: Any = "1-10") -> int | None:
@@ -153,6 +161,9 @@ def parse_row(obj: Any) -> tuple[LabelledRow | None, str | None]:
             group=group,
             category=obj.get("category") if isinstance(obj.get("category"), str) else None,
             score=score,
+            item=next(
+                (str(obj[k]) for k in ("item", "question_id") if obj.get(k) is not None), None
+            ),
         ),
         None,
     )
@@ -302,19 +313,8 @@ def embed_rows(
 
 
 def predict(model: QualityModel, inputs: FeatureInputs) -> np.ndarray:
-    """P(good) per row: the with-prompt head where a prompt exists, else the response-only head."""
-    n = len(inputs)
-    out = np.empty(n, dtype=np.float64)
-    hp = inputs.has_prompt
-    if hp.any():
-        idx = np.flatnonzero(hp)
-        out[idx] = model.heads["with_prompt"].predict_proba(model.recipe(inputs.subset(idx)))
-    if (~hp).any():
-        idx = np.flatnonzero(~hp)
-        out[idx] = model.heads["no_prompt"].predict_proba(
-            model.noprompt_recipe(inputs.subset(idx))
-        )
-    return out
+    """P(good) per row (see :meth:`QualityModel.predict`)."""
+    return model.predict(inputs)
 
 
 # ---------------------------------------------------------------- fitting
@@ -335,16 +335,20 @@ def fit_head_cv(
 ) -> HeadFit:
     """Pick L2 by pooled out-of-fold ROC-AUC over group folds; refit on all rows;
     fit a Platt step on the out-of-fold logits of the chosen L2."""
+    grid = sorted(set(float(v) for v in l2_grid), reverse=True)
+    usable = [f for f in np.unique(folds) if len(np.unique(y[folds != f])) == 2]
+    oofs = {l2: np.full(len(y), np.nan) for l2 in grid}
+    for f in usable:
+        tr, te = folds != f, folds == f
+        init: LogisticHead | None = None
+        for l2 in grid:  # strongest first; each fit warm-starts the next
+            h = fit_logistic(X[tr], y[tr], l2=l2, init=init)
+            init = h
+            oofs[l2][te] = ((X[te] - h.mean) / h.scale) @ h.coef + h.intercept
     results = []
     best: tuple[float, float, np.ndarray] | None = None
-    usable = [f for f in np.unique(folds) if len(np.unique(y[folds != f])) == 2]
-    for l2 in l2_grid:
-        oof = np.full(len(y), np.nan)
-        for f in usable:
-            tr, te = folds != f, folds == f
-            h = fit_logistic(X[tr], y[tr], l2=l2)
-            z = ((X[te] - h.mean) / h.scale) @ h.coef + h.intercept
-            oof[te] = z
+    for l2 in grid:
+        oof = oofs[l2]
         ok = np.isfinite(oof)
         auc = roc_auc(y[ok], oof[ok]) if len(np.unique(y[ok])) == 2 else float("nan")
         fold_aucs = [
@@ -359,7 +363,7 @@ def fit_head_cv(
                 "fold_roc_auc_mean": round(float(np.mean(fold_aucs)), 4) if fold_aucs else None,
             }
         )
-        if best is None or (np.isfinite(auc) and auc > best[0]):
+        if best is None or (np.isfinite(auc) and not auc <= best[0]):
             best = (auc, l2, oof)
     assert best is not None
     head = fit_logistic(X, y, l2=best[1])
@@ -455,6 +459,8 @@ def fit_model(
                 "description": rec.description,
                 "noprompt": noprompt,
                 "noprompt_description": get_recipe(noprompt).description,
+                "params": recipe_params(),
+                "selection": "L2 per head by group-k-fold CV on training groups only",
             },
         },
     )
@@ -553,6 +559,8 @@ def train_and_maybe_promote(
     k_folds: int = 5,
     data_summary: dict[str, Any] | None = None,
     card_extra: dict[str, Any] | None = None,
+    inputs: FeatureInputs | None = None,
+    group_report: Callable[[QualityModel, np.ndarray], dict[str, Any]] | None = None,
 ) -> PromotionResult:
     """Train a new version, save it, and promote it only if its held-out ROC-AUC
     is >= the current model's on the same held-out rows (or ``force``)."""
@@ -561,7 +569,10 @@ def train_and_maybe_promote(
     root = Path(models_dir or default_models_dir())
     embedder = embedder or Embedder()
     version = version or next_version(root)
-    inputs = embed_rows(embedder, [r.prompt for r in rows], [r.response for r in rows], cache=cache)
+    if inputs is None:
+        inputs = embed_rows(
+            embedder, [r.prompt for r in rows], [r.response for r in rows], cache=cache
+        )
     report = fit_model(
         rows,
         split,
@@ -574,12 +585,16 @@ def train_and_maybe_promote(
         data_summary=data_summary,
     )
     new_auc = report.held_out.get("roc_auc")
+    _, te = split.partition(rows)
+    if group_report is not None and len(te):
+        report.model.metadata["metrics"]["held_out_per_group"] = group_report(
+            report.model, report.model.predict(inputs.subset(te))
+        )
     cur = current_version(root)
     cur_auc: float | None = None
     reason = ""
     promote_it = False
     if cur is not None:
-        _, te = split.partition(rows)
         try:
             cur_model = load_model(cur, root, embedding=embedder.info)
             if len(te):

@@ -136,6 +136,10 @@ class HealthTable:
         entry = self._entries.get(channel)
         return entry.verdict if entry else None
 
+    def latest(self) -> dict[str, Verdict]:
+        """The newest accepted verdict of every channel (channel → verdict)."""
+        return {c: e.verdict for c, e in self._entries.items()}
+
     def weights(self, route: str) -> RouteWeights:
         """Current :class:`RouteWeights` of ``route``.
 

@@ -119,7 +119,9 @@ def _open_chdb(path: Path, create_database: bool) -> Any:
         except OSError as exc:
             raise StorageConnectError(f"cannot create chDB directory {key}: {exc.strerror}") from exc
         try:
-            client = clickhouse_connect.get_client(dsn=f"chdb://{quote(key)}", tz_mode="aware")
+            # path= rather than dsn="chdb://...": the DSN path is not percent-decoded, so a
+            # directory with a space or '%' would be misread.
+            client = clickhouse_connect.get_client(interface="chdb", path=key, tz_mode="aware")
         except Exception as exc:
             raise StorageConnectError(
                 f"cannot open chDB directory {key}: {type(exc).__name__}: {exc}. Only one process may open a "

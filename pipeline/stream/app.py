@@ -1,11 +1,20 @@
 """The faust app: topics and the agent wiring the stages together.
 
-Delivery is at-least-once: the agent takes batches with ``noack_take`` and
-acks a batch's messages only after its verdicts and dead letters were
-acknowledged by Kafka and its rows were written to ClickHouse (faust's plain
-``take()`` acks even when the body raised — a failed insert would be skipped
-for ever). Inserts are idempotent on ``event_id`` / ``(channel, seq)``, so a
-replay after a crash stores nothing twice.
+Delivery is at-least-once and restarts are exact:
+
+1. the agent takes batches with ``noack_take`` (faust's plain ``take()`` acks
+   even when the body raised — a failed insert would be skipped for ever);
+2. a batch's verdicts and dead letters are sent and acknowledged by Kafka,
+   and its rows written to ClickHouse (retried with backoff until it works);
+3. every ``SNAPSHOT_INTERVAL_S`` the engine's per-channel state is written to
+   the state topic, and only then are the input messages processed before
+   that snapshot acked (so committed offsets never run ahead of saved state).
+
+After a crash the worker reloads the snapshots and re-reads the messages
+after the committed offsets: windows, baselines, runs, circuit timers and
+verdict ``seq`` continue exactly. Re-sent verdicts carry the same ``seq``
+(routers ignore them) and re-inserted rows are deduplicated by ClickHouse
+(``event_id``, ``(channel, seq)``).
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ TAKE_MAX = 2_000
 TAKE_WITHIN_S = 0.2
 #: Wall-clock idle time after which event time advances on its own (s).
 IDLE_ADVANCE_AFTER_S = 10.0
+#: How often channel state is snapshotted and input offsets acked (s).
+SNAPSHOT_INTERVAL_S = 5.0
 
 
 def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
@@ -71,6 +82,10 @@ class WorkerState:
     processor: BatchProcessor
     sink: Any = None
     last_batch_wall_s: float = 0.0
+    restored: bool = False
+    lock: asyncio.Lock | None = None
+    unacked: list | None = None
+    snapshots_written: int = 0
 
 
 def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None,
@@ -97,10 +112,35 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         producer_acks=-1,
         **faust_broker_kwargs(settings),
     )
-    state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
+    state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic(),
+                        unacked=[])
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     health = app.topic(topics.health, key_serializer="raw", value_serializer="raw")
     dlq = app.topic(topics.dlq, key_serializer="raw", value_serializer="raw")
+    state_topic = app.topic(topics.state, key_serializer="raw", value_serializer="raw")
+
+    async def restore() -> None:
+        from pipeline.stream.state_topic import load_snapshots
+
+        bootstrap = settings.kafka_bootstrap or ""
+        state.processor.pending_snapshots = await load_snapshots(
+            bootstrap, topics.state, settings.kafka_security.aiokafka_kwargs())
+        state.restored = True
+        log.warning("worker ready: %d channel snapshots available for restore",
+                    len(state.processor.pending_snapshots))
+
+    async def snapshot_and_ack() -> None:
+        """Write every channel's state, then ack the messages it covers."""
+        assert state.lock is not None and state.unacked is not None
+        async with state.lock:
+            pending, state.unacked = state.unacked, []
+            blobs = state.processor.snapshots() if pending else []
+            futures = [await state_topic.send(key=name.encode(), value=blob) for name, blob in blobs]
+            if futures:
+                await asyncio.gather(*futures)
+            for e in pending:
+                e.ack()
+            state.snapshots_written += 1 if blobs else 0
 
     async def publish(out: ProcessedBatch) -> None:
         futures = [await health.send(key=v.channel.encode(), value=encode(v)) for v in out.verdicts]
@@ -127,23 +167,40 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
     @app.agent(requests)
     async def process(stream: faust.StreamT) -> None:
-        async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
-            out = state.processor.process([e.value for e in events])
-            await publish(out)
-            await store(out)
-            for e in events:
-                e.ack()
-            state.last_batch_wall_s = time.monotonic()
+        if state.lock is None:
+            state.lock = asyncio.Lock()
+        try:
+            if not state.restored:
+                await restore()
+            async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
+                async with state.lock:
+                    out = state.processor.process([e.value for e in events])
+                    await publish(out)
+                    await store(out)
+                    state.unacked.extend(events)  # acked after the next snapshot
+                state.last_batch_wall_s = time.monotonic()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug, not bad input (bad input is dead-lettered): stop loudly
+            log.critical("stream agent failed: %r; stopping the worker (offsets not committed)", exc)
+            await app.crash(exc)
+            raise
+
+    @app.timer(interval=SNAPSHOT_INTERVAL_S)
+    async def periodic_snapshot() -> None:
+        if state.lock is not None and state.restored:
+            await snapshot_and_ack()
 
     @app.timer(interval=5.0)
     async def idle_advance() -> None:
         idle = time.monotonic() - state.last_batch_wall_s
-        if idle >= IDLE_ADVANCE_AFTER_S:
-            verdicts = state.processor.advance_idle(int(5_000))
-            if verdicts:
-                out = ProcessedBatch(verdicts=verdicts)
-                await publish(out)
-                await store(out)
+        if idle >= IDLE_ADVANCE_AFTER_S and state.lock is not None:
+            async with state.lock:
+                verdicts = state.processor.advance_idle(int(5_000))
+                if verdicts:
+                    out = ProcessedBatch(verdicts=verdicts)
+                    await publish(out)
+                    await store(out)
 
     return app, state
 

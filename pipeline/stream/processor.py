@@ -46,6 +46,11 @@ class BatchProcessor:
         self.counters = DecodeCounters()
         self.events_in = 0
         self.verdicts_out = 0
+        #: channel → snapshot bytes not yet loaded (restored lazily on the
+        #: channel's first event, so a worker only takes the channels of its partitions).
+        self.pending_snapshots: dict[str, bytes] = {}
+        self.restored = 0
+        self.bad_snapshots = 0
 
     def process(self, raws: Sequence[bytes | None]) -> ProcessedBatch:
         """Process raw message values in arrival order. Never raises on bad input."""
@@ -59,6 +64,8 @@ class BatchProcessor:
         for d in out.dead_letters:
             self.counters.add_dead_letter(d.reason)
         self.events_in += len(events)
+        if self.pending_snapshots:
+            self._restore_channels(events)
         late: list[RequestEvent] = []
         result = self.engine.process(events)
         out.verdicts.extend(result.verdicts)
@@ -74,6 +81,26 @@ class BatchProcessor:
             self.counters.add_dead_letter("late_event")
         self.verdicts_out += len(out.verdicts)
         return out
+
+    def _restore_channels(self, events: Sequence[RequestEvent]) -> None:
+        from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
+
+        known = self.engine.store._index
+        for name in {e.channel for e in events if e.channel not in known}:
+            raw = self.pending_snapshots.pop(name, None)
+            if raw is None:
+                continue
+            try:
+                import_channel(self.engine, decode_snapshot(raw))
+                self.restored += 1
+            except SnapshotError:
+                self.bad_snapshots += 1  # start that channel fresh; never crash on a bad snapshot
+
+    def snapshots(self) -> list[tuple[str, bytes]]:
+        """``(channel, snapshot bytes)`` for every channel this worker holds."""
+        from pipeline.state.snapshot import export_channel
+
+        return [(name, export_channel(self.engine, i)) for i, name in enumerate(self.engine.store.names)]
 
     def advance_idle(self, wall_elapsed_ms: int) -> list[Verdict]:
         """Advance event time by ``wall_elapsed_ms`` when no events arrive.

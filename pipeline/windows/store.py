@@ -109,7 +109,9 @@ class WindowStore:
         self._index: dict[str, int] = {}
         self.last_ts_ms = np.zeros(16, dtype=np.int64)
         self.watermark_ms: int | None = None
-        self._base_cache: tuple[tuple[int, int, int], np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._base_hour = np.full(16, -1, dtype=np.int64)
+        self._base_vals = np.full((16, 3), np.nan)
+        self._base_min = 1
 
     # -- registry ---------------------------------------------------------
     def channel_index(self, name: str, route: str, tier: str | None) -> int:
@@ -127,7 +129,6 @@ class WindowStore:
             self.runs.ensure_capacity(n)
             if n > self.last_ts_ms.shape[0]:
                 self.last_ts_ms = np.concatenate([self.last_ts_ms, np.zeros(n, np.int64)])
-            self._base_cache = None
         else:
             if self.routes[idx] != route:
                 self.routes[idx] = route
@@ -163,6 +164,12 @@ class WindowStore:
         key = self.buckets.key_of(cols.latency_ms)
         late = self.short.add(cols.channel, cols.ts_ms, rows, cols.ok, key)
         self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
+        hours = cols.ts_ms // BASE_SLOT_MS
+        if self._base_hour.shape[0] > 0:
+            known = cols.channel < self._base_hour.shape[0]
+            touched = cols.channel[known][hours[known] < self._base_hour[cols.channel[known]]]
+            if touched.size:  # a late event landed in an hour a cached baseline covers
+                self._base_hour[np.unique(touched)] = -1
         np.maximum.at(self.last_ts_ms, cols.channel, cols.ts_ms)
         hi = int(cols.ts_ms.max())
         self.watermark_ms = hi if self.watermark_ms is None else max(self.watermark_ms, hi)
@@ -170,45 +177,69 @@ class WindowStore:
         return late, run_ch, run_max
 
     # -- reads ------------------------------------------------------------
-    def _baseline(self, now_ms: int, min_latency: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _baseline(self, now_ms: int, min_latency: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Baseline P95 / samples / hours for ``rows`` at ``now_ms``, cached per channel and hour."""
         hour = now_ms // BASE_SLOT_MS
         c = self.n_channels
-        key = (hour, c, min_latency)
-        if self._base_cache is None or self._base_cache[0] != key:
-            mask = self.base.window_mask(hour - self.baseline_hours, hour)[:c]
-            hist = np.matmul(mask[:, None, :], self.base.hist[:c])[:, 0, :].astype(np.float64)
-            n = hist.sum(axis=1)
-            p95 = self.buckets.quantile(hist, 0.95, min_count=min_latency)
-            self._base_cache = (key, p95, n, mask.sum(axis=1))
-        return self._base_cache[1], self._base_cache[2], self._base_cache[3]
+        if self._base_hour.shape[0] < c or self._base_min != min_latency:
+            grow = max(c, 16) - self._base_hour.shape[0]
+            if grow > 0:
+                self._base_hour = np.concatenate([self._base_hour, np.full(grow, -1, np.int64)])
+                self._base_vals = np.concatenate([self._base_vals, np.full((grow, 3), np.nan)])
+            if self._base_min != min_latency:
+                self._base_hour[:] = -1
+                self._base_min = min_latency
+        stale = rows[self._base_hour[rows] != hour]
+        if stale.size:
+            ids = self.base.slot_id[stale]
+            mask = ((ids >= max(hour - self.baseline_hours, 0)) & (ids < hour)).astype(np.float32)
+            hist = np.matmul(mask[:, None, :], self.base.hist[stale])[:, 0, :].astype(np.float64)
+            self._base_vals[stale, 0] = self.buckets.quantile(hist, 0.95, min_count=min_latency)
+            self._base_vals[stale, 1] = hist.sum(axis=1)
+            self._base_vals[stale, 2] = mask.sum(axis=1)
+            self._base_hour[stale] = hour
+        v = self._base_vals[rows]
+        return v[:, 0], v[:, 1], v[:, 2]
+
+    def invalidate_baseline(self, row: int | None = None) -> None:
+        """Drop cached baselines (one channel, or all) after its rings changed outside :meth:`add`."""
+        if row is None:
+            self._base_hour[:] = -1
+        elif row < self._base_hour.shape[0]:
+            self._base_hour[row] = -1
 
     def view(self, now_ms: int, since_ms: np.ndarray | None = None, min_latency: int = 1,
-             min_baseline: int = 1) -> WindowView:
-        """Aggregates at event time ``now_ms`` for all registered channels.
+             min_baseline: int = 1, rows: np.ndarray | None = None) -> WindowView:
+        """Aggregates at event time ``now_ms`` for the channels ``rows`` (default: all).
 
-        ``since_ms`` int64 (C,) optionally starts each channel's windows at
+        Arrays in the result have shape ``(len(rows),)``. ``since_ms`` int64
+        (same length as ``rows``) optionally starts each channel's windows at
         its state entry (slot granularity: 10 s, rounded up). Baseline P95s
         are recomputed once per event-time hour (cached).
         """
         c = self.n_channels
+        rows = np.arange(c) if rows is None else np.asarray(rows, dtype=np.int64)
+        n = rows.shape[0]
         hi = -(-now_ms // SHORT_SLOT_MS)  # slots strictly before the one after now
         n_long = self.window_ms // SHORT_SLOT_MS
         n_short = self.short_window_ms // SHORT_SLOT_MS
-        lo_long = np.full(c, max(hi - n_long, 0), dtype=np.int64)
-        lo_short = np.full(c, max(hi - n_short, 0), dtype=np.int64)
+        lo_long = np.full(n, max(hi - n_long, 0), dtype=np.int64)
+        lo_short = np.full(n, max(hi - n_short, 0), dtype=np.int64)
         if since_ms is not None:
-            since_slot = -(-np.asarray(since_ms[:c], dtype=np.int64) // SHORT_SLOT_MS)
+            since_slot = -(-np.asarray(since_ms, dtype=np.int64) // SHORT_SLOT_MS)
             lo_long = np.maximum(lo_long, since_slot)
             lo_short = np.maximum(lo_short, since_slot)
         ring = self.short
-        m5 = ((ring.slot_id[:c] >= lo_long[:, None]) & (ring.slot_id[:c] < hi)).astype(np.float32)
-        m1 = ((ring.slot_id[:c] >= lo_short[:, None]) & (ring.slot_id[:c] < hi)).astype(np.float32)
-        s5 = np.matmul(m5[:, None, :], ring.counts[:c])[:, 0, :].astype(np.float64)
-        s1 = np.matmul(m1[:, None, :], ring.counts[:c])[:, 0, :].astype(np.float64)
-        h5 = np.matmul(m5[:, None, :], ring.hist[:c])[:, 0, :].astype(np.float64)
+        ids = ring.slot_id[rows]
+        m5 = ((ids >= lo_long[:, None]) & (ids < hi)).astype(np.float32)
+        m1 = ((ids >= lo_short[:, None]) & (ids < hi)).astype(np.float32)
+        counts = ring.counts[rows]
+        s5 = np.matmul(m5[:, None, :], counts)[:, 0, :].astype(np.float64)
+        s1 = np.matmul(m1[:, None, :], counts)[:, 0, :].astype(np.float64)
+        h5 = np.matmul(m5[:, None, :], ring.hist[rows])[:, 0, :].astype(np.float64)
         n_lat = h5.sum(axis=1)
         p95 = self.buckets.quantile(h5, 0.95, min_count=min_latency)
-        base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline)
+        base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline, rows)
         return WindowView(
             now_ms=now_ms,
             judged_1m=s1[:, JUDGED], failures_1m=s1[:, FAILURES],
@@ -216,7 +247,7 @@ class WindowStore:
             checked_5m=s5[:, CHECKED], missing_5m=s5[:, MISSING], rate_limited_5m=s5[:, RATE_LIMITED],
             p95_ms=p95, n_latency_5m=n_lat,
             base_p95_ms=base_p95, base_n=base_n, base_hours=base_hours,
-            run=self.runs.trailing[:c].astype(np.float64),
+            run=self.runs.trailing[rows].astype(np.float64),
         )
 
     # -- snapshot -----------------------------------------------------------
@@ -239,4 +270,4 @@ class WindowStore:
         self._index = {n: i for i, n in enumerate(self.names)}
         self.last_ts_ms = np.asarray(state["last_ts_ms"], dtype=np.int64).copy()
         self.watermark_ms = state["watermark_ms"]  # type: ignore[assignment]
-        self._base_cache = None
+        self.invalidate_baseline()

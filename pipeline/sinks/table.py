@@ -1,0 +1,192 @@
+"""A buffered sink for one ClickHouse table (the quix-streams sink contract).
+
+Contract with the caller (who owns the Kafka offsets):
+
+1. :meth:`TableSink.add` buffers rows (tuples in column order, built by
+   :mod:`pipeline.sinks.rows`). If the buffer already holds rows and the new
+   ones would take it over ``max_rows`` or ``max_bytes``, nothing is added and
+   :class:`~pipeline.sinks.errors.SinkBackpressure` is raised: pause
+   consumption, flush, then add the same rows again. (An oversized batch into
+   an empty buffer is accepted, so progress is always possible.)
+2. :meth:`TableSink.flush` writes the whole buffer as one columnar insert and
+   returns only after ClickHouse accepted it; then the caller may commit the
+   offsets of those messages. On failure it raises
+   :class:`~pipeline.sinks.errors.SinkWriteError` and keeps the buffer: do
+   NOT commit; retry (:meth:`TableSink.flush_with_retry`).
+3. Writing a row twice is harmless: the tables are ReplacingMergeTree keyed
+   on the row identity, so duplicates collapse on merge and read exactly with
+   ``FINAL``.
+
+Thread-safety: ``add`` and ``flush`` may run on different threads (e.g. the
+flush in ``asyncio.to_thread``); one flush runs at a time, and rows added
+during a flush stay buffered for the next one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Iterable, Sequence
+
+from pipeline.sinks.errors import SinkBackpressure, SinkSetupError, SinkWriteError
+from pipeline.sinks.retry import aretry_flush, retry_flush
+
+log = logging.getLogger(__name__)
+
+#: Default buffer bounds: rows, and estimated bytes (64 MiB).
+DEFAULT_MAX_ROWS = 100_000
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+
+
+class TableSink:
+    """Buffer rows for one table and write them in columnar batches.
+
+    ``client``: a clickhouse-connect client (:func:`pipeline.storage.client.open_client`).
+    ``table``: ``database.table``. ``columns``: column names in row-tuple order.
+    ``column_types``: ClickHouse type names of ``columns``; read with
+    ``DESCRIBE TABLE`` when omitted (raises
+    :class:`~pipeline.sinks.errors.SinkSetupError` when the table or a column
+    is missing). ``max_rows`` / ``max_bytes``: buffer bounds; bytes are an
+    estimate (string lengths + 8 per value).
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table: str,
+        columns: Sequence[str],
+        *,
+        column_types: Sequence[str] | None = None,
+        max_rows: int = DEFAULT_MAX_ROWS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        if max_rows < 1 or max_bytes < 1:
+            raise ValueError(f"sink bounds must be positive, got max_rows={max_rows}, max_bytes={max_bytes}")
+        self.client = client
+        self.table = table
+        self.columns = tuple(columns)
+        self.column_types = tuple(column_types) if column_types is not None else describe(client, table, self.columns)
+        if len(self.column_types) != len(self.columns):
+            raise ValueError(f"{len(self.columns)} columns but {len(self.column_types)} column types")
+        self.max_rows = max_rows
+        self.max_bytes = max_bytes
+        self._rows: list[tuple] = []
+        self._sizes: list[int] = []
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows buffered and not yet written."""
+        return len(self._rows)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Estimated bytes buffered and not yet written."""
+        return self._bytes
+
+    def add(self, rows: Iterable[tuple]) -> None:
+        """Buffer ``rows``, all or none.
+
+        Raises ``ValueError`` when a row's length differs from the column
+        count, :class:`~pipeline.sinks.errors.SinkBackpressure` when the
+        buffer is non-empty and would exceed a bound.
+        """
+        new = list(rows)
+        width = len(self.columns)
+        for row in new:
+            if len(row) != width:
+                raise ValueError(f"row for {self.table} has {len(row)} values, expected {width}: {row[:3]!r}...")
+        sizes = [row_bytes(row) for row in new]
+        added = sum(sizes)
+        with self._lock:
+            if self._rows and (len(self._rows) + len(new) > self.max_rows or self._bytes + added > self.max_bytes):
+                raise SinkBackpressure(self.table, len(self._rows), self._bytes, self.max_rows, self.max_bytes)
+            self._rows.extend(new)
+            self._sizes.extend(sizes)
+            self._bytes += added
+
+    def flush(self) -> int:
+        """Write every buffered row in one insert; return the number written (0 if none).
+
+        Returns only after ClickHouse accepted the batch. Raises
+        :class:`~pipeline.sinks.errors.SinkWriteError` (buffer kept) when the
+        insert fails.
+        """
+        with self._flush_lock:
+            with self._lock:
+                batch = list(self._rows)
+                batch_bytes = sum(self._sizes[: len(batch)])
+            if not batch:
+                return 0
+            data = [list(column) for column in zip(*batch)]
+            started = time.monotonic()
+            try:
+                self.client.insert(
+                    self.table,
+                    data,
+                    column_names=list(self.columns),
+                    column_type_names=list(self.column_types),
+                    column_oriented=True,
+                )
+            except Exception as exc:  # any driver/transport error: keep the buffer
+                raise SinkWriteError(
+                    f"insert of {len(batch)} rows into {self.table} failed: {type(exc).__name__}: {exc}",
+                    table=self.table,
+                    rows=len(batch),
+                ) from exc
+            with self._lock:
+                del self._rows[: len(batch)]
+                del self._sizes[: len(batch)]
+                self._bytes -= batch_bytes
+            log.debug("wrote %d rows to %s in %.3fs", len(batch), self.table, time.monotonic() - started)
+            return len(batch)
+
+    def flush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
+        """:meth:`flush`, retried with exponential backoff for up to ``max_wait_s`` seconds.
+
+        ``backoff``: ``initial_backoff_s``, ``max_backoff_s``, ``sleep``, ``clock``
+        (see :func:`~pipeline.sinks.retry.retry_flush`). Raises ``SinkWriteError``
+        when time is up; unwritten rows stay buffered.
+        """
+        return retry_flush(self.flush, max_wait_s, **backoff)
+
+    async def aflush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
+        """Async :meth:`flush_with_retry`; inserts run in a worker thread."""
+        return await aretry_flush(self.flush, max_wait_s, **backoff)
+
+
+def describe(client: Any, table: str, columns: Sequence[str]) -> tuple[str, ...]:
+    """Return the ClickHouse type names of ``columns`` in ``table``.
+
+    Raises :class:`~pipeline.sinks.errors.SinkSetupError` when the table cannot
+    be described or lacks a column.
+    """
+    try:
+        result = client.query(f"DESCRIBE TABLE {table}")
+    except Exception as exc:
+        raise SinkSetupError(f"cannot describe {table} (apply the DDL first): {type(exc).__name__}: {exc}") from exc
+    types = {row[0]: row[1] for row in result.result_rows}
+    missing = [c for c in columns if c not in types]
+    if missing:
+        raise SinkSetupError(f"table {table} lacks columns {missing} (apply the current DDL)")
+    return tuple(types[c] for c in columns)
+
+
+def row_bytes(row: tuple) -> int:
+    """Estimated in-memory size of a row: string lengths plus 8 per value.
+
+    >>> row_bytes(("abc", 1, None, ["x", "yz"]))
+    54
+    """
+    size = 0
+    for value in row:
+        if isinstance(value, str):
+            size += len(value) + 8
+        elif isinstance(value, (list, tuple)):
+            size += 8 + sum(len(x) + 8 if isinstance(x, str) else 8 for x in value)
+        else:
+            size += 8
+    return size

@@ -1,0 +1,143 @@
+"""The read-only query gate, server-side parameter binding and table output."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from pipeline.config import Settings
+from pipeline.storage.query import (
+    QueryParameterError,
+    QueryRefused,
+    _readonly_settings,
+    check_readonly_sql,
+    format_table,
+    placeholders,
+    run_readonly_query,
+)
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("INSERT INTO channel_health.request_events VALUES ('x')", "got INSERT"),
+        ("DROP TABLE channel_health.request_events", "got DROP"),
+        ("ALTER TABLE channel_health.request_events DELETE WHERE 1", "got ALTER"),
+        ("TRUNCATE TABLE channel_health.request_events", "got TRUNCATE"),
+        ("OPTIMIZE TABLE channel_health.request_events FINAL", "got OPTIMIZE"),
+        ("SET readonly = 0", "got SET"),
+        ("SELECT 1; DROP TABLE channel_health.request_events", "exactly one statement, got 2"),
+        ("SELECT 1;;SELECT 2", "exactly one statement, got 2"),
+        ("/* SELECT */ DROP TABLE t", "got DROP"),
+        ("-- SELECT\nDELETE FROM t WHERE 1", "got DELETE"),
+        ("SELECT * FROM system.tables INTO OUTFILE '/tmp/x.csv'", "INTO OUTFILE"),
+        ("", "exactly one statement, got 0"),
+        ("  ;  -- nothing\n", "exactly one statement, got 0"),
+        ("SELECT 'unterminated", "unterminated ' quote"),
+    ],
+)
+def test_write_and_multi_statements_are_refused(sql: str, reason: str) -> None:
+    with pytest.raises(QueryRefused, match=reason):
+        check_readonly_sql(sql)
+
+
+@pytest.mark.parametrize(
+    ("sql", "statement"),
+    [
+        ("select 1;", "select 1"),
+        ("SELECT ';DROP TABLE t' AS s", "SELECT ';DROP TABLE t' AS s"),
+        ("WITH 2 AS x SELECT x", "WITH 2 AS x SELECT x"),
+        ("(SELECT 1) UNION ALL (SELECT 2)", "(SELECT 1) UNION ALL (SELECT 2)"),
+        ("SHOW TABLES FROM channel_health", "SHOW TABLES FROM channel_health"),
+        ("DESCRIBE TABLE channel_health.request_events", "DESCRIBE TABLE channel_health.request_events"),
+        ("desc channel_health.request_events", "desc channel_health.request_events"),
+        ("EXPLAIN SELECT 1", "EXPLAIN SELECT 1"),
+        ("-- why\nSELECT `into outfile` FROM t -- ;", "-- why\nSELECT `into outfile` FROM t -- ;"),
+    ],
+)
+def test_read_statements_pass(sql: str, statement: str) -> None:
+    assert check_readonly_sql(sql) == statement
+
+
+def test_placeholders_ignore_strings_and_comments() -> None:
+    sql = "SELECT {a:String}, '{b:UInt8}' /* {c:UInt8} */ FROM t WHERE x IN {d: Array(UInt32)}"
+    assert placeholders(sql) == {"a", "d"}
+
+
+@pytest.fixture
+def chdb_client(tmp_path: Path) -> Iterator[object]:
+    pytest.importorskip("chdb", reason="chdb (embedded ClickHouse) not installed")
+    from pipeline.storage.client import close_clients, open_client
+    from pipeline.storage.schema import apply_ddl
+
+    close_clients()
+    client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{tmp_path / 'chdb'}"))
+    apply_ddl(client)
+    client.command(
+        "INSERT INTO channel_health.channel_verdicts (channel, route, state, weight, reasons, metrics, ts, seq,"
+        " schema_version, ingested_at) VALUES"
+        " ('a', 'r', 'open', 0, ['error_rate'], '{}', fromUnixTimestamp64Milli(1767225600000), 1, 1, now64(3)),"
+        " ('b', 'r', 'healthy', 1, [], '{}', fromUnixTimestamp64Milli(1767225630000), 1, 1, now64(3))"
+    )
+    yield client
+    close_clients()
+
+
+def test_select_with_bound_parameters_on_chdb(chdb_client) -> None:
+    cols, rows = run_readonly_query(
+        chdb_client,
+        "SELECT channel, state, weight, ts FROM channel_health.channel_verdicts FINAL "
+        "WHERE channel = {ch:String} AND seq >= {min_seq:UInt64}",
+        {"ch": "a", "min_seq": 1},
+    )
+    assert cols == ["channel", "state", "weight", "ts"]
+    assert rows == [("a", "open", 0.0, datetime(2026, 1, 1, tzinfo=timezone.utc))]
+
+
+def test_bound_value_is_data_not_sql(chdb_client) -> None:
+    cols, rows = run_readonly_query(
+        chdb_client, "SELECT count() AS n FROM channel_health.channel_verdicts WHERE channel = {ch:String}",
+        {"ch": "a' OR '1'='1"},
+    )
+    assert (cols, rows) == (["n"], [(0,)])
+
+
+def test_parameters_must_match_placeholders(chdb_client) -> None:
+    with pytest.raises(QueryParameterError, match=r"placeholders without a value: \['ch'\]"):
+        run_readonly_query(chdb_client, "SELECT {ch:String}")
+    with pytest.raises(QueryParameterError, match=r"values without a \{name:Type\} placeholder: \['x'\]"):
+        run_readonly_query(chdb_client, "SELECT %(x)s", {"x": 1})
+
+
+def test_refused_statement_never_reaches_the_database(chdb_client) -> None:
+    with pytest.raises(QueryRefused):
+        run_readonly_query(chdb_client, "SELECT 1; DROP TABLE channel_health.channel_verdicts")
+    _, rows = run_readonly_query(chdb_client, "SELECT count() FROM channel_health.channel_verdicts")
+    assert rows == [(2,)]
+
+
+def test_readonly_setting_only_for_http_clients_that_may_write(chdb_client) -> None:
+    from clickhouse_connect.driver.httpclient import HttpClient
+    from clickhouse_connect.driver.models import SettingDef
+
+    assert _readonly_settings(chdb_client) is None  # chDB: a setting would stick to the shared session
+    http = object.__new__(HttpClient)  # no server needed to decide
+    http.server_settings = {"readonly": SettingDef(name="readonly", value="0", readonly=0)}
+    assert _readonly_settings(http) == {"readonly": 1}
+    http.server_settings = {"readonly": SettingDef(name="readonly", value="1", readonly=1)}
+    assert _readonly_settings(http) is None  # read-only user: changing the setting would be refused
+
+
+def test_format_table() -> None:
+    text = format_table(
+        ["channel", "weight", "reasons", "ts", "note"],
+        [("a", 0.123456789, ["[bold]error_rate"], datetime(2026, 1, 1, tzinfo=timezone.utc), None)],
+    )
+    lines = text.splitlines()
+    assert "channel" in lines[1] and "reasons" in lines[1]
+    assert "│ a       │ 0.123457 │ ['[bold]error_rate'] │ 2026-01-01T00:00:00+00:00 │ NULL │" in lines
+    assert lines[-1] == "(1 row)"
+    assert format_table(["x"], []).splitlines()[-1] == "(0 rows)"
