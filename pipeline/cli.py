@@ -48,6 +48,7 @@ def demo(
     data_dir: Path = typer.Option(Path("data"), help="Where chDB keeps the ClickHouse tables and the worker log."),
     seed: int = typer.Option(0, help="Simulator seed (same seed, same events)."),
     timeout_s: float = typer.Option(600.0, help="Give up waiting for the worker after this many seconds."),
+    speed: float = typer.Option(200.0, help="Event-time speed-up of the replay (200: 2.4 h in ~45 s); 0 = as fast as possible."),
 ) -> None:
     """Run the main job on the embedded default: broker + ClickHouse (chDB) + worker + simulator.
 
@@ -59,7 +60,7 @@ def demo(
     if scenario not in _scenario_names():
         typer.secho(f"unknown scenario {scenario!r}; choose one of: {', '.join(_scenario_names())}", fg="red", err=True)
         raise typer.Exit(2)
-    raise typer.Exit(run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s))
+    raise typer.Exit(run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed))
 
 
 @app.command()
@@ -85,7 +86,7 @@ def broker(port: Optional[int] = typer.Option(None, help="Loopback port (default
 
 @app.command()
 def worker(
-    loglevel: str = typer.Option("warning", help="faust log level: debug, info, warning, error."),
+    loglevel: str = typer.Option("warn", help="faust log level: debug, info, warn, error."),
     policy: Optional[Path] = typer.Option(None, help="TOML file with per-tier / per-channel policy overrides."),
 ) -> None:
     """Run the stream worker against the configured Kafka and ClickHouse.
@@ -139,7 +140,8 @@ def simulate(
         start_ms = int(time.time() * 1000) - int(sc.duration_s * 1000)
         wall0 = time.monotonic()
         async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests,
-                                    security=settings.kafka_security.aiokafka_kwargs()) as prod:
+                                    security=settings.kafka_security.aiokafka_kwargs(),
+                                    max_event_span_ms=10_000) as prod:
             for e in sc.events(start_ms=start_ms, seed=seed):
                 if speed > 0:
                     due = (e["ts_ms"] - start_ms) / 1000 / speed

@@ -28,8 +28,7 @@ STATE_STYLE = {"healthy": "green", "degraded": "yellow", "open": "bold red", "ha
                "recovering": "cyan", "no_data": "dim"}
 
 EXAMPLE_SQL = (
-    "SELECT channel, state, count() AS verdicts, min(weight) AS min_weight, "
-    "groupUniqArrayArray(reasons) AS reasons "
+    "SELECT channel, state, count() AS verdicts, arrayStringConcat(groupUniqArrayArray(reasons), ',') AS reasons "
     "FROM channel_health.channel_verdicts FINAL GROUP BY channel, state ORDER BY channel, state"
 )
 
@@ -62,7 +61,7 @@ def _check_worker(worker: subprocess.Popen | None, log_path: Path) -> None:
 
 
 async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: float, console: Console,
-               check: Callable[[], None] = lambda: None) -> int:
+               check: Callable[[], None] = lambda: None, speed: float = 0.0) -> int:
     from pipeline.producer import BatchingProducer
     from pipeline.router.subscriber import HealthSubscriber
     from pipeline.simulate.scenarios import get_scenario
@@ -71,53 +70,60 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
     now_ms = int(time.time() * 1000)
     start_ms = now_ms - int(scenario.duration_s * 1000)
     console.print(f"[bold]Scenario[/] {scenario.name}: {scenario.description}")
-    console.print(f"Event time {scenario.duration_s / 3600:.1f} h ending now; generating events…")
+    pace = f"at {speed:g}× real time" if speed > 0 else "as fast as possible"
+    console.print(f"Replaying {scenario.duration_s / 3600:.1f} h of event time (ending now) {pace}…")
     events = list(scenario.events(start_ms=start_ms, seed=seed))
-    last_ts = events[-1]["ts_ms"]
+    last_ts: dict[str, int] = {}
+    for e in events:
+        last_ts[e["channel"]] = e["ts_ms"]
     latest: dict[str, Verdict] = {}
-    changes = 0
+    changes: list[str] = []
+
+    def on_verdict(v: Verdict) -> None:
+        prev = latest.get(v.channel)
+        latest[v.channel] = v
+        if prev is not None and prev.state != v.state:
+            style = STATE_STYLE.get(v.state, "")
+            line = (f"{_fmt_offset(v.ts_ms, start_ms)}  {v.channel:<28} {prev.state:>10} → "
+                    f"[{style}]{v.state:<10}[/] weight {v.weight:.2f}  {', '.join(v.reasons)}")
+            changes.append(line)
+            console.print(line)
+
     sec = settings.kafka_security.aiokafka_kwargs()
-    async with HealthSubscriber(settings) as sub:
-        async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests, security=sec) as prod:
-            with Live(_table(latest, start_ms, 0, len(events)), console=console, refresh_per_second=4) as live:
-                seen: dict[str, tuple[str, tuple[str, ...]]] = {}
-
-                def on_update() -> None:
-                    nonlocal changes
-                    for name, v in sub.table.latest().items():
-                        latest[name] = v
-                        key = (v.state, tuple(v.reasons))
-                        if seen.get(name, (None, None))[0] != v.state:
-                            if name in seen:
-                                changes += 1
-                                live.console.print(
-                                    f"{_fmt_offset(v.ts_ms, start_ms)}  {name:<28} {seen[name][0]:>10} → "
-                                    f"[{STATE_STYLE.get(v.state, '')}]{v.state:<10}[/] weight {v.weight:.2f}  "
-                                    f"{', '.join(v.reasons)}")
-                            seen[name] = key
-
-                for i in range(0, len(events), 5_000):
-                    await prod.send_many(events[i:i + 5_000])
+    async with HealthSubscriber(settings, on_verdict=on_verdict):
+        async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests, security=sec,
+                                    max_event_span_ms=10_000) as prod:
+            with Live(_table(latest, start_ms, 0, len(events)), console=console, refresh_per_second=4,
+                      transient=False) as live:
+                wall0 = time.monotonic()
+                step = 2_000
+                for i in range(0, len(events), step):
+                    if speed > 0:
+                        due = (events[i]["ts_ms"] - start_ms) / 1000 / speed
+                        lag = due - (time.monotonic() - wall0)
+                        if lag > 0:
+                            await asyncio.sleep(lag)
+                    await prod.send_many(events[i:i + step])
                     await prod.flush()
                     check()
-                    on_update()
                     live.update(_table(latest, start_ms, prod.events_sent, len(events)))
                 deadline = time.monotonic() + timeout_s
                 while time.monotonic() < deadline:
                     check()
-                    on_update()
                     live.update(_table(latest, start_ms, prod.events_sent, len(events)))
-                    newest = max((v.ts_ms for v in latest.values()), default=0)
-                    if newest >= last_ts - 60_000:
+                    caught_up = all(name in latest and latest[name].ts_ms >= ts - 60_000
+                                    for name, ts in last_ts.items())
+                    if caught_up:
                         break
                     await asyncio.sleep(0.5)
                 else:
                     console.print(f"[yellow]Stopped waiting after {timeout_s:.0f} s; the worker is behind.[/]")
-    console.print(f"{len(events):,} events published; {changes} state changes seen.")
+    console.print(f"{len(events):,} events published; {len(changes)} state changes.")
     return 0
 
 
-def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, timeout_s: float = 600.0) -> int:
+def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, timeout_s: float = 600.0,
+             speed: float = 0.0) -> int:
     """Run the whole demo; returns a process exit code."""
     from pipeline.embedded.broker import EmbeddedBroker
     from pipeline.embedded.topics import ensure_topics
@@ -144,10 +150,10 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, t
                    CHANNEL_HEALTH_CLICKHOUSE_URL=settings.clickhouse_url)
         console.print(f"Starting the stream worker (log: {log_path})…")
         with open(log_path, "ab") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker"], env=env,
+            worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", "info"], env=env,
                                       stdout=log, stderr=subprocess.STDOUT)
         rc = asyncio.run(_run(settings, scenario, seed, timeout_s, console,
-                              check=lambda: _check_worker(worker, log_path)))
+                              check=lambda: _check_worker(worker, log_path), speed=speed))
     except WorkerDied as exc:
         console.print(f"[red]{exc}[/]")
         rc = 1
@@ -179,4 +185,4 @@ def _summary(settings: Settings, console: Console) -> None:
     console.print(f"  {EXAMPLE_SQL}")
     client = open_client(settings)
     cols, rows = run_readonly_query(client, EXAMPLE_SQL)
-    console.print(format_table(cols, rows))
+    console.print(format_table(cols, rows, width=max(console.width, 100)))

@@ -134,7 +134,8 @@ class Engine:
 
         ``low_watermark_ms``: event time up to which *all* input has been
         seen (with Kafka: the minimum over partitions). Channels without
-        events are evaluated up to it (that is how ``no_data`` is noticed).
+        events are evaluated up to it (that is how ``no_data`` is noticed);
+        0 means not known yet (channels advance only with their own events).
         None means the batches form one stream in event-time order, so each
         chunk's start is itself the low watermark.
         """
@@ -157,7 +158,7 @@ class Engine:
                 result.verdicts.extend(self.advance(bucket * step))
             self._process_chunk([p[0] for p in pairs[start:end]], [p[1] for p in pairs[start:end]], result)
             start = end
-        if low_watermark_ms is not None:
+        if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
 
@@ -189,7 +190,6 @@ class Engine:
         result.structure.extend(s for s, l in zip(structure, late) if not l)
         np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
         result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
-        result.verdicts.extend(self.advance(int(cols.ts_ms.max())))
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
                  threshold: np.ndarray) -> list[Verdict]:

@@ -30,9 +30,15 @@ class BatchingProducer:
     """
 
     def __init__(self, bootstrap: str, topic: str, max_events: int = 500, max_delay_ms: int = 100,
-                 security: Mapping[str, Any] | None = None):
+                 security: Mapping[str, Any] | None = None, max_event_span_ms: int | None = None):
         if max_events < 1 or max_delay_ms < 0:
             raise ValueError("max_events must be >= 1 and max_delay_ms >= 0")
+        if max_event_span_ms is not None and max_event_span_ms < 1:
+            raise ValueError("max_event_span_ms must be >= 1")
+        #: Replays run faster than wall time: also publish every buffer once event
+        #: time has moved this far, so no channel's events wait behind the others'.
+        self.max_event_span_ms = max_event_span_ms
+        self._span_start_ms: int | None = None
         self.topic = topic
         self.max_events = max_events
         self.max_delay_s = max_delay_ms / 1000
@@ -57,6 +63,15 @@ class BatchingProducer:
     async def send(self, event: Mapping[str, Any]) -> None:
         """Buffer one event dict (SPEC §3 fields); publishes full or old batches."""
         key = str(event.get("channel", ""))
+        if self.max_event_span_ms is not None:
+            ts = event.get("ts_ms")
+            if isinstance(ts, int):
+                if self._span_start_ms is None:
+                    self._span_start_ms = ts
+                elif ts - self._span_start_ms >= self.max_event_span_ms:
+                    for k in list(self._buffers):
+                        await self._publish(k)
+                    self._span_start_ms = ts
         buf = self._buffers.setdefault(key, [])
         if not buf:
             self._first[key] = time.monotonic()

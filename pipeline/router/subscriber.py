@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 
 from pipeline.config import Settings
-from pipeline.contracts import decode_verdict
+from pipeline.contracts import Verdict, decode_verdict
 from pipeline.router.table import DEFAULT_STALE_AFTER_S, HealthTable, RouteWeights
 
 log = logging.getLogger("channel_health.router")
@@ -62,7 +62,8 @@ class HealthSubscriber:
 
     def __init__(self, settings: Settings, stale_after_s: float = DEFAULT_STALE_AFTER_S,
                  group_id: str | None = None, *, clock: Callable[[], float] = time.monotonic,
-                 consumer_factory: Callable[..., Any] | None = None):
+                 consumer_factory: Callable[..., Any] | None = None,
+                 on_verdict: Callable[[Verdict], None] | None = None):
         if not settings.kafka_bootstrap:
             raise ValueError("no Kafka bootstrap configured (CHANNEL_HEALTH_KAFKA_BOOTSTRAP)")
         self.settings = settings
@@ -74,6 +75,8 @@ class HealthSubscriber:
         #: The exception that ended the background task, if any.
         self.error: BaseException | None = None
         self._factory = consumer_factory or AIOKafkaConsumer
+        #: Called with every accepted verdict (e.g. to print a timeline); must not block.
+        self.on_verdict = on_verdict
         self._consumer: Any = None
         self._task: asyncio.Task | None = None
 
@@ -133,7 +136,11 @@ class HealthSubscriber:
         if value is None:  # tombstone: the channel was removed
             return key is not None and self.table.forget(key.decode("utf-8", "replace"))
         try:
-            return self.table.update(decode_verdict(value))
+            verdict = decode_verdict(value)
+            changed = self.table.update(verdict)
+            if changed and self.on_verdict is not None:
+                self.on_verdict(verdict)
+            return changed
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             self.bad_messages += 1
             log.warning("bad channel.health message (%d so far): %s; value starts %r",

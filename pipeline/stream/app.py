@@ -86,6 +86,8 @@ class WorkerState:
     lock: asyncio.Lock | None = None
     unacked: list | None = None
     snapshots_written: int = 0
+    offsets: dict | None = None
+    status_checked_s: float = 0.0
 
 
 def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None,
@@ -110,10 +112,13 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         consumer_auto_offset_reset="earliest",
         topic_allow_declare=True,
         producer_acks=-1,
+        # Unacked messages are simply re-read after a restart (at-least-once);
+        # waiting for them at shutdown would only delay the stop.
+        stream_wait_empty=False,
         **faust_broker_kwargs(settings),
     )
     state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic(),
-                        unacked=[])
+                        unacked=[], offsets={})
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     health = app.topic(topics.health, key_serializer="raw", value_serializer="raw")
     dlq = app.topic(topics.dlq, key_serializer="raw", value_serializer="raw")
@@ -129,6 +134,19 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         log.warning("worker ready: %d channel snapshots available for restore",
                     len(state.processor.pending_snapshots))
 
+    async def update_partition_status() -> None:
+        """Tell the processor which input partitions are consumed to their end (at most once a second)."""
+        now = time.monotonic()
+        if now - state.status_checked_s < 1.0:
+            return
+        state.status_checked_s = now
+        tps = [tp for tp in app.consumer.assignment() if tp.topic == topics.requests]
+        if not tps:
+            return
+        highwaters = await app.consumer.highwaters(*tps)
+        state.processor.set_partition_status({
+            tp.partition: state.offsets.get(tp.partition, -1) + 1 >= (highwaters.get(tp) or 0) for tp in tps})
+
     async def snapshot_and_ack() -> None:
         """Write every channel's state, then ack the messages it covers."""
         assert state.lock is not None and state.unacked is not None
@@ -141,6 +159,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             for e in pending:
                 e.ack()
             state.snapshots_written += 1 if blobs else 0
+            pr = state.processor
+            log.info("snapshot: %d channels, %d messages acked; partitions %s; low watermark %s",
+                     len(blobs), len(pending), {p: v[0] for p, v in pr.partition_wm.items()}, pr.low_watermark_ms())
 
     async def publish(out: ProcessedBatch) -> None:
         futures = [await health.send(key=v.channel.encode(), value=encode(v)) for v in out.verdicts]
@@ -174,7 +195,12 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 await restore()
             async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
                 async with state.lock:
-                    out = state.processor.process([e.value for e in events])
+                    for e in events:
+                        tp = e.message.tp
+                        state.offsets[tp.partition] = max(state.offsets.get(tp.partition, -1), e.message.offset)
+                    await update_partition_status()
+                    out = state.processor.process([e.value for e in events],
+                                                  [e.message.partition for e in events])
                     await publish(out)
                     await store(out)
                     state.unacked.extend(events)  # acked after the next snapshot
