@@ -195,6 +195,61 @@ def query(
         typer.echo(format_table(cols, rows))
 
 
+@app.command()
+def bench(
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the figures as JSON to this file."),
+    quick: bool = typer.Option(False, "--quick", help="Smaller run: 150k batched / 10k single events, 10 s paced."),
+    events: Optional[int] = typer.Option(None, "--events", help="Events in 500-event envelopes (default 500,000)."),
+    single_events: Optional[int] = typer.Option(None, "--single-events",
+                                                help="Single-event messages (default 30,000; the first events)."),
+    channels: int = typer.Option(1_000, "--channels", help="Channels (each with a full 24 h baseline)."),
+    partitions: int = typer.Option(4, "--partitions", help="Partitions of the benchmark topics."),
+    batch_size: int = typer.Option(500, "--batch-size", help="Events per batch envelope."),
+    rps_per_channel: float = typer.Option(10.0, "--rps-per-channel", help="Event-time rate per channel."),
+    paced_seconds: Optional[float] = typer.Option(None, "--paced-seconds", help="Length of the half-load run (s)."),
+    skip: list[str] = typer.Option([], "--skip", help="Skip a stage: ceiling, bare, pipeline, workers, paced, profile "
+                                                      "(or a full stage name, e.g. pipeline_aiokafka_single)."),
+    workdir: Optional[Path] = typer.Option(None, "--workdir", help="Keep stage logs and results here."),
+    quality: bool = typer.Option(False, "--quality", help="Instead: quality scorer vs bare SentenceTransformer.encode."),
+    quality_texts: int = typer.Option(256, "--quality-texts", help="Texts for --quality."),
+) -> None:
+    """Throughput benchmark on the embedded broker, in one run on the same pre-filled topics.
+
+    Measures (a) a bare aiokafka consumer that only decodes (the ceiling), (b) a bare faust agent, (c) the
+    full pipeline (validate → detectors → verdicts → ClickHouse) as the faust worker and as a plain aiokafka
+    driver, each on 500-event envelopes and on single-event messages, with 1,000 channels holding full 24 h
+    baselines; then 1 vs 2 workers, the verdict delay at half the batched rate, peak RSS, and the CPU per
+    event of each step. Prints events/s and the ratios; see README "Throughput".
+    """
+    from pipeline.bench import report
+    from pipeline.bench.run import BenchOptions, run_bench
+
+    if quality:
+        from pipeline.bench.quality import run_quality, table
+
+        result = run_quality(quality_texts, workdir)
+        typer.echo(table(result))
+        if json_path is not None:
+            json_path.write_text(json.dumps({"quality": result}, indent=2))
+        return
+    given = {k: v for k, v in dict(events=events, single_events=single_events, paced_seconds=paced_seconds).items()
+             if v is not None}
+    common = dict(channels=channels, partitions=partitions, batch_size=batch_size, rps_per_channel=rps_per_channel,
+                  skip=list(skip), workdir=str(workdir) if workdir else None, **given)
+    try:
+        opts = BenchOptions.quick(**common) if quick else BenchOptions(**common)
+        opts.validate()
+    except ValueError as exc:
+        typer.secho(str(exc), fg="red", err=True)
+        raise typer.Exit(2) from None
+    doc = run_bench(opts, echo=typer.echo)
+    typer.echo("")
+    typer.echo(report.table(doc))
+    if json_path is not None:
+        json_path.write_text(json.dumps(doc, indent=2, default=str))
+        typer.echo(f"\nfigures written to {json_path}")
+
+
 def _mount_quality() -> None:
     try:
         from pipeline.quality.cli import app as quality_app

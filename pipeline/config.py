@@ -19,6 +19,14 @@ Variables (SPEC §7):
     ClickHouse password, if not in the URL.
 ``CHANNEL_HEALTH_CONSUMER_GROUP``
     Kafka consumer group of the workers (default ``channel-health``).
+``CHANNEL_HEALTH_SINK_MAX_ROWS`` / ``CHANNEL_HEALTH_SINK_MAX_BYTES``
+    Bounds of the worker's ClickHouse buffer, per table (default 100 000 rows
+    / 64 MiB). While ClickHouse is down the worker keeps publishing verdicts
+    until a buffer is full, then stops taking input until it drains.
+``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
+    Test hook (fault injection), unset in production: while the named file
+    exists, every ClickHouse insert of the worker fails as if the server were
+    unreachable (:class:`pipeline.sinks.faults.OutageSwitchClient`).
 
 Secrets are held as :class:`Secret`, whose ``repr`` and ``str`` never show
 the value, so a logged settings object leaks nothing.
@@ -113,6 +121,10 @@ class Settings:
     kafka_security: KafkaSecurity = KafkaSecurity()
     clickhouse_password: Secret | None = None
     partitions: int = 4
+    sink_max_rows: int = 100_000
+    sink_max_bytes: int = 64 * 1024 * 1024
+    #: Test hook: while this file exists, ClickHouse inserts fail (see module doc).
+    fault_sink_down_file: str | None = None
 
     @property
     def topics(self) -> Topics:
@@ -181,6 +193,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
             raise ValueError
     except ValueError:
         raise ConfigError(f"{ENV_PREFIX}PARTITIONS must be a positive integer, got {partitions_raw!r}") from None
+    bounds = {}
+    for name in ("SINK_MAX_ROWS", "SINK_MAX_BYTES"):
+        raw = env.get(f"{ENV_PREFIX}{name}")
+        if raw is None:
+            continue
+        try:
+            bounds[name.lower()] = int(raw)
+            if bounds[name.lower()] < 1:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{name} must be a positive integer, got {raw!r}") from None
     security = KafkaSecurity(
         protocol=protocol,
         sasl_mechanism=env.get(f"{ENV_PREFIX}KAFKA_SASL_MECHANISM"),
@@ -196,4 +219,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         kafka_security=security,
         clickhouse_password=_read_secret(env, "CLICKHOUSE_PASSWORD"),
         partitions=partitions,
+        fault_sink_down_file=env.get(f"{ENV_PREFIX}FAULT_SINK_DOWN_FILE") or None,
+        **bounds,  # type: ignore[arg-type]
     )

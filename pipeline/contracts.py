@@ -25,6 +25,10 @@ FAILURE_STATUSES: frozenset[str] = frozenset({"error", "timeout", "rate_limited"
 
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+#: Token counts: stored as ``UInt32`` in ClickHouse (``request_events``), so a
+#: larger value is rejected at ingest (``out_of_range``) instead of failing the
+#: insert later and stalling the worker on a poison message.
+TokenCount = Annotated[int, msgspec.Meta(ge=0, le=4_294_967_295)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 ShortStr = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
 
@@ -65,8 +69,8 @@ class RequestEvent(msgspec.Struct, omit_defaults=True):
     error_type: str | None = None
     ttft_ms: NonNegFloat | None = None
     max_stream_gap_ms: NonNegFloat | None = None
-    input_tokens: NonNegInt | None = None
-    output_tokens: NonNegInt | None = None
+    input_tokens: TokenCount | None = None
+    output_tokens: TokenCount | None = None
     cost_usd: NonNegFloat | None = None
     quota_remaining: Share | None = None
     expected_fields: list[Union[str, ExpectedCall]] | None = None

@@ -15,6 +15,9 @@ traffic replays in seconds. Per batch:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import isfinite
+from itertools import compress, repeat
+from operator import attrgetter, is_not
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -29,6 +32,54 @@ from pipeline.windows.store import EventColumns, WindowStore
 
 #: States judged only on traffic since the state was entered.
 _SINCE_STATES = (HALF_OPEN, RECOVERING)
+
+_TS = attrgetter("ts_ms")
+_STATUS = attrgetter("status")
+_LATENCY = attrgetter("latency_ms")
+_CHANNEL = attrgetter("channel")
+_ROUTE = attrgetter("route")
+_TIER = attrgetter("tier")
+_MISSING = attrgetter("missing_fields")
+_RESPONSE = attrgetter("response_text")
+#: Status → small code; outcome per code (1 upstream failure, 0 ok, -1 neutral).
+_STATUS_CODE = {"ok": 0, "error": 1, "timeout": 2, "rate_limited": 3, "cancelled": 4, "filtered": 5}
+_RATE_LIMITED_CODE = _STATUS_CODE["rate_limited"]
+_OUTCOME_OF_CODE = np.array([1 if s in FAILURE_STATUSES else (0 if s == "ok" else -1) for s in _STATUS_CODE],
+                            dtype=np.int8)
+_NOT_CHECKED: tuple[None, None] = (None, None)
+
+
+def _resolve_all(events: Sequence[RequestEvent]) -> tuple[list, np.ndarray, np.ndarray]:
+    """``(structure, checked, missing)`` per event via :func:`resolve_structure`.
+
+    Only ``ok`` events that carry ``missing_fields`` or a ``response_text``
+    can be judged; the others get ``(None, None)`` without a call.
+    """
+    n = len(events)
+    structure: list = [_NOT_CHECKED] * n
+    checked = np.zeros(n, bool)
+    missing = np.zeros(n, bool)
+    maybe = np.fromiter(map(is_not, map(_MISSING, events), repeat(None)), bool, n)
+    maybe |= np.fromiter(map(is_not, map(_RESPONSE, events), repeat(None)), bool, n)
+    for i in np.flatnonzero(maybe).tolist():
+        s = resolve_structure(events[i])
+        structure[i] = s
+        if s[0] is not None:
+            checked[i] = True
+            missing[i] = s[0] is False or bool(s[1])
+    return structure, checked, missing
+
+
+def _structure_flags(structure: Sequence[tuple[bool | None, list[str] | None]]) -> tuple[np.ndarray, np.ndarray]:
+    """``checked`` (parse_ok is not None) and ``missing`` (parse failed or a field missing) per event."""
+    n = len(structure)
+    checked = np.zeros(n, bool)
+    missing = np.zeros(n, bool)
+    for i, s in enumerate(structure):
+        if s[0] is not None:
+            checked[i] = True
+            missing[i] = s[0] is False or bool(s[1])
+    return checked, missing
 
 
 @dataclass
@@ -71,28 +122,32 @@ class Engine:
         self._th: ThresholdArrays | None = None
         self.fail_since_eval = np.zeros(0, np.float64)
         self.late_count = 0
+        #: Quality scores (SPEC §4.5) counted in the windows, and the ones not counted by reason
+        #: (``unknown_channel``, ``not_finite``, ``too_old``); ``quality_resets``: channels whose
+        #: quality windows restarted because the scores came from another model version.
+        self.quality_added = 0
+        self.quality_dropped: dict[str, int] = {}
+        self.quality_resets = 0
 
     # -- ingestion ----------------------------------------------------------
     def _columns(self, events: Sequence[RequestEvent],
                  structure: Sequence[tuple[bool | None, list[str] | None]]) -> EventColumns:
-        idx = self.store.channel_index
-        channel = np.fromiter((idx(e.channel, e.route, e.tier) for e in events), np.int64, len(events))
-        status = [e.status for e in events]
-        outcome = np.fromiter((1 if s in FAILURE_STATUSES else (0 if s == "ok" else -1) for s in status),
-                              np.int8, len(events))
-        checked = np.fromiter((s[0] is not None for s in structure), bool, len(events))
-        missing = np.fromiter((s[0] is False or bool(s[1]) for s in structure), bool, len(events))
+        """Columns of one chunk (registers new channels in order of first sight)."""
+        n = len(events)
+        ts = np.fromiter(map(_TS, events), np.int64, n)
+        code = np.fromiter(map(_STATUS_CODE.__getitem__, map(_STATUS, events)), np.int8, n)
+        checked, missing = _structure_flags(structure)
+        return self._chunk_columns(events, ts, code, np.fromiter(map(_LATENCY, events), np.float64, n),
+                                   checked, missing)
+
+    def _chunk_columns(self, events: Sequence[RequestEvent], ts: np.ndarray, code: np.ndarray,
+                       latency: np.ndarray, checked: np.ndarray, missing: np.ndarray) -> EventColumns:
+        channel = self.store.channel_indices(list(map(_CHANNEL, events)), list(map(_ROUTE, events)),
+                                             list(map(_TIER, events)))
         self._grow(self.store.n_channels)
-        return EventColumns(
-            channel=channel,
-            ts_ms=np.fromiter((e.ts_ms for e in events), np.int64, len(events)),
-            outcome=outcome,
-            ok=outcome == 0,
-            latency_ms=np.fromiter((e.latency_ms for e in events), np.float64, len(events)),
-            checked=checked,
-            missing=missing,
-            rate_limited=np.fromiter((s == "rate_limited" for s in status), bool, len(events)),
-        )
+        outcome = _OUTCOME_OF_CODE[code]
+        return EventColumns(channel=channel, ts_ms=ts, outcome=outcome, ok=outcome == 0, latency_ms=latency,
+                            checked=checked, missing=missing, rate_limited=code == _RATE_LIMITED_CODE)
 
     def _grow(self, n: int) -> None:
         while len(self.machines) < n:
@@ -142,36 +197,48 @@ class Engine:
         result = BatchResult()
         if not events:
             return result
+        n = len(events)
         if structure is None:
-            structure = [resolve_structure(e) if e.status == "ok" else (None, None) for e in events]
+            structure, checked, missing = _resolve_all(events)
+        else:
+            checked, missing = _structure_flags(structure)
         step = self.policy.eval_interval_ms
-        pairs = list(zip(events, structure))
-        if min(e.ts_ms for e in events) // step != max(e.ts_ms for e in events) // step:
-            pairs.sort(key=lambda p: p[0].ts_ms)
-        start = 0
-        while start < len(pairs):
-            bucket = pairs[start][0].ts_ms // step
-            end = start + 1
-            while end < len(pairs) and pairs[end][0].ts_ms // step == bucket:
-                end += 1
+        ts = np.fromiter(map(_TS, events), np.int64, n)
+        code = np.fromiter(map(_STATUS_CODE.__getitem__, map(_STATUS, events)), np.int8, n)
+        latency = np.fromiter(map(_LATENCY, events), np.float64, n)
+        bucket = ts // step
+        if bucket.min() != bucket.max():
+            order = np.argsort(ts, kind="stable")
+            ts, code, latency, checked, missing, bucket = (a[order] for a in (ts, code, latency, checked, missing,
+                                                                               bucket))
+            pick = order.tolist()
+            events = [events[i] for i in pick]
+            structure = [structure[i] for i in pick]
+            bounds = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), n]
+        else:
+            events, structure, bounds = list(events), list(structure), [0, n]
+        for start, end in zip(bounds[:-1], bounds[1:]):
             if low_watermark_ms is None:
-                result.verdicts.extend(self.advance(bucket * step))
-            self._process_chunk([p[0] for p in pairs[start:end]], [p[1] for p in pairs[start:end]], result)
-            start = end
+                result.verdicts.extend(self.advance(int(bucket[start]) * step))
+            cols = self._chunk_columns(events[start:end], ts[start:end], code[start:end], latency[start:end],
+                                       checked[start:end], missing[start:end])
+            self._process_chunk(events[start:end], structure[start:end], result, cols)
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
 
-    def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult) -> None:
-        cols = self._columns(events, structure)
+    def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult,
+                       cols: EventColumns | None = None) -> None:
+        if cols is None:
+            cols = self._columns(events, structure)
         newest = self.store.last_ts_ms[cols.channel]
         late_mask = cols.ts_ms < newest - self.policy.allowed_lateness_ms
         if late_mask.any():
-            result.late.extend(e for e, l in zip(events, late_mask) if l)
+            result.late.extend(compress(events, late_mask.tolist()))
             self.late_count += int(late_mask.sum())
             keep = ~late_mask
-            events = [e for e, k in zip(events, keep) if k]
-            structure = [x for x, k in zip(structure, keep) if k]
+            events = list(compress(events, keep.tolist()))
+            structure = list(compress(structure, keep.tolist()))
             cols = cols.take(keep)
             if not events:
                 return
@@ -184,10 +251,15 @@ class Engine:
         late, run_ch, run_max = self.store.add(cols, th)
         crossed = self.store.runs.crossed_at
         if late.any():  # too old for the ring although within lateness: count as late too
-            result.late.extend(e for e, l in zip(events, late) if l)
+            flags = late.tolist()
+            result.late.extend(compress(events, flags))
             self.late_count += int(late.sum())
-        result.accepted.extend(e for e, l in zip(events, late) if not l)
-        result.structure.extend(s for s, l in zip(structure, late) if not l)
+            kept = [not f for f in flags]
+            result.accepted.extend(compress(events, kept))
+            result.structure.extend(compress(structure, kept))
+        else:
+            result.accepted.extend(events)
+            result.structure.extend(structure)
         np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
         result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
 
@@ -207,6 +279,48 @@ class Engine:
                 out.append(self._verdict(c, now, {"consecutive_failures": float(threshold[c]),
                                                   "consecutive_failures_threshold": float(threshold[c])}))
         return out
+
+    # -- quality scores (SPEC §4.5) -------------------------------------------
+    def add_quality_scores(self, channels: Sequence[str], ts_ms: Sequence[int], scores: Sequence[float],
+                           model_version: str | None = None) -> int:
+        """File sampled answers' quality scores (P(good) in [0, 1]) at their events' time.
+
+        The engine holds no model: scoring happens elsewhere (the worker's quality
+        agent, :mod:`pipeline.stream.quality_agent`, or :func:`replay` with a
+        scorer); this only adds the numbers to the per-channel quality windows that
+        the ``quality`` detector reads. A score counts in every later round whose
+        5 min window covers its event time. ``channels`` are channel names the
+        engine has seen; scores are clipped to [0, 1].
+
+        ``model_version``: when a channel's windows hold scores of another version,
+        they are cleared first (scores of two model versions are not comparable,
+        so that channel's quality baseline restarts).
+
+        Not counted, by reason in :attr:`quality_dropped`: ``unknown_channel``,
+        ``not_finite``, ``too_old`` (older than the 5 min ring; still in the
+        baseline when its hour is held). Returns the number counted.
+        """
+        n = len(scores)
+        if not (len(channels) == len(ts_ms) == n):
+            raise ValueError(f"{len(channels)} channels, {len(ts_ms)} times and {n} scores")
+        if n == 0:
+            return 0
+        index = self.store._index
+        idx = np.fromiter((index.get(c, -1) for c in channels), np.int64, n)
+        s = np.asarray(scores, dtype=np.float64).reshape(n)
+        keep = (idx >= 0) & np.isfinite(s)
+        drops = {"unknown_channel": int((idx < 0).sum()), "not_finite": int(((idx >= 0) & ~np.isfinite(s)).sum())}
+        if keep.any():
+            too_old, reset = self.store.quality.add(idx[keep], np.asarray(ts_ms, dtype=np.int64).reshape(n)[keep],
+                                                    np.clip(s[keep], 0.0, 1.0), model_version)
+            drops["too_old"] = int(too_old.sum())
+            self.quality_resets += len(reset)
+        for k, v in drops.items():
+            if v:
+                self.quality_dropped[k] = self.quality_dropped.get(k, 0) + v
+        added = int(keep.sum()) - drops.get("too_old", 0)
+        self.quality_added += added
+        return added
 
     # -- evaluation ---------------------------------------------------------
     def advance(self, now_ms: int) -> list[Verdict]:
@@ -276,14 +390,15 @@ class Engine:
             if m.state == HALF_OPEN and changed[j]:
                 self.store.runs.reset(i)
         self.fail_since_eval[rows] = 0.0
-        shares = self._route_shares(c)
+        shares = self._route_shares(c).tolist()
         self.last_eval_ms = now_ms
         out = []
+        columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft) for k, v in f.metrics.items()]
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
             if m.state == NO_DATA and not changed[j]:
                 continue
-            metrics = {k: v[j] for f in (*hard, *soft) for k, v in f.metrics.items()}
+            metrics = {k: v[j] for k, v in columns}
             metrics["route_share"] = shares[i]
             metrics["penalty"] = round(m.penalty, 4)
             out.append(self._verdict(i, now_ms, metrics))
@@ -307,6 +422,9 @@ class Engine:
         self.seq[i] += 1
         clean = {}
         for k, v in metrics.items():
+            if type(v) is float:  # the common case, same result as below
+                clean[k] = round(v, 4) if isfinite(v) else None
+                continue
             v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v
             clean[k] = None if isinstance(v, float) and not np.isfinite(v) else (round(v, 4) if isinstance(v, float) else v)
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
@@ -321,23 +439,59 @@ class Engine:
 
 
 def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_size: int = 500,
-           engine: Engine | None = None) -> tuple[Engine, list[Verdict]]:
+           engine: Engine | None = None, scorer=None, sampler=None) -> tuple[Engine, list[Verdict]]:
     """Feed JSON-ready event dicts through an :class:`Engine` (default: a fresh one) in batches.
 
     ``events`` is consumed lazily, so a generator may read the engine's
     state (e.g. :attr:`Engine.shares_by_route`) to close the routing loop.
     Returns the engine and every verdict in publication order.
+
+    Quality scoring (SPEC §4.5), optional: ``scorer`` is any object with
+    ``score(prompts, responses) -> array`` of P(good) and a ``version``
+    (e.g. :class:`pipeline.quality.scorer.QualityScorer`, or a
+    :class:`pipeline.quality.cache.CachedScorer`). Then ``sampler`` (default:
+    a :class:`pipeline.quality.sampler.QualitySampler` with its default
+    configuration) picks responses among each batch's accepted events, they
+    are scored synchronously, and the scores go to
+    :meth:`Engine.add_quality_scores`. Batches are then also cut at every
+    evaluation boundary (``eval_interval_ms`` of event time), so each round
+    sees the scores of all events before it, as it sees their counts.
+    Without a scorer nothing is imported from :mod:`pipeline.quality`.
     """
     import msgspec
 
     engine = engine or Engine(policy)
     verdicts: list[Verdict] = []
     batch: list[RequestEvent] = []
+    if scorer is not None and sampler is None:
+        from pipeline.quality.sampler import QualitySampler
+
+        sampler = QualitySampler()
+    step = engine.policy.eval_interval_ms
+    bucket = None
+
+    def flush(batch: list[RequestEvent]) -> None:
+        result = engine.process(batch)
+        verdicts.extend(result.verdicts)
+        if scorer is not None:
+            picks = sampler.offer(result.accepted)
+            if picks:
+                scores = scorer.score([p.prompt for p in picks], [p.response for p in picks])
+                engine.add_quality_scores([p.channel for p in picks], [p.ts_ms for p in picks], scores,
+                                          getattr(scorer, "version", None))
+
     for e in events:
-        batch.append(msgspec.convert(e, RequestEvent))
+        ev = msgspec.convert(e, RequestEvent)
+        if scorer is not None:
+            b = ev.ts_ms // step
+            if batch and b != bucket:
+                flush(batch)
+                batch = []
+            bucket = b
+        batch.append(ev)
         if len(batch) >= batch_size:
-            verdicts.extend(engine.process(batch).verdicts)
+            flush(batch)
             batch = []
     if batch:
-        verdicts.extend(engine.process(batch).verdicts)
+        flush(batch)
     return engine, verdicts

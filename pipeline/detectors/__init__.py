@@ -7,11 +7,12 @@ from pipeline.detectors.base import Detector, Finding, ThresholdArrays
 from pipeline.detectors.consecutive import ConsecutiveFailures
 from pipeline.detectors.error_rate import ErrorRate
 from pipeline.detectors.latency import LatencyRatio
+from pipeline.detectors.quality import QualityDrop
 from pipeline.detectors.structure import MissingFields
 
 #: Hard signals open the circuit; soft signals degrade (SPEC §4 states).
 HARD_DETECTORS: tuple[Detector, ...] = (ConsecutiveFailures(), ErrorRate())
-SOFT_DETECTORS: tuple[Detector, ...] = (LatencyRatio(), MissingFields())
+SOFT_DETECTORS: tuple[Detector, ...] = (LatencyRatio(), MissingFields(), QualityDrop())
 
 __all__ = ["Detector", "Finding", "ThresholdArrays", "HARD_DETECTORS", "SOFT_DETECTORS",
-           "ConsecutiveFailures", "ErrorRate", "LatencyRatio", "MissingFields"]
+           "ConsecutiveFailures", "ErrorRate", "LatencyRatio", "MissingFields", "QualityDrop"]

@@ -48,6 +48,19 @@ class Thresholds:
     missing_min_checked: int = 50
     #: SPEC §4 half_open → recovering if the probe error rate stayed below this.
     half_open_max_error_rate: float = 0.003
+    #: SPEC §4.5: drop of the 5 min mean quality score below the channel's
+    #: baseline mean (score units, P(good answer) in [0, 1]) that may degrade
+    #: the channel (the Welch test must also be significant) ...
+    quality_min_drop: float = 0.10
+    #: ... and the drop at or below which the finding clears (hysteresis).
+    quality_clear_drop: float = 0.05
+    #: Minimum scored samples in the 5 min window (at the default sampling of
+    #: one per 2 s per channel a window holds up to 150).
+    quality_min_samples: int = 20
+    #: Minimum scored samples in the quality baseline (24 complete hours).
+    quality_baseline_min_samples: int = 100
+    #: Minimum whole hours with scores before the quality baseline is trusted.
+    quality_baseline_min_hours: int = 1
 
     def __post_init__(self) -> None:
         for name in ("error_rate_trip", "missing_rate_trip", "half_open_max_error_rate"):
@@ -56,8 +69,11 @@ class Thresholds:
                 raise ValueError(f"{name} must be in (0, 1), got {v}")
         if not 1.0 <= self.latency_ratio_clear < self.latency_ratio_trip:
             raise ValueError("need 1 <= latency_ratio_clear < latency_ratio_trip")
+        if not 0.0 <= self.quality_clear_drop < self.quality_min_drop <= 1.0:
+            raise ValueError("need 0 <= quality_clear_drop < quality_min_drop <= 1")
         for name in ("error_min_requests", "error_min_failures", "consecutive_failures", "latency_min_requests",
-                     "baseline_min_requests", "missing_min_checked"):
+                     "baseline_min_requests", "missing_min_checked", "quality_min_samples",
+                     "quality_baseline_min_samples", "quality_baseline_min_hours"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         if self.consecutive_failures > 100:

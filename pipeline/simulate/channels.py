@@ -108,6 +108,10 @@ class ChannelProfile:
         ``response_text`` [0, 1].
     missing_rate: baseline share of structured ``ok`` answers that miss a
         required field [0, 1].
+    chat_share: share of the other (not structured) ``ok`` answers that carry
+        a free-text ``response_text`` and ``prompt_text`` from the MT-bench
+        pool of good answers (:mod:`.chat_answers`) [0, 1]; what the quality
+        model scores (SPEC §4.5).
     price_in_usd_per_mtok, price_out_usd_per_mtok: list prices for
         ``cost_usd`` (USD per million input/output tokens, >= 0).
 
@@ -130,6 +134,7 @@ class ChannelProfile:
     json_object_share: float = 0.5
     gateway_check_share: float = 0.3
     missing_rate: float = 0.0
+    chat_share: float = 0.0
     price_in_usd_per_mtok: float = 0.0
     price_out_usd_per_mtok: float = 0.0
 
@@ -154,7 +159,8 @@ class ChannelProfile:
             raise ValueError(f"{self.name}: capacity_rps must be > 0 or None")
         if self.overload_latency_gain < 0 or self.overload_error_gain < 0:
             raise ValueError(f"{self.name}: overload gains must be >= 0")
-        for share in ("structured_share", "json_object_share", "gateway_check_share", "missing_rate"):
+        for share in ("structured_share", "json_object_share", "gateway_check_share", "missing_rate",
+                      "chat_share"):
             _check_share(f"{self.name}: {share}", getattr(self, share))
         if self.price_in_usd_per_mtok < 0 or self.price_out_usd_per_mtok < 0:
             raise ValueError(f"{self.name}: prices must be >= 0")

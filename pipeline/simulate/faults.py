@@ -29,6 +29,12 @@ Kinds and ``params``:
     ``start_s + (count - 1) * gap_s < end_s``; ``status`` (default
     ``error``), ``http_status`` (502), ``error_type``
     (``upstream_error``), ``latency_ms`` (250).
+``quality_drift``
+    answers keep their ``ok`` status, latency and fields but turn useless
+    (SPEC §5.4): ``to_rate`` in [0, 1] is the share of the channel's chat
+    answers (``chat_share``) that are useless at full strength; ``ramp_s``;
+    ``mix``: ``{kind: weight}`` over ``refusal``, ``truncated``,
+    ``off_topic`` (default equal weights; see :mod:`.chat_answers`).
 ``overload``
     the channel is load-sensitive in the window: ``capacity_rps`` (> 0),
     optional ``latency_gain`` and ``error_gain`` (default: the channel's
@@ -53,7 +59,22 @@ FAULT_KINDS: tuple[str, ...] = (
     "outage",
     "consecutive_failures",
     "overload",
+    "quality_drift",
 )
+
+#: Kinds of useless answer a ``quality_drift`` fault produces, default mix.
+DEFAULT_USELESS_MIX: dict[str, float] = {"refusal": 1.0, "truncated": 1.0, "off_topic": 1.0}
+
+
+def normalised_useless_mix(mix: Mapping[str, float]) -> dict[str, float]:
+    """Validate a ``quality_drift`` mix ``{kind: weight}`` and scale it to sum 1."""
+    unknown = set(mix) - set(DEFAULT_USELESS_MIX)
+    if unknown:
+        raise ValueError(f"quality_drift: unknown useless kind {sorted(unknown)}; valid: {list(DEFAULT_USELESS_MIX)}")
+    if any(not (float(v) >= 0) for v in mix.values()) or sum(float(v) for v in mix.values()) <= 0:
+        raise ValueError("quality_drift: mix weights must be >= 0 and sum to > 0")
+    total = sum(float(v) for v in mix.values())
+    return {k: float(v) / total for k, v in mix.items() if float(v) > 0}
 
 #: Status mix of failures injected by an ``error_ramp`` without ``mix``.
 DEFAULT_FAULT_MIX: dict[str, float] = {"error": 0.6, "timeout": 0.2, "rate_limited": 0.2}
@@ -114,6 +135,9 @@ class Fault:
                     raise ValueError("consecutive_failures fault needs count >= 1 and gap_s > 0")
                 if self.start_s + (count - 1) * gap >= self.end_s:
                     raise ValueError("consecutive_failures fault: the last failure falls after end_s")
+        elif self.kind == "quality_drift":
+            _rate(p, "to_rate", self.kind)
+            normalised_useless_mix(p.get("mix", DEFAULT_USELESS_MIX))
         elif self.kind == "overload":
             if not float(p.get("capacity_rps", 0)) > 0:
                 raise ValueError("overload fault needs params['capacity_rps'] > 0")
@@ -159,6 +183,9 @@ class Effects:
     (-1: none). suppressed: bool, the channel takes no regular traffic
     (``consecutive_failures`` window). capacity_rps, latency_gain,
     error_gain: the load sensitivity in force (capacity ``nan`` = unlimited).
+    useless_rate: share of chat answers turned useless by ``quality_drift``
+    faults, in [0, 1]; useless_mix: ``{kind: share}`` of the last such fault
+    active in the window (the default mix where none).
     """
 
     latency_factor: np.ndarray
@@ -170,6 +197,8 @@ class Effects:
     capacity_rps: np.ndarray
     latency_gain: np.ndarray
     error_gain: np.ndarray
+    useless_rate: np.ndarray
+    useless_mix: dict[str, float]
 
 
 def channel_effects(channel: ChannelProfile, faults: list[Fault] | tuple[Fault, ...], t_s: np.ndarray) -> Effects:
@@ -189,6 +218,8 @@ def channel_effects(channel: ChannelProfile, faults: list[Fault] | tuple[Fault, 
     egain = np.full(n, channel.overload_error_gain)
     extra: list[tuple[np.ndarray, dict[str, float]]] = []
     outages: list[Fault] = []
+    useless = np.zeros(n)
+    useless_mix = normalised_useless_mix(DEFAULT_USELESS_MIX)
     base = channel.base_error_rate
     for f in faults:
         if f.channel != channel.name:
@@ -206,6 +237,10 @@ def channel_effects(channel: ChannelProfile, faults: list[Fault] | tuple[Fault, 
             outage = np.where(f.active(t), len(outages) - 1, outage)
         elif f.kind == "consecutive_failures":
             suppressed |= f.active(t)
+        elif f.kind == "quality_drift":
+            useless = np.maximum(useless, float(f.params["to_rate"]) * f.strength(t))
+            if np.any(f.active(t)):
+                useless_mix = normalised_useless_mix(f.params.get("mix", DEFAULT_USELESS_MIX))
         elif f.kind == "overload":
             on = f.active(t)
             cap = np.where(on, float(f.params["capacity_rps"]), cap)
@@ -221,6 +256,8 @@ def channel_effects(channel: ChannelProfile, faults: list[Fault] | tuple[Fault, 
         capacity_rps=cap,
         latency_gain=lgain,
         error_gain=egain,
+        useless_rate=np.clip(useless, 0.0, 1.0),
+        useless_mix=useless_mix,
     )
 
 

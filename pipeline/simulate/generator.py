@@ -14,6 +14,12 @@ Time advances in blocks of ``block_s`` seconds of scenario time (default
    1.0 in an outage; latency = healthy sample x day/night multiplier x
    fault factor x overload factor; structured answers turn hollow with the
    injected missing rate.
+   Channels with ``chat_share`` send free-text answers (MT-bench pool,
+   :mod:`.chat_answers`) with ``prompt_text``; a ``quality_drift`` fault
+   turns a share of them useless (refusal, truncated, off-topic) while the
+   status and latency stay as they are. Text choices use a random stream
+   of their own per channel, so adding text leaves every other number of
+   the run unchanged.
 4. Retries (routes with ``retry_failures``): each failed first attempt is
    retried once, 50 ms after it finished, on another channel of the route.
 
@@ -37,6 +43,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping
 import numpy as np
 
 from .answers import AnswerBank, load_answer_bank
+from .chat_answers import ChatAnswer, load_chat_pool
 from .channels import FAILURE_HTTP, FAILURE_KINDS, LOAD_TAU_S, ChannelProfile, LatencyModel, RouteSpec
 from .faults import Effects, Fault, channel_effects, overload_factors
 from .load import DiurnalCurve
@@ -98,6 +105,7 @@ class _ChannelRun:
     base_mix: dict[str, float]
     load_rps: float | None = None
     pending_retries: int = 0
+    text_rng: np.random.Generator | None = None
 
 
 @dataclass
@@ -148,6 +156,11 @@ class Generator:
         self.bank: AnswerBank | None = (
             load_answer_bank(self.data_dir) if any(p.structured_share > 0 for p in profiles) else None
         )
+        # Spawned after the streams above, so those are the same with or without text.
+        text_seqs = root.spawn(len(profiles))
+        self.chat_pool: tuple[ChatAnswer, ...] | None = (
+            load_chat_pool(self.data_dir) if any(p.chat_share > 0 for p in profiles) else None
+        )
         routes = {r.name: r for r in scenario.routes}
         self.runs: dict[str, _ChannelRun] = {}
         for p, s in zip(profiles, seqs[len(scenario.routes):]):
@@ -178,6 +191,7 @@ class Generator:
                 base_detail=np.array(base, dtype=np.int64),
                 outage_detail=outage_detail,
                 base_mix=p.base_failure_mix,
+                text_rng=np.random.default_rng(text_seqs[len(self.runs)]) if p.chat_share > 0 else None,
             )
         self.scheduled = self._scheduled_failures()
         self.prefix = event_id_prefix(scenario.name, self.seed, self.start_ms)
@@ -281,12 +295,13 @@ class Generator:
             structured = as_json = hollow = gw_check = None
         finish_ms = np.floor(t * 1000.0 + latency).astype(np.int64)
         block.ts.append(finish_ms)
+        chat = (eff.useless_rate, eff.useless_mix) if eff is not None else None
         self._emit(run, finish_ms, status, detail, latency, ttft, gap, inp, out, cost, gw,
-                   structured, as_json, hollow, gw_check, s_ans, block)
+                   structured, as_json, hollow, gw_check, s_ans, block, chat)
         return finish_ms / 1000.0, ~ok
 
     def _emit(self, run, finish_ms, status, detail, latency, ttft, gap, inp, out, cost, gw,
-              structured, as_json, hollow, gw_check, pick, block: _Block) -> None:
+              structured, as_json, hollow, gw_check, pick, block: _Block, chat=None) -> None:
         p = run.profile
         name, route, tier = p.name, p.route, p.tier
         rows = run.detail.rows
@@ -324,6 +339,8 @@ class Generator:
             else:
                 e["error_type"] = et
             evs.append(e)
+        if run.text_rng is not None and self.chat_pool:
+            self._attach_chat(run, evs, status, structured, chat)
         if structured is None or self.bank is None:
             block.events.extend(evs)
             return
@@ -341,6 +358,32 @@ class Generator:
                 else:
                     e["response_text"] = ans.hollow_text if hollow[i] else ans.text
         block.events.extend(evs)
+
+    def _attach_chat(self, run: _ChannelRun, evs: list[dict], status: np.ndarray,
+                     structured: np.ndarray | None, chat) -> None:
+        """Give ``chat_share`` of the ok, unstructured events a pool answer (maybe a useless one)."""
+        n = len(evs)
+        pool = self.chat_pool
+        assert pool and run.text_rng is not None
+        r_chat, r_pick, r_bad, r_kind = run.text_rng.random((4, n))
+        sel = (np.asarray(status) == 0) & (r_chat < run.profile.chat_share)
+        if structured is not None:
+            sel &= ~structured
+        if chat is not None:
+            useless, mix = chat
+            kinds = list(mix)
+            cum = np.cumsum([mix[k] for k in kinds])
+        else:
+            useless, kinds, cum = None, [], None
+        for i in np.flatnonzero(sel).tolist():
+            ans = pool[int(r_pick[i] * len(pool))]
+            e = evs[i]
+            e["prompt_text"] = ans.prompt
+            if useless is not None and r_bad[i] < useless[i]:
+                k = kinds[min(int(np.searchsorted(cum, r_kind[i] * cum[-1], side="right")), len(kinds) - 1)]
+                e["response_text"] = ans.useless[k]
+            else:
+                e["response_text"] = ans.text
 
     def _scheduled_block(self, b0: int, b1: int, block: _Block) -> None:
         for times, run, f, det in self.scheduled:

@@ -317,10 +317,20 @@ class Scenario:
             out = channel_effects(c, self.faults, t).missing_rate
         return float(out) if np.ndim(out) == 0 else out
 
+    def injected_useless_rate(self, channel: str, t_s: float | np.ndarray) -> float | np.ndarray:
+        """Injected share of ``channel``'s chat answers that are useless at ``t_s`` (0..1; replay: 0)."""
+        t = np.asarray(t_s, dtype=np.float64)
+        c = self._profile(channel)
+        if isinstance(c, ReplayChannel):
+            out = np.zeros(t.shape)
+        else:
+            out = channel_effects(c, self.faults, t).useless_rate
+        return float(out) if np.ndim(out) == 0 else out
+
     def time_when(
         self,
         channel: str,
-        metric: Literal["error_rate", "p95_ms", "missing_rate"],
+        metric: Literal["error_rate", "p95_ms", "missing_rate", "useless_rate"],
         threshold: float,
         *,
         from_s: float = 0.0,
@@ -337,6 +347,7 @@ class Scenario:
             "error_rate": self.injected_error_rate,
             "p95_ms": self.injected_p95_ms,
             "missing_rate": self.injected_missing_rate,
+            "useless_rate": self.injected_useless_rate,
         }
         if metric not in fns:
             raise ValueError(f"unknown metric {metric!r}; valid: {sorted(fns)}")
@@ -473,6 +484,53 @@ def content_hollowing() -> Scenario:
              "reasons_any": ["missing_fields"]},
             {"channel": hollow.name, "never_in": ["open"], "from_s": 0, "to_s": duration},
             _never_bad(sibling.name, duration),
+            *(_never_bad(c.name, duration) for c in c8),
+        ),
+        start_hour=8.0,
+    )
+
+
+def quality_drift() -> Scenario:
+    """SPEC §5.4: answers keep their status, latency and fields but turn useless.
+
+    The expectations need quality scoring (the worker's quality agent, or
+    :func:`pipeline.engine.replay` with a scorer): without it no signal sees
+    anything, which is the point of the scenario.
+    """
+    t0, fault, after = WARMUP_S, 1200, 1200
+    drift = ChannelProfile("deepinfra/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
+                           latency_ms=2600.0, chat_share=0.9)
+    sib = ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
+                         latency_ms=2400.0, chat_share=0.9, price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9)
+    c8 = (
+        ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
+                       latency_ms=900.0, chat_share=0.5, price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
+        ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0,
+                       chat_share=0.5),
+    )
+    end = t0 + fault
+    duration = end + after
+    return Scenario(
+        name="quality-drift",
+        description=(
+            "Chat routes whose answers carry response_text + prompt_text (good MT-bench answers, rated >= 8). "
+            "From 10:00, all of deepinfra/llama-70b@free's answers turn useless within 1 min and stay so "
+            "for 20 min: canned refusals, answers cut off after ~10 %, answers to other questions; status "
+            "ok, latency and fields unchanged. Its sibling and the chat-8b channels stay good. Needs quality "
+            "scoring (worker quality agent or replay with a scorer)."
+        ),
+        duration_s=duration,
+        channels=(drift, sib) + c8,
+        routes=(RouteSpec("chat-70b", 3.0, {drift.name: 0.5, sib.name: 0.5}),
+                RouteSpec("chat-8b", 2.0, {c8[0].name: 0.5, c8[1].name: 0.5})),
+        faults=(Fault(drift.name, "quality_drift", t0, end, {"to_rate": 1.0, "ramp_s": 60}),),
+        expected=(
+            _never_bad(drift.name, t0),
+            {"channel": drift.name, "state_in": ["degraded"], "from_s": t0, "by_s": t0 + 300,
+             "reasons_any": ["quality"]},
+            {"channel": drift.name, "never_in": ["open"], "from_s": 0, "to_s": duration},
+            {"channel": drift.name, "state_in": ["healthy"], "from_s": end, "by_s": duration},
+            _never_bad(sib.name, duration),
             *(_never_bad(c.name, duration) for c in c8),
         ),
         start_hour=8.0,
@@ -649,6 +707,7 @@ _BUILDERS: dict[str, Callable[[], Scenario]] = {
     "gradual-degradation": gradual_degradation,
     "backup-overload": backup_overload,
     "content-hollowing": content_hollowing,
+    "quality-drift": quality_drift,
     "sparse-consecutive-failures": sparse_consecutive_failures,
     "recovery": recovery,
     "clean-day": clean_day,

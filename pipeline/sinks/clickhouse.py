@@ -20,6 +20,7 @@ Row builders (:func:`event_row`, :func:`verdict_row`, :func:`quality_row`,
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable, Sequence
 
 from pipeline.config import Settings
@@ -42,6 +43,8 @@ from pipeline.sinks.rows import (
     verdict_row,
 )
 from pipeline.sinks.table import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TableSink
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ClickHouseSink",
@@ -81,6 +84,9 @@ class ClickHouseSink:
         """Open the configured ClickHouse (:func:`~pipeline.storage.client.open_client`),
         apply the DDL, and return a sink on it.
 
+        Buffer bounds default to ``settings.sink_max_rows`` / ``sink_max_bytes``.
+        With ``settings.fault_sink_down_file`` set (a test hook), inserts fail
+        while that file exists (:class:`~pipeline.sinks.faults.OutageSwitchClient`).
         Raises the storage errors of those two steps
         (:class:`~pipeline.storage.errors.StorageError` subclasses).
         """
@@ -89,6 +95,14 @@ class ClickHouseSink:
 
         client = open_client(settings)
         apply_ddl(client)
+        down_file = getattr(settings, "fault_sink_down_file", None)
+        if down_file:
+            from pipeline.sinks.faults import OutageSwitchClient
+
+            log.warning("fault injection on: ClickHouse inserts fail while %s exists", down_file)
+            client = OutageSwitchClient(client, down_file)
+        bounds = {"max_rows": getattr(settings, "sink_max_rows", DEFAULT_MAX_ROWS),
+                  "max_bytes": getattr(settings, "sink_max_bytes", DEFAULT_MAX_BYTES), **bounds}
         return cls(client, **bounds)
 
     @property

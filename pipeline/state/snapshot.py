@@ -1,8 +1,11 @@
 """Export / import one channel's complete detector state as bytes.
 
 A snapshot holds the channel's rows of both rings (30 × 10 s counters and
-latency histograms, 25 × 1 h baseline histograms), its failure run, newest
-event time, soft-finding flags, circuit-breaker machine and verdict ``seq``.
+latency histograms, 25 × 1 h baseline histograms), its quality-score rings
+(30 × 10 s and 25 × 1 h of count / sum / sum of squares, with the model
+version they came from; SPEC §4.5), its failure run, newest event time,
+soft-finding flags, circuit-breaker machine and verdict ``seq``.
+Snapshots written before the quality rings existed load with empty ones.
 Histograms are mostly zeros, so the arrays are zlib-compressed: a busy
 channel's snapshot is a few KB (raw ≈ 75 KB).
 
@@ -49,6 +52,11 @@ class ChannelSnapshot(msgspec.Struct):
     fail_since_eval: float
     active: dict[str, bool]
     machine: dict[str, object]
+    quality_short_slot_id: bytes = b""
+    quality_short_counts: bytes = b""
+    quality_base_slot_id: bytes = b""
+    quality_base_counts: bytes = b""
+    quality_model: str | None = None
 
 
 def _pack(a: np.ndarray) -> bytes:
@@ -79,6 +87,11 @@ def export_channel(engine, index: int) -> bytes:
         fail_since_eval=float(engine.fail_since_eval[index]),
         active={k: bool(v[index]) for k, v in engine.active.items()},
         machine=dataclasses.asdict(m),
+        quality_short_slot_id=_pack(st.quality.short.slot_id[index]),
+        quality_short_counts=_pack(st.quality.short.counts[index]),
+        quality_base_slot_id=_pack(st.quality.base.slot_id[index]),
+        quality_base_counts=_pack(st.quality.base.counts[index]),
+        quality_model=st.quality.version[index],
     )
     return msgspec.msgpack.encode(snap)
 
@@ -111,6 +124,17 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     st.short.hist[i] = _unpack(snap.short_hist, np.float32, (ns, k))
     st.base.slot_id[i] = _unpack(snap.base_slot_id, np.int64, (nb,))
     st.base.hist[i] = _unpack(snap.base_hist, np.float32, (nb, k))
+    q = st.quality
+    if snap.quality_short_slot_id:
+        qs, qb, qk = q.short.n_slots, q.base.n_slots, q.short.n_counters
+        q.short.slot_id[i] = _unpack(snap.quality_short_slot_id, np.int64, (qs,))
+        q.short.counts[i] = _unpack(snap.quality_short_counts, np.float32, (qs, qk))
+        q.base.slot_id[i] = _unpack(snap.quality_base_slot_id, np.int64, (qb,))
+        q.base.counts[i] = _unpack(snap.quality_base_counts, np.float32, (qb, qk))
+        q.version[i] = snap.quality_model
+    else:
+        q.reset([i])
+        q.version[i] = None
     st.runs.trailing[i] = snap.run
     st.last_ts_ms[i] = max(int(st.last_ts_ms[i]), snap.last_ts_ms)
     if snap.watermark_ms is not None:

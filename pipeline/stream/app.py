@@ -1,20 +1,40 @@
 """The faust app: topics and the agent wiring the stages together.
 
-Delivery is at-least-once and restarts are exact:
+Delivery is at-least-once, restarts are exact, and a ClickHouse outage does
+not stop the verdicts:
 
 1. the agent takes batches with ``noack_take`` (faust's plain ``take()`` acks
-   even when the body raised — a failed insert would be skipped for ever);
+   even when the body raised -- a failed insert would be skipped for ever);
 2. a batch's verdicts and dead letters are sent and acknowledged by Kafka,
-   and its rows written to ClickHouse (retried with backoff until it works);
-3. every ``SNAPSHOT_INTERVAL_S`` the engine's per-channel state is written to
-   the state topic, and only then are the input messages processed before
-   that snapshot acked (so committed offsets never run ahead of saved state).
+   and its rows are put in the sink's bounded buffer; a background flusher
+   writes the buffer to ClickHouse about once a second, retrying with
+   backoff (0.5 s doubling to ``FLUSH_BACKOFF_MAX_S``, 2 s) while ClickHouse is
+   down. Verdicts keep flowing meanwhile; only when a buffer is full
+   (``SinkBackpressure``; bounds ``CHANNEL_HEALTH_SINK_MAX_ROWS`` /
+   ``_MAX_BYTES``) does the agent stop taking input until it drains, so
+   memory stays bounded;
+3. every ``SNAPSHOT_INTERVAL_S`` the engine's per-channel state is captured;
+   once every row of the batches before it is written, it is published to
+   the state topic together with the input offsets it covers, and only then
+   are those batches' messages acked (:mod:`pipeline.stream.delivery`). So a
+   committed offset always lies at or before both the rows in ClickHouse
+   and the saved state.
 
 After a crash the worker reloads the snapshots and re-reads the messages
-after the committed offsets: windows, baselines, runs, circuit timers and
-verdict ``seq`` continue exactly. Re-sent verdicts carry the same ``seq``
-(routers ignore them) and re-inserted rows are deduplicated by ClickHouse
-(``event_id``, ``(channel, seq)``).
+after the committed offsets; events a restored snapshot already holds are
+not counted again (:mod:`pipeline.stream.processor`), so windows, baselines,
+runs, circuit timers and verdict ``seq`` continue exactly. Re-sent verdicts
+carry the same ``seq`` (routers ignore them) and re-inserted rows are
+deduplicated by ClickHouse (``event_id``, ``(channel, seq)``).
+
+Rebalances: on revocation the worker stops publishing snapshots and acking
+(another member may own the channels now); with the next assignment (a new
+consumer generation) it starts over from the state topic, since Kafka
+resumes every assigned partition at its committed offset. Messages fetched
+under an older generation are dropped (they are delivered again).
+
+On SIGTERM the worker drains: a last flush, snapshot and commit (bounded by
+``DRAIN_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -23,7 +43,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +53,9 @@ from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.stream.delivery import DeliveryLedger
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
+from pipeline.stream.quality_agent import install_quality
 
 log = logging.getLogger("channel_health.worker")
 
@@ -44,21 +66,32 @@ TAKE_WITHIN_S = 0.2
 IDLE_ADVANCE_AFTER_S = 10.0
 #: How often channel state is snapshotted and input offsets acked (s).
 SNAPSHOT_INTERVAL_S = 5.0
+#: How often buffered rows are written to ClickHouse (s); sooner when a buffer is half full.
+FLUSH_INTERVAL_S = 1.0
+#: Retry delays of a failing ClickHouse write (s): first, and the cap of the doubling.
+FLUSH_BACKOFF_MIN_S = 0.5
+FLUSH_BACKOFF_MAX_S = 2.0
+#: Processed but unacked input messages above which the agent waits for acks.
+MAX_UNACKED_MESSAGES = 100_000
+#: Longest graceful drain on shutdown (s).
+DRAIN_TIMEOUT_S = 10.0
 
 
 def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
     """faust.App keyword arguments for the broker, credentials and group timeouts.
 
     Timeouts are short so that a new or restarted member joins the group in
-    seconds on the embedded broker (Tansu otherwise takes ~30 s).
+    seconds and a dead member's partitions move within ~10 s on the embedded
+    broker (a join takes about session_timeout / 2 on Tansu; below 1 s the
+    group rebalances forever). Session 6 s, heartbeat 0.5 s.
     """
     if not settings.kafka_bootstrap:
         raise ValueError("no Kafka bootstrap configured (CHANNEL_HEALTH_KAFKA_BOOTSTRAP)")
     sec = settings.kafka_security
     kwargs: dict[str, Any] = {
         "broker": [f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
-        "broker_session_timeout": 10.0,
-        "broker_heartbeat_interval": 1.0,
+        "broker_session_timeout": 6.0,
+        "broker_heartbeat_interval": 0.5,
         "broker_rebalance_timeout": 10.0,
         "broker_commit_every": 1_000,
         "broker_commit_interval": 1.0,
@@ -77,26 +110,54 @@ def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
 
 @dataclass
 class WorkerState:
-    """What the agents share: the processor and the ClickHouse sink (or None)."""
+    """What the agents share: the processor, the ClickHouse sink (or None) and the delivery bookkeeping."""
 
     processor: BatchProcessor
     sink: Any = None
     last_batch_wall_s: float = 0.0
     restored: bool = False
+    #: Guards the processor (one batch, snapshot capture or reset at a time).
     lock: asyncio.Lock | None = None
-    unacked: list | None = None
+    #: Guards publishing a snapshot + acking (a revocation waits for it).
+    snap_lock: asyncio.Lock | None = None
+    ledger: DeliveryLedger = field(default_factory=DeliveryLedger)
     snapshots_written: int = 0
-    offsets: dict | None = None
+    #: Input partition → last offset processed in this generation.
+    offsets: dict = field(default_factory=dict)
     status_checked_s: float = 0.0
+    #: Consumer generation the processor's state belongs to (None before the first batch).
+    generation: int | None = None
+    #: Set on revocation until the next reset: publish no snapshot, ack nothing.
+    stale: bool = False
+    #: Processor state changed since the last captured snapshot.
+    dirty: bool = False
+    resets: int = 0
+    acked_messages: int = 0
+    dropped_stale_messages: int = 0
+    #: Sink health: failed flushes in a row, when the outage began (monotonic s), figures.
+    sink_failures: int = 0
+    sink_down_since: float | None = None
+    rows_written: int = 0
+    peak_pending_rows: int = 0
+    backpressure_waits: int = 0
+    #: The agent waits for a full sink buffer to drain (takes no input meanwhile).
+    intake_paused: bool = False
+    flush_kick: asyncio.Event | None = None
+    flushed: asyncio.Event | None = None
+
+    @property
+    def unacked(self) -> int:
+        """Input messages processed and not yet acked."""
+        return self.ledger.unacked_messages
 
 
 def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None,
               datadir: str | None = None) -> tuple[faust.App, WorkerState]:
-    """Create the faust app, its topics, the agent and the idle timer.
+    """Create the faust app, its topics, the agent, the sink flusher and the timers.
 
-    ``sink``: an object with ``add_events(rows)``, ``add_verdicts(verdicts)``
-    and ``flush()`` (see :mod:`pipeline.sinks.clickhouse`), or None to skip
-    storage.
+    ``sink``: an object with ``add_events(rows)``, ``add_verdicts(verdicts)``,
+    ``flush()`` and ``pending_rows`` (see :mod:`pipeline.sinks.clickhouse`),
+    or None to skip storage.
     """
     topics = settings.topics
     if datadir is None:
@@ -117,22 +178,52 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         stream_wait_empty=False,
         **faust_broker_kwargs(settings),
     )
-    state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic(),
-                        unacked=[], offsets={})
+    state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     health = app.topic(topics.health, key_serializer="raw", value_serializer="raw")
     dlq = app.topic(topics.dlq, key_serializer="raw", value_serializer="raw")
     state_topic = app.topic(topics.state, key_serializer="raw", value_serializer="raw")
+    install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
 
-    async def restore() -> None:
-        from pipeline.stream.state_topic import load_snapshots
+    def init_sync() -> None:
+        if state.lock is None:
+            state.lock = asyncio.Lock()
+            state.snap_lock = asyncio.Lock()
+            state.flush_kick = asyncio.Event()
+            state.flushed = asyncio.Event()
 
-        bootstrap = settings.kafka_bootstrap or ""
-        state.processor.pending_snapshots = await load_snapshots(
-            bootstrap, topics.state, settings.kafka_security.aiokafka_kwargs())
+    def current() -> bool:
+        """The processor's state belongs to the live assignment (snapshots and acks allowed)."""
+        return (state.generation is not None and not state.stale
+                and state.generation == app.consumer_generation_id)
+
+    async def reset(generation: int) -> None:
+        """Start over for a new assignment: fresh engine, snapshots reloaded (call under ``lock``)."""
+        from pipeline.stream.state_topic import load_snapshot_records
+
+        started = time.monotonic()
+        records = await load_snapshot_records(settings.kafka_bootstrap or "", topics.state,
+                                              settings.kafka_security.aiokafka_kwargs())
+        state.processor.reset(Engine(policy))
+        state.processor.load_snapshots(records)
+        state.ledger.clear()
+        state.offsets = {}
+        state.status_checked_s = 0.0
+        state.generation = generation
+        state.stale = False
+        state.dirty = False
         state.restored = True
-        log.warning("worker ready: %d channel snapshots available for restore",
-                    len(state.processor.pending_snapshots))
+        state.resets += 1
+        assigned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topics.requests)
+        log.warning("worker ready (generation %s): %d channel snapshots available for restore, read in %.2f s; "
+                    "input partitions %s", generation, len(records), time.monotonic() - started, assigned)
+
+    async def ensure_generation() -> bool:
+        """For the timers: reset once a new assignment is complete; True when the state is current (under ``lock``)."""
+        gen = app.consumer_generation_id
+        if state.generation != gen and not app.rebalancing and app.consumer.assignment():
+            await reset(gen)
+        return current()
 
     async def update_partition_status() -> None:
         """Tell the processor which input partitions are consumed to their end (at most once a second)."""
@@ -147,23 +238,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         state.processor.set_partition_status({
             tp.partition: state.offsets.get(tp.partition, -1) + 1 >= (highwaters.get(tp) or 0) for tp in tps})
 
-    async def snapshot_and_ack() -> None:
-        """Write every channel's state, then ack the messages it covers."""
-        assert state.lock is not None and state.unacked is not None
-        async with state.lock:
-            pending, state.unacked = state.unacked, []
-            blobs = state.processor.snapshots() if pending else []
-            futures = [await state_topic.send(key=name.encode(), value=blob) for name, blob in blobs]
-            if futures:
-                await asyncio.gather(*futures)
-            for e in pending:
-                e.ack()
-            state.snapshots_written += 1 if blobs else 0
-            pr = state.processor
-            log.info("snapshot: %d channels, %d messages acked; partitions %s; low watermark %s",
-                     len(blobs), len(pending), {p: v[0] for p, v in pr.partition_wm.items()}, pr.low_watermark_ms())
-
+    # -- output -------------------------------------------------------------------------
     async def publish(out: ProcessedBatch) -> None:
+        """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them."""
         futures = [await health.send(key=v.channel.encode(), value=encode(v)) for v in out.verdicts]
         futures += [await dlq.send(key=(d.event_id or "").encode() or None, value=d.to_kafka_value())
                     for d in out.dead_letters]
@@ -171,62 +248,259 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             await asyncio.gather(*futures)
 
     async def store(out: ProcessedBatch) -> None:
+        """Put the batch's rows in the sink's buffer (written by the flusher).
+
+        Returns once every row is buffered; while a buffer is full
+        (``SinkBackpressure``) it waits for the flusher to drain it, so the
+        caller takes no more input in the meantime.
+        """
         if state.sink is None:
             return
-        state.sink.add_events(out.stored)
-        state.sink.add_verdicts(out.verdicts)
-        delay = 0.5
-        while True:
-            try:
-                await asyncio.to_thread(state.sink.flush)
-                return
-            except Exception as exc:  # SinkWriteError and transport errors: retry, never ack
-                log.warning("ClickHouse write failed (%s); retrying in %.1f s, offsets not committed",
-                            type(exc).__name__, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+        from pipeline.sinks.errors import SinkBackpressure
 
+        steps = ((state.sink.add_events, out.stored), (state.sink.add_verdicts, out.verdicts))
+        for add, rows in steps:
+            if not rows:
+                continue
+            while True:
+                try:
+                    add(rows)
+                    break
+                except SinkBackpressure as exc:
+                    state.backpressure_waits += 1
+                    if state.backpressure_waits == 1 or state.backpressure_waits % 50 == 0:
+                        log.warning("sink buffer full (%s); not taking input until it drains", exc)
+                    await wait_flushed()
+            pending = state.sink.pending_rows
+            state.peak_pending_rows = max(state.peak_pending_rows, pending)
+            if pending * 2 >= getattr(getattr(state.sink, "events", None), "max_rows", 1 << 62):
+                state.flush_kick.set()  # type: ignore[union-attr]
+
+    async def wait_flushed() -> None:
+        assert state.flushed is not None and state.flush_kick is not None
+        state.flushed.clear()
+        state.flush_kick.set()
+        state.intake_paused = True
+        try:
+            await state.flushed.wait()
+        finally:
+            state.intake_paused = False
+
+    # -- the stream -------------------------------------------------------------------------
     @app.agent(requests)
     async def process(stream: faust.StreamT) -> None:
-        if state.lock is None:
-            state.lock = asyncio.Lock()
+        init_sync()
         try:
-            if not state.restored:
-                await restore()
             async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
-                async with state.lock:
-                    for e in events:
-                        tp = e.message.tp
-                        state.offsets[tp.partition] = max(state.offsets.get(tp.partition, -1), e.message.offset)
-                    await update_partition_status()
-                    out = state.processor.process([e.value for e in events],
-                                                  [e.message.partition for e in events])
-                    await publish(out)
-                    await store(out)
-                    state.unacked.extend(events)  # acked after the next snapshot
+                await handle(events)
                 state.last_batch_wall_s = time.monotonic()
+                while state.ledger.unacked_messages > MAX_UNACKED_MESSAGES:
+                    await asyncio.sleep(0.1)  # acks come with the next saved snapshot
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug, not bad input (bad input is dead-lettered): stop loudly
-            log.critical("stream agent failed: %r; stopping the worker (offsets not committed)", exc)
+            log.critical("stream agent failed: %r; stopping the worker (offsets not committed)", exc, exc_info=True)
             await app.crash(exc)
             raise
 
+    async def handle(events: list) -> None:
+        assert state.lock is not None
+        async with state.lock:
+            gen = app.consumer_generation_id
+            if state.generation != gen:
+                await reset(gen)  # messages of a new assignment: start over from the state topic
+            elif state.stale:
+                state.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
+                return
+            fresh = []
+            for e in events:
+                msg = e.message
+                if msg.generation_id != state.generation or msg.offset <= state.offsets.get(msg.partition, -1):
+                    state.dropped_stale_messages += 1  # fetched before the rebalance: delivered again
+                    continue
+                state.offsets[msg.partition] = msg.offset
+                fresh.append(e)
+            if not fresh:
+                return
+            await update_partition_status()
+            out = state.processor.process([e.value for e in fresh], [e.message.partition for e in fresh],
+                                          [e.message.offset for e in fresh])
+            await publish(out)
+            await store(out)
+            state.ledger.add_batch(fresh)  # acked once its rows are written and a snapshot covers it
+            state.dirty = True
+
+    # -- ClickHouse writer ----------------------------------------------------------------
+    @app.task
+    async def flusher() -> None:
+        init_sync()
+        assert state.flush_kick is not None and state.flushed is not None
+        backoff = FLUSH_BACKOFF_MIN_S
+        while True:
+            try:
+                await asyncio.wait_for(state.flush_kick.wait(), FLUSH_INTERVAL_S)
+            except asyncio.TimeoutError:
+                pass
+            state.flush_kick.clear()
+            ok = await flush_once()
+            if ok:
+                backoff = FLUSH_BACKOFF_MIN_S
+                await try_save_snapshot()
+            else:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_S)
+
+    async def flush_once() -> bool:
+        """Write what is buffered; True if everything buffered before the call is written."""
+        assert state.flushed is not None
+        target = state.ledger.added
+        if state.sink is None or state.sink.pending_rows == 0:
+            state.ledger.flushed_up_to(target)
+            state.flushed.set()
+            return True
+        pending = state.sink.pending_rows
+        state.peak_pending_rows = max(state.peak_pending_rows, pending)
+        try:
+            written = await asyncio.to_thread(state.sink.flush)
+        except Exception as exc:  # SinkWriteError and transport errors: keep the rows, retry, ack nothing
+            state.sink_failures += 1
+            if state.sink_down_since is None:
+                state.sink_down_since = time.monotonic()
+            if state.sink_failures == 1 or state.sink_failures % 10 == 0:
+                log.warning("ClickHouse write failed (%d in a row, %d rows buffered): %s; retrying with backoff, "
+                            "verdicts keep flowing, offsets not committed",
+                            state.sink_failures, pending, exc)
+            return False
+        state.rows_written += written
+        if state.sink_down_since is not None:
+            log.warning("ClickHouse writes recovered after %.1f s (%d failed attempts); %d buffered rows written",
+                        time.monotonic() - state.sink_down_since, state.sink_failures, written)
+        state.sink_failures = 0
+        state.sink_down_since = None
+        state.ledger.flushed_up_to(target)
+        state.flushed.set()
+        return True
+
+    # -- snapshots and acks -------------------------------------------------------------------
+    async def capture_snapshot() -> None:
+        """Capture every channel's state after the last processed batch (published once its rows are written)."""
+        assert state.lock is not None
+        async with state.lock:
+            if not state.dirty or state.ledger.pending_snapshot_seq is not None or not current():
+                return
+            records = state.processor.snapshot_records(state.offsets)
+            state.ledger.snapshot_taken((state.generation, records))
+            state.dirty = False
+
+    async def save_snapshot() -> None:
+        """Publish the captured snapshot if its rows are written, then ack the messages it covers."""
+        assert state.snap_lock is not None
+        from pipeline.stream.state_topic import OFFSETS_HEADER, offsets_header
+
+        async with state.snap_lock:
+            ready = state.ledger.ready_snapshot()
+            if ready is None:
+                return
+            generation, records = ready
+            if generation != state.generation or not current():
+                state.ledger.drop_snapshot()
+                return
+            epoch = state.ledger.epoch
+            futures = [await state_topic.send(key=name.encode(), value=blob,
+                                              headers=[(OFFSETS_HEADER, offsets_header(offs))])
+                       for name, blob, offs in records]
+            if futures:
+                await asyncio.gather(*futures)
+            if epoch != state.ledger.epoch or not current():
+                return  # a rebalance came in between: ack nothing of the old assignment
+            for e in state.ledger.snapshot_saved():
+                e.ack()
+                state.acked_messages += 1
+            state.snapshots_written += 1 if records else 0
+
+    async def try_save_snapshot() -> None:
+        try:
+            await save_snapshot()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Kafka refused the snapshot: nothing acked, tried again later
+            log.warning("saving the state snapshot failed (%s: %s); will retry", type(exc).__name__, exc)
+            state.ledger.drop_snapshot()
+            state.dirty = True  # capture a new one
+
     @app.timer(interval=SNAPSHOT_INTERVAL_S)
     async def periodic_snapshot() -> None:
-        if state.lock is not None and state.restored:
-            await snapshot_and_ack()
+        if state.lock is None:
+            return
+        await capture_snapshot()
+        await try_save_snapshot()
+
+    @app.timer(interval=SNAPSHOT_INTERVAL_S)
+    async def status_log() -> None:
+        """One status line (also while the agent waits for a full buffer to drain)."""
+        pr = state.processor
+        log.info("status: generation %s, %d events in, %d verdicts out, %d rows buffered (peak %d), %d rows written, "
+                 "%d messages unacked, %d acked, %d snapshots saved, sink %s, low watermark %s, intake %s",
+                 state.generation, pr.events_in, pr.verdicts_out,
+                 state.sink.pending_rows if state.sink is not None else 0, state.peak_pending_rows,
+                 state.rows_written, state.ledger.unacked_messages, state.acked_messages, state.snapshots_written,
+                 "down" if state.sink_down_since is not None else "ok", pr.low_watermark_ms(),
+                 "paused (sink buffer full)" if state.intake_paused else "open")
 
     @app.timer(interval=5.0)
     async def idle_advance() -> None:
+        if state.lock is None:
+            return
         idle = time.monotonic() - state.last_batch_wall_s
-        if idle >= IDLE_ADVANCE_AFTER_S and state.lock is not None:
-            async with state.lock:
-                verdicts = state.processor.advance_idle(int(5_000))
-                if verdicts:
-                    out = ProcessedBatch(verdicts=verdicts)
-                    await publish(out)
-                    await store(out)
+        if idle < IDLE_ADVANCE_AFTER_S:
+            return
+        async with state.lock:
+            if not await ensure_generation():
+                return
+            verdicts = state.processor.advance_idle(5_000, now_ms=int(time.time() * 1000))
+            if verdicts:
+                out = ProcessedBatch(verdicts=verdicts)
+                await publish(out)
+                await store(out)
+                state.ledger.add_batch([])
+                state.dirty = True
+
+    # -- rebalances and shutdown -------------------------------------------------------------
+    @app.on_partitions_revoked.connect
+    async def on_revoked(sender: Any, revoked: Any = None, **kwargs: Any) -> None:
+        """Another member may own these channels now: stop snapshots and acks until the next reset."""
+        state.stale = True
+        if state.snap_lock is not None:
+            async with state.snap_lock:
+                pass  # a snapshot already being published lands before the group moves on
+
+    @app.on_before_shutdown.connect
+    async def drain(sender: Any, **kwargs: Any) -> None:
+        """Graceful stop: write what is buffered, save a snapshot, ack and commit (bounded time)."""
+        if state.lock is None or not current():
+            return
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
+        async def flush_and_save() -> None:
+            while not await flush_once():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError("ClickHouse still failing")
+                await asyncio.sleep(min(FLUSH_BACKOFF_MIN_S, left()))
+            await asyncio.wait_for(save_snapshot(), left())
+
+        try:
+            await flush_and_save()  # a snapshot captured earlier
+            await asyncio.wait_for(capture_snapshot(), left())
+            await flush_and_save()
+            await app.consumer.commit()
+            log.warning("drained: %d rows written, %d messages acked, %d left unacked (re-read on restart)",
+                        state.rows_written, state.acked_messages, state.ledger.unacked_messages)
+        except Exception as exc:  # never block the shutdown; unacked input is re-read after a restart
+            log.warning("drain at shutdown incomplete (%s: %s); unacked input is re-read on restart",
+                        type(exc).__name__, exc)
 
     return app, state
 

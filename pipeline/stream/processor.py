@@ -2,13 +2,23 @@
 
 Kafka-free and synchronous so it is tested directly; the faust agent in
 :mod:`pipeline.stream.app` only moves bytes in and out of it.
+
+Restart exactness: a channel snapshot (:mod:`pipeline.state.snapshot`) is
+saved together with the input offsets it covers (per partition, the last
+offset whose events are inside it). After a restart or rebalance the
+consumer resumes at the committed offset, which may lie *before* what the
+snapshot covers; :meth:`BatchProcessor.process` (given ``offsets``) then
+keeps such events of a restored channel out of the engine -- they are
+already counted in its state -- and only returns them as rows to store
+(idempotent). Events after the covered offsets are processed normally, so
+windows, baselines, runs, timers and ``seq`` continue exactly.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from pipeline.contracts import RequestEvent, Verdict, encode
 from pipeline.engine import Engine
@@ -59,8 +69,39 @@ class BatchProcessor:
         self.caught_up: dict[int, bool] = {}
         self.restored = 0
         self.bad_snapshots = 0
+        #: channel → input offsets covered by a not-yet-loaded snapshot (``pending_snapshots``).
+        self.pending_offsets: dict[str, dict[int, int]] = {}
+        #: restored channel → input offsets its restored state covers (partition → last offset).
+        self.covered: dict[str, dict[int, int]] = {}
+        #: events kept out of the engine because their channel's snapshot already covered them.
+        self.skipped_covered = 0
 
-    def process(self, raws: Sequence[bytes | None], partitions: Sequence[int] | None = None) -> ProcessedBatch:
+    def reset(self, engine: Engine) -> None:
+        """Start over with ``engine`` (fresh) after a rebalance; counters are kept.
+
+        Drops pending snapshots, restore bookkeeping and partition watermarks;
+        call :meth:`load_snapshots` afterwards.
+        """
+        self.engine = engine
+        self.pending_snapshots = {}
+        self.pending_offsets = {}
+        self.covered = {}
+        self.partition_wm = {}
+        self.caught_up = {}
+
+    def load_snapshots(self, records: Mapping[str, tuple[bytes, Mapping[int, int]]]) -> None:
+        """Make channel snapshots available for lazy restore.
+
+        ``records``: channel → ``(snapshot bytes, covered input offsets)``
+        (partition → last offset included in the snapshot; empty when unknown).
+        A channel is restored on its first event.
+        """
+        for name, (blob, offsets) in records.items():
+            self.pending_snapshots[name] = blob
+            self.pending_offsets[name] = {int(p): int(o) for p, o in offsets.items()}
+
+    def process(self, raws: Sequence[bytes | None], partitions: Sequence[int] | None = None,
+                offsets: Sequence[int] | None = None) -> ProcessedBatch:
         """Process raw message values in arrival order. Never raises on bad input.
 
         ``partitions`` (same length as ``raws``) names each message's input
@@ -69,13 +110,22 @@ class BatchProcessor:
         ``PARTITION_IDLE_S`` seconds of the newest event time each has
         delivered (partitions drift apart when a backlog is replayed). Without
         it the messages are taken as one stream in event-time order.
+
+        ``offsets`` (same length, with ``partitions``): each message's input
+        offset. Events of a restored channel at or before the offset its
+        snapshot covers on that partition are not fed to the engine (they are
+        in its state already) but still returned in ``stored``.
         """
         out = ProcessedBatch()
         now = self.clock_ms()
         events: list[RequestEvent] = []
+        origin: list[tuple[int, int]] = []
+        track = partitions is not None and offsets is not None
         for k, raw in enumerate(raws):
             res = self.decoder.decode(raw if raw is not None else b"", now)
             events.extend(res.events)
+            if track and res.events:
+                origin.extend([(partitions[k], offsets[k])] * len(res.events))  # type: ignore[index]
             out.dead_letters.extend(res.dead_letters)
             if partitions is not None and res.events:
                 p = partitions[k]
@@ -87,6 +137,8 @@ class BatchProcessor:
         self.events_in += len(events)
         if self.pending_snapshots:
             self._restore_channels(events)
+        if track and self.covered and events:
+            events = self._drop_covered(events, origin, out)
         late: list[RequestEvent] = []
         if partitions is None:
             result = self.engine.process(events)
@@ -108,17 +160,37 @@ class BatchProcessor:
         self.verdicts_out += len(out.verdicts)
         return out
 
+    def _drop_covered(self, events: list[RequestEvent], origin: list[tuple[int, int]],
+                      out: ProcessedBatch) -> list[RequestEvent]:
+        """Events not yet in the restored state; the others go straight to ``out.stored``."""
+        from pipeline.ingest.structure import resolve_structure
+
+        keep: list[RequestEvent] = []
+        covered = self.covered
+        for e, (p, o) in zip(events, origin):
+            cov = covered.get(e.channel)
+            if cov is not None and o <= cov.get(p, -1):
+                parse_ok, missing = resolve_structure(e)
+                out.stored.append((e, parse_ok, missing))
+                self.skipped_covered += 1
+            else:
+                keep.append(e)
+        return keep
+
     def _restore_channels(self, events: Sequence[RequestEvent]) -> None:
         from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
 
         known = self.engine.store._index
         for name in {e.channel for e in events if e.channel not in known}:
             raw = self.pending_snapshots.pop(name, None)
+            offsets = self.pending_offsets.pop(name, None)
             if raw is None:
                 continue
             try:
                 import_channel(self.engine, decode_snapshot(raw))
                 self.restored += 1
+                if offsets:
+                    self.covered[name] = offsets
             except SnapshotError:
                 self.bad_snapshots += 1  # start that channel fresh; never crash on a bad snapshot
 
@@ -127,6 +199,22 @@ class BatchProcessor:
         from pipeline.state.snapshot import export_channel
 
         return [(name, export_channel(self.engine, i)) for i, name in enumerate(self.engine.store.names)]
+
+    def snapshot_records(self, offsets: Mapping[int, int]) -> list[tuple[str, bytes, dict[int, int]]]:
+        """``(channel, snapshot bytes, covered input offsets)`` for every channel this worker holds.
+
+        ``offsets``: partition → last input offset processed so far. A restored
+        channel also covers what its snapshot covered (the replay may not have
+        passed it yet).
+        """
+        out = []
+        for name, blob in self.snapshots():
+            cov = dict(offsets)
+            for p, o in self.covered.get(name, {}).items():
+                if o > cov.get(p, -1):
+                    cov[p] = o
+            out.append((name, blob, cov))
+        return out
 
     def set_partition_status(self, caught_up: dict[int, bool]) -> None:
         """Record, per assigned input partition, whether it has been consumed to its end."""
@@ -155,16 +243,24 @@ class BatchProcessor:
             return min(active)
         return max((ts for ts, _ in self.partition_wm.values()), default=None)
 
-    def advance_idle(self, wall_elapsed_ms: int) -> list[Verdict]:
+    def advance_idle(self, wall_elapsed_ms: int, now_ms: int | None = None) -> list[Verdict]:
         """Advance event time by ``wall_elapsed_ms`` when no events arrive.
 
         An idle source would otherwise freeze event time and no channel
         could ever be reported ``no_data``; this is the usual idle-source
-        watermark advance.
+        watermark advance. ``now_ms`` (wall clock, UTC epoch ms): event time
+        is never advanced past it (events stamped ahead of this clock, e.g.
+        a replay into the future or a gateway clock ahead, are not overtaken
+        by idle rounds).
         """
         wm = self.engine.low_watermark_ms
         if wm is None or wall_elapsed_ms <= 0:
             return []
-        verdicts = self.engine.advance(wm + wall_elapsed_ms)
+        target = wm + wall_elapsed_ms
+        if now_ms is not None:
+            target = min(target, now_ms)
+        if target <= wm:
+            return []
+        verdicts = self.engine.advance(target)
         self.verdicts_out += len(verdicts)
         return verdicts

@@ -9,10 +9,12 @@ aggregates (arrays of shape (C,)) that every detector reads.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import compress
 
 import numpy as np
 
 from pipeline.windows.histogram import LatencyBuckets
+from pipeline.windows.quality import QualityWindows
 from pipeline.windows.ring import IntervalRing
 from pipeline.windows.runs import RunTracker
 
@@ -64,6 +66,17 @@ class WindowView:
     over the 24 complete hours before the current hour (NaN without enough
     history), ``base_n`` its sample count and ``base_hours`` the number of
     hours present. ``run`` is the trailing consecutive-failure run.
+
+    Quality scores (SPEC §4.5, :mod:`pipeline.windows.quality`):
+    ``quality_n_5m`` / ``quality_mean_5m`` / ``quality_var_5m`` are the
+    count, mean and sample variance of the scores of the last 5 min (same
+    ``since`` rule; NaN mean below 1 sample, NaN variance below 2);
+    ``base_quality_*`` the same over the 24 complete hours before the
+    current hour, ``base_quality_hours`` the hours with scores in it. Scores
+    lag their events, so the quality window ends at the channel's newest
+    scored 10 s slot (never after now) and the baseline before that slot's
+    hour; ``quality_lag_ms`` is the event time from the window's end to now
+    (NaN without scores; over 10 min the window counts as empty).
     """
 
     now_ms: int
@@ -81,6 +94,14 @@ class WindowView:
     base_n: np.ndarray
     base_hours: np.ndarray
     run: np.ndarray
+    quality_n_5m: np.ndarray
+    quality_mean_5m: np.ndarray
+    quality_var_5m: np.ndarray
+    base_quality_n: np.ndarray
+    base_quality_mean: np.ndarray
+    base_quality_var: np.ndarray
+    base_quality_hours: np.ndarray
+    quality_lag_ms: np.ndarray
 
 
 class WindowStore:
@@ -103,6 +124,7 @@ class WindowStore:
         self.short = IntervalRing(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, N_COUNTERS, k)
         self.base = IntervalRing(BASE_SLOT_MS, baseline_hours + 1, 0, k)
         self.runs = RunTracker(run_window)
+        self.quality = QualityWindows(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, BASE_SLOT_MS, baseline_hours + 1)
         self.names: list[str] = []
         self.routes: list[str] = []
         self.tiers: list[str | None] = []
@@ -127,6 +149,7 @@ class WindowStore:
             self.short.ensure_capacity(n)
             self.base.ensure_capacity(n)
             self.runs.ensure_capacity(n)
+            self.quality.ensure_capacity(n)
             if n > self.last_ts_ms.shape[0]:
                 self.last_ts_ms = np.concatenate([self.last_ts_ms, np.zeros(n, np.int64)])
         else:
@@ -135,6 +158,31 @@ class WindowStore:
             if tier is not None and self.tiers[idx] != tier:
                 self.tiers[idx] = tier
         return idx
+
+    def channel_indices(self, names: list[str], routes: list[str], tiers: list[str | None]) -> np.ndarray:
+        """:meth:`channel_index` for many events at once: int64 (n,).
+
+        Same result and final registry as calling :meth:`channel_index` per
+        event in order (new channels are registered in order of first sight;
+        a channel ends with the route of its last event and the last tier
+        that was not None).
+        """
+        index = self._index
+        idx = list(map(index.get, names))
+        if None in idx:
+            for k, i in enumerate(idx):
+                if i is None:
+                    i = index.get(names[k])
+                    idx[k] = i if i is not None else self.channel_index(names[k], routes[k], tiers[k])
+        for name, route in dict(zip(names, routes)).items():
+            i = index[name]
+            if self.routes[i] != route:
+                self.routes[i] = route
+        for name, tier in dict(zip(compress(names, tiers), compress(tiers, tiers))).items():
+            i = index[name]
+            if self.tiers[i] != tier:
+                self.tiers[i] = tier
+        return np.fromiter(idx, np.int64, len(idx))
 
     @property
     def n_channels(self) -> int:
@@ -230,16 +278,20 @@ class WindowStore:
             lo_long = np.maximum(lo_long, since_slot)
             lo_short = np.maximum(lo_short, since_slot)
         ring = self.short
-        ids = ring.slot_id[rows]
+        # All channels in order (the usual round): slice views instead of fancy-index copies.
+        full = n == c and (n == 0 or (rows[0] == 0 and rows[-1] == c - 1 and bool(np.all(rows[1:] > rows[:-1]))))
+        sel = slice(0, c) if full else rows
+        ids = ring.slot_id[sel]
         m5 = ((ids >= lo_long[:, None]) & (ids < hi)).astype(np.float32)
         m1 = ((ids >= lo_short[:, None]) & (ids < hi)).astype(np.float32)
-        counts = ring.counts[rows]
+        counts = ring.counts[sel]
         s5 = np.matmul(m5[:, None, :], counts)[:, 0, :].astype(np.float64)
         s1 = np.matmul(m1[:, None, :], counts)[:, 0, :].astype(np.float64)
-        h5 = np.matmul(m5[:, None, :], ring.hist[rows])[:, 0, :].astype(np.float64)
+        h5 = np.matmul(m5[:, None, :], ring.hist[sel])[:, 0, :].astype(np.float64)
         n_lat = h5.sum(axis=1)
         p95 = self.buckets.quantile(h5, 0.95, min_count=min_latency)
         base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline, rows)
+        quality = self.quality.aggregates(rows, now_ms, since_ms, self.baseline_hours)
         return WindowView(
             now_ms=now_ms,
             judged_1m=s1[:, JUDGED], failures_1m=s1[:, FAILURES],
@@ -248,6 +300,7 @@ class WindowStore:
             p95_ms=p95, n_latency_5m=n_lat,
             base_p95_ms=base_p95, base_n=base_n, base_hours=base_hours,
             run=self.runs.trailing[rows].astype(np.float64),
+            **quality,
         )
 
     # -- snapshot -----------------------------------------------------------
@@ -257,6 +310,7 @@ class WindowStore:
             "short": self.short.state(), "base": self.base.state(), "runs": self.runs.state(),
             "names": list(self.names), "routes": list(self.routes), "tiers": list(self.tiers),
             "last_ts_ms": self.last_ts_ms, "watermark_ms": self.watermark_ms,
+            "quality": self.quality.state(),
         }
 
     def load(self, state: dict[str, object]) -> None:
@@ -270,4 +324,10 @@ class WindowStore:
         self._index = {n: i for i, n in enumerate(self.names)}
         self.last_ts_ms = np.asarray(state["last_ts_ms"], dtype=np.int64).copy()
         self.watermark_ms = state["watermark_ms"]  # type: ignore[assignment]
+        if "quality" in state:
+            self.quality.load(state["quality"])  # type: ignore[arg-type]
+        else:  # a state saved before quality windows existed: start them empty
+            self.quality = QualityWindows(SHORT_SLOT_MS, self.window_ms // SHORT_SLOT_MS, BASE_SLOT_MS,
+                                          self.baseline_hours + 1)
+        self.quality.ensure_capacity(self.short.capacity)
         self.invalidate_baseline()

@@ -72,11 +72,17 @@ THIN = {
     "error_rate": dict(judged_1m=29, failures_1m=29, judged_5m=29, failures_5m=29),
     "latency_p95_ratio": dict(p95_ms=1_000.0, n_latency_5m=49, base_p95_ms=100.0, base_n=10_000, base_hours=24),
     "missing_fields": dict(checked_5m=49, missing_5m=49),
+    "quality": dict(quality_n_5m=19, quality_mean_5m=0.2, quality_var_5m=0.01, base_quality_n=10_000,
+                    base_quality_mean=0.9, base_quality_var=0.01, base_quality_hours=24),
 }
 THIN_BASE = {
     "latency_p95_ratio": [dict(p95_ms=1_000.0, n_latency_5m=500, base_p95_ms=100.0, base_n=499, base_hours=24),
                           dict(p95_ms=1_000.0, n_latency_5m=500, base_p95_ms=100.0, base_n=10_000, base_hours=0)],
     "error_rate": [dict(judged_1m=1_000, failures_1m=7, judged_5m=1_000, failures_5m=7)],  # < 8 failures
+    "quality": [dict(quality_n_5m=150, quality_mean_5m=0.2, quality_var_5m=0.01, base_quality_n=99,
+                     base_quality_mean=0.9, base_quality_var=0.01, base_quality_hours=24),
+                dict(quality_n_5m=150, quality_mean_5m=0.2, quality_var_5m=0.01, base_quality_n=10_000,
+                     base_quality_mean=0.9, base_quality_var=0.01, base_quality_hours=0)],
 }
 
 
@@ -116,6 +122,8 @@ def test_fires_per_channel_only_where_evidence_is(det):
         "error_rate": dict(judged_1m=600, failures_1m=30, judged_5m=600, failures_5m=30),
         "latency_p95_ratio": dict(p95_ms=500.0, n_latency_5m=3_000),
         "missing_fields": dict(checked_5m=1_500, missing_5m=45),
+        "quality": dict(quality_n_5m=150, quality_mean_5m=0.55, quality_var_5m=0.09, base_quality_n=10_000,
+                        base_quality_mean=0.8, base_quality_var=0.06, base_quality_hours=24),
     }[det.reason]
     v = busy_view(3)
     v = dataclasses.replace(v, **{k: np.where(np.arange(3) == 1, val, getattr(v, k)) for k, val in firing.items()})
@@ -126,7 +134,7 @@ def test_fires_per_channel_only_where_evidence_is(det):
 
 def test_hard_and_soft_sets():
     assert [d.reason for d in HARD_DETECTORS] == ["consecutive_failures", "error_rate"]
-    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields"]
+    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields", "quality"]
 
 
 # --- consecutive failures ----------------------------------------------------------

@@ -31,6 +31,7 @@ NAMES = (
     "gradual-degradation",
     "backup-overload",
     "content-hollowing",
+    "quality-drift",
     "sparse-consecutive-failures",
     "recovery",
     "clean-day",

@@ -1,0 +1,83 @@
+"""Resident memory of the current process: samples over time and the peak.
+
+:class:`RssSampler` samples ``psutil``'s RSS on a daemon thread (default
+every 0.2 s) and can be asked for a labelled sample at any point (e.g. once
+per replayed event-time hour). :func:`peak_rss_mb` is the kernel's own
+high-water mark (``getrusage(RUSAGE_SELF).ru_maxrss``), which also catches
+spikes between samples.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import threading
+import time
+
+import psutil
+
+_MB = 1024 * 1024
+
+
+def rss_mb() -> float:
+    """Current resident set size of this process, MiB."""
+    return psutil.Process().memory_info().rss / _MB
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, MiB (kernel high-water mark)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (_MB if sys.platform == "darwin" else 1024)
+
+
+class RssSampler:
+    """Background RSS sampling; use as a context manager or call :meth:`start` / :meth:`stop`.
+
+    ``interval_s`` > 0. ``samples``: ``(seconds since start, MiB)``;
+    ``marks``: ``(label, MiB)`` from :meth:`mark`.
+    """
+
+    def __init__(self, interval_s: float = 0.2):
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, float]] = []
+        self.marks: list[tuple[str, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.monotonic()
+
+    def start(self) -> "RssSampler":
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    def mark(self, label: str) -> float:
+        """Take a labelled sample now; returns it (MiB)."""
+        v = rss_mb()
+        self.marks.append((label, round(v, 1)))
+        return v
+
+    @property
+    def max_mb(self) -> float:
+        """Largest sampled RSS (MiB), or 0.0 before the first sample."""
+        values = [v for _, v in self.samples] + [v for _, v in self.marks]
+        return max(values, default=0.0)
+
+    def _run(self) -> None:
+        proc = psutil.Process()
+        while not self._stop.is_set():
+            self.samples.append((round(time.monotonic() - self._t0, 2), round(proc.memory_info().rss / _MB, 1)))
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "RssSampler":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

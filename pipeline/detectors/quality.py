@@ -1,0 +1,129 @@
+"""SPEC §4.5 answer quality: the 5 min mean score vs the channel's own baseline.
+
+Scores are P(good answer) in [0, 1] from the embedding quality model
+(:mod:`pipeline.quality`), for a rate-limited sample of each channel's
+``ok`` responses (:mod:`pipeline.quality.sampler`). Per channel:
+
+- window: the scores of the last 5 min (``n5``, mean ``m5``, sample variance ``v5``);
+- baseline: the scores of the 24 complete hours before the current hour
+  (``nb``, ``mb``, ``vb``), the same rolling baseline as latency (SPEC §4.3).
+
+**Test** (one-sided Welch t-test, H1: the window mean is below the baseline mean)::
+
+    drop = mb - m5
+    t    = drop / sqrt(v5 / n5 + vb / nb)
+    df   = (v5/n5 + vb/nb)^2 / ((v5/n5)^2 / (n5-1) + (vb/nb)^2 / (nb-1))   (Welch–Satterthwaite)
+
+The finding **fires** when ``n5 >= quality_min_samples`` (20),
+``nb >= quality_baseline_min_samples`` (100), the baseline spans
+``>= quality_baseline_min_hours`` (1) hours, ``t >= t_{df}(confidence)``
+(one-sided, default confidence 99.999 %: p <= 1e-5 per round) **and**
+``drop >= quality_min_drop`` (0.10 score units: a minimum effect size, so
+a busy channel with a statistically significant but harmless 0.02 dip does
+not degrade). Because the window is 5 min of samples, a fired finding is a
+*sustained* drop: at the default sampling (1 sample / 2 s / channel) it
+needs the mean of up to ~150 answers to fall by 0.10.
+
+Why 1e-5 and not the rate tests' 1e-4: a channel is judged every 30 s on
+overlapping windows, ~300 independent 5 min windows a day; at 1e-4 a clean
+channel would see a false ``quality`` alarm on roughly 3 % of days, at 1e-5
+on about 0.3 % (normal approximation). On three simulated clean days
+(4 channels x 26 h each, up to ~150 samples per window, fewer at night) the
+largest t reached 0.72-0.81 of the critical value.
+The price is detection time: with ~140 samples per window the 5 min mean
+must fall by ~0.15 (not 0.12) before t crosses ~4.4.
+
+It **clears** when the drop is back at or below ``quality_clear_drop``
+(0.05) with enough samples (hysteresis, like latency's 1.8 / 1.2). With
+some samples in the window but too few to judge, the previous finding is
+kept; with no samples at all, or no usable baseline (e.g. right after a new
+model version reset the channel's scores), it is dropped: there is nothing
+left that shows a drop.
+
+Scoring lags event time, so the window is each channel's latest 5 scored
+minutes (:meth:`pipeline.windows.quality.QualityWindows.aggregates`);
+``quality_lag_s`` says how far it ends behind the round's time.
+
+Metrics: ``quality_score_5m`` (window mean), ``quality_baseline``
+(baseline mean), ``quality_drop``, ``quality_t``, ``quality_samples_5m``,
+``quality_baseline_samples``, ``quality_lag_s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import t as student_t
+
+from pipeline.detectors.base import Finding, ThresholdArrays
+from pipeline.windows.store import WindowView
+
+
+def _finite(x: np.ndarray) -> np.ndarray:
+    """float64 copy of ``x`` with NaN/inf as 0 (counts)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+class QualityDrop:
+    """Soft signal ``quality`` (degrades)."""
+
+    reason = "quality"
+
+    def __init__(self, confidence: float = 0.99999):
+        if not 0.5 < confidence < 1.0:
+            raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
+        self.confidence = confidence
+
+    def welch(self, view: WindowView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(drop, t, df)`` per channel (NaN where not computable, i.e. fewer than 2
+        samples on either side or non-finite inputs); no warnings."""
+        n5 = _finite(view.quality_n_5m)
+        nb = _finite(view.base_quality_n)
+        m5 = np.asarray(view.quality_mean_5m, dtype=np.float64)
+        mb = np.asarray(view.base_quality_mean, dtype=np.float64)
+        v5 = np.asarray(view.quality_var_5m, dtype=np.float64)
+        vb = np.asarray(view.base_quality_var, dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            drop = mb - m5
+            ok = (n5 >= 2) & (nb >= 2) & np.isfinite(drop) & np.isfinite(v5) & np.isfinite(vb)
+            if not ok.any():
+                nan = np.full(drop.shape, np.nan)
+                return nan, nan.copy(), nan.copy()
+            n5s, nbs = np.where(ok, n5, 2.0), np.where(ok, nb, 2.0)
+            a = np.where(ok, np.maximum(v5, 0.0), 1.0) / n5s
+            b = np.where(ok, np.maximum(vb, 0.0), 1.0) / nbs
+            d = np.where(ok, drop, 0.0)
+            se2 = a + b
+            pos = se2 > 0
+            t = np.where(pos, d / np.sqrt(np.where(pos, se2, 1.0)), np.where(d > 0, np.inf, 0.0))
+            den = a * a / (n5s - 1.0) + b * b / (nbs - 1.0)
+            df = np.where(den > 0, se2 * se2 / np.where(den > 0, den, 1.0), n5s + nbs - 2.0)
+        return np.where(ok, drop, np.nan), np.where(ok, t, np.nan), np.where(ok, np.maximum(df, 1.0), np.nan)
+
+    def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
+        """Trip on a significant drop of at least ``quality_min_drop``; clear at ``quality_clear_drop``."""
+        drop, t, df = self.welch(view)
+        n5 = _finite(view.quality_n_5m)
+        nb = _finite(view.base_quality_n)
+        base_ok = (nb >= th.quality_baseline_min_samples) & (_finite(view.base_quality_hours)
+                                                             >= th.quality_baseline_min_hours)
+        finite = np.isfinite(drop)
+        valid = (n5 >= th.quality_min_samples) & base_ok & finite
+        d = np.where(finite, drop, 0.0)
+        candidate = valid & ~active & (d >= th.quality_min_drop)
+        trip = np.zeros(d.shape, bool)
+        if candidate.any():  # the t quantile only where the effect size is already there
+            crit = student_t.ppf(self.confidence, df[candidate])
+            trip[candidate] = t[candidate] >= crit
+        rule = np.where(active, d > th.quality_clear_drop, trip)
+        keep = active & (n5 > 0) & base_ok  # some evidence, too little to judge: keep the finding
+        fired = np.where(valid, rule, keep).astype(bool)
+        return Finding(self.reason, fired, {
+            "quality_score_5m": np.asarray(view.quality_mean_5m, dtype=np.float64),
+            "quality_baseline": np.asarray(view.base_quality_mean, dtype=np.float64),
+            "quality_drop": drop,
+            "quality_t": t,
+            "quality_samples_5m": n5,
+            "quality_baseline_samples": nb,
+            "quality_lag_s": np.asarray(view.quality_lag_ms, dtype=np.float64) / 1000.0,
+        })

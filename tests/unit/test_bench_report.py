@@ -1,0 +1,83 @@
+"""The benchmark's report maths and JSON keys (pipeline.bench.report)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.bench import report
+
+
+def _stages() -> dict:
+    rss = {"peak_rss_mb": 400.0}
+    return {
+        "ceiling": {"batched": {"events_per_s": 400_000.0}, "single": {"events_per_s": 150_000.0}},
+        "bare_faust_batched": {"events_per_s": 500_000.0},
+        "bare_faust_single": {"events_per_s": 5_000.0},
+        "pipeline_faust_batched": {"events_per_s": 100_000.0, **rss},
+        "pipeline_faust_single": {"events_per_s": 4_500.0, "peak_rss_mb": 450.0},
+        "pipeline_aiokafka_batched": {"events_per_s": 120_000.0, **rss},
+        "pipeline_aiokafka_single": {"events_per_s": 6_000.0, **rss},
+        "workers_2": {"events_per_s": 180_000.0, "per_worker": [{"peak_rss_mb": 420.0}, {"peak_rss_mb": 480.0}]},
+        "paced": {"delays_ms": [float(x) for x in range(1, 101)], "rate_events_per_s": 50_000.0, "peak_rss_mb": 300.0},
+        "warm": {"hours": [{"rss_mb": 500.0 + (h > 0) * 10} for h in range(24)], "events": 600_000},
+        "profile": {"us_per_event": {"batched": {"sink_rows": 2.0, "sink_insert_wall": 3.0}}},
+    }
+
+
+def test_required_keys_and_ratios():
+    doc = report.build(_stages(), {"events": 1}, {"cpus": 2})
+    assert doc["batched"]["events_per_s"] == 100_000.0
+    assert doc["batched"]["ratio_to_ceiling"] == 0.25
+    assert doc["single"]["events_per_s"] == 4_500.0
+    assert doc["single"]["ratio_to_bare_faust"] == 0.9
+    assert doc["verdict_delay_p99_ms"] == 99.0
+    assert doc["peak_rss_mb"] == 480.0  # the largest pipeline worker, including each of the two workers
+    assert doc["workers"]["scaling"] == 1.5
+    assert doc["sink"]["rows_per_s_capacity"] == 200_000.0
+    assert doc["replay_24h"]["rss_growth_second_12h_mb"] == 0.0
+    json.dumps(doc)  # serialisable as is
+
+
+def test_targets_are_checked():
+    t = report.build(_stages(), {}, {})["targets"]
+    assert t["batched_events_per_s"]["met"] is False
+    assert t["batched_ratio_to_ceiling"]["met"] is False
+    assert t["single_ratio_to_bare_faust"]["met"] is True
+    assert t["verdict_delay_p99_ms"]["met"] is True
+    assert t["peak_rss_mb"]["met"] is True
+    assert t["sink_rows_per_s"]["met"] is True
+
+
+def test_missing_stages_give_none_not_errors():
+    doc = report.build({"ceiling": {"error": "boom"}}, {}, {})
+    assert doc["batched"]["events_per_s"] is None and doc["batched"]["ratio_to_ceiling"] is None
+    assert doc["verdict_delay_p99_ms"] is None and doc["peak_rss_mb"] is None
+    assert doc["targets"]["batched_events_per_s"]["met"] is None
+    assert "not measured" in report.table(doc)
+
+
+def test_table_mentions_every_stage_and_target():
+    text = report.table(report.build(_stages(), {}, {}))
+    for needle in ("ceiling", "bare faust", "faust worker", "aiokafka driver", "2 aiokafka workers", "p99 99 ms",
+                   "batched_ratio_to_ceiling", "NOT met"):
+        assert needle in text
+
+
+@pytest.mark.parametrize("values,q,expected", [([3, 1, 2], 0, 1), ([3, 1, 2], 100, 3), ([1.0] * 10 + [9.0], 99, 9.0)])
+def test_percentile_nearest_rank(values, q, expected):
+    assert report.percentile(values, q) == expected
+
+
+def test_percentile_rejects_bad_q():
+    with pytest.raises(ValueError):
+        report.percentile([1], 101)
+
+
+def test_verdict_delay_uses_first_send_past_the_verdict_time():
+    sent = [(1_000, 10.0), (900, 10.1), (2_000, 11.0), (3_000, 12.0)]
+    received = [(1_500, 11.25), (2_000, 11.5), (500, 10.5), (9_000, 20.0)]
+    # 1,500 and 2,000 first became possible at 11.0 s; 500 at 10.0 s; 9,000 was never sent past.
+    assert report.verdict_delays(received, sent) == [250.0, 500.0, 500.0]
+    assert report.verdict_delays(received, sent, after_ts_ms=1_000) == [250.0, 500.0]
