@@ -131,6 +131,17 @@ class Settings:
         """Topic names with the prefix applied."""
         return Topics.with_prefix(self.topic_prefix)
 
+    def __repr__(self) -> str:
+        # The generated repr would print ``clickhouse_url`` as given, password
+        # included (``https://bob:hunter2@...``); show it redacted instead.
+        from dataclasses import fields
+
+        shown = ", ".join(
+            f"{f.name}={(redact_url(self.clickhouse_url) if f.name == 'clickhouse_url' else getattr(self, f.name))!r}"
+            for f in fields(self) if f.repr
+        )
+        return f"{type(self).__name__}({shown})"
+
     @property
     def clickhouse_url_redacted(self) -> str:
         """The ClickHouse URL with any password replaced by ``***`` (for logs)."""

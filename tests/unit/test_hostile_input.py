@@ -508,7 +508,7 @@ def run_scenario(calls: list[Call]) -> None:
 
 # No shrink phase: shrinking examples of this size takes minutes; a failure
 # prints the whole example and the seed to reproduce it instead.
-@settings(max_examples=110, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+@settings(max_examples=150, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 @given(scenario())
 def _hostile_property(calls: list[Call]) -> None:
