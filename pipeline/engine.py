@@ -2,14 +2,18 @@
 
 Pure Python + numpy, no Kafka, no ClickHouse: the faust agents
 (:mod:`pipeline.stream`) and the tests drive the same object, so a day of
-traffic replays in seconds. Per batch:
+traffic replays in seconds. Event time is kept per channel. Per batch, in
+event-time order, split at the 30 s round boundaries:
 
-1. events → columns → :class:`~pipeline.windows.store.WindowStore` (event-time
-   rings; events later than ``allowed_lateness_ms`` behind the watermark are
-   returned as late, for the dead-letter queue);
-2. consecutive-failure runs are checked at once (pre-trip, SPEC §4.2);
-3. each time the watermark passes a 30 s boundary, every active channel is
-   evaluated: detectors → state machine → per-route shares → verdicts.
+1. each channel is evaluated at every round boundary it reached before its
+   new events are added (detectors → state machine → per-route shares →
+   verdicts), so a round sees exactly the events before it;
+2. events → columns → :class:`~pipeline.windows.store.WindowStore` (event-time
+   rings; an event more than ``allowed_lateness_ms`` older than its channel's
+   newest event is returned as late, for the dead-letter queue);
+3. consecutive-failure runs are checked at once (pre-trip, SPEC §4.2);
+4. channels without events are evaluated up to the low watermark (all input
+   seen up to there), which is how ``no_data`` is noticed.
 """
 
 from __future__ import annotations
