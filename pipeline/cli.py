@@ -15,11 +15,13 @@ from typing import Optional
 
 import typer
 
-from pipeline.config import ConfigError, load_settings
+from pipeline.config import ConfigError, load_settings, redact_secrets
 
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Tracebacks must not print local variables: they hold passwords (typer < 0.15 shows them by default).
+    pretty_exceptions_show_locals=False,
     help=(
         "Channel health for LLM gateways: per-channel P95 vs a 24 h baseline, error rates, failure runs and "
         "missing structured fields, turned into circuit-breaker verdicts on Kafka (channel.health) and history "
@@ -32,7 +34,7 @@ def _settings():
     try:
         return load_settings()
     except ConfigError as exc:
-        typer.secho(f"configuration error: {exc}", fg="red", err=True)
+        typer.secho(redact_secrets(f"configuration error: {exc}"), fg="red", err=True)
         raise typer.Exit(2) from None
 
 
@@ -103,8 +105,14 @@ def worker(
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set (start one with `channel-health broker`).",
                     fg="red", err=True)
         raise typer.Exit(2)
+    from pipeline.storage.errors import StorageError
+
     sys.argv = [sys.argv[0], "worker"]  # faust parses argv
-    run_worker(settings, load_policy(policy), loglevel=loglevel)
+    try:
+        run_worker(settings, load_policy(policy), loglevel=loglevel)
+    except StorageError as exc:  # ClickHouse unreachable or misconfigured at start: fail fast, one line
+        typer.secho(redact_secrets(f"ClickHouse: {exc}"), fg="red", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -170,7 +178,7 @@ def query(
     {ch:String} GROUP BY state" -p ch=lepton/llama-70b@free
     """
     from pipeline.storage.client import open_client
-    from pipeline.storage.query import QueryRefused, format_table, run_readonly_query
+    from pipeline.storage.query import QueryRefused, check_readonly_sql, format_table, run_readonly_query
 
     params = {}
     for p in param:
@@ -181,12 +189,13 @@ def query(
         params[k] = v
     settings = _settings()
     try:
+        check_readonly_sql(sql)  # refuse a write before connecting to anything
         cols, rows = run_readonly_query(open_client(settings), sql, params or None)
     except QueryRefused as exc:
         typer.secho(f"refused: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     except Exception as exc:  # server-side errors: show the message, not a traceback
-        typer.secho(f"query failed: {exc}", fg="red", err=True)
+        typer.secho(redact_secrets(f"query failed: {exc}"), fg="red", err=True)
         raise typer.Exit(1) from None
     if as_json:
         for r in rows:

@@ -29,16 +29,25 @@ Variables (SPEC §7):
     unreachable (:class:`pipeline.sinks.faults.OutageSwitchClient`).
 
 Secrets are held as :class:`Secret`, whose ``repr`` and ``str`` never show
-the value, so a logged settings object leaks nothing.
+the value, so a logged settings object leaks nothing (``Settings`` shows the
+ClickHouse URL with its password redacted). Every secret value read here
+(``Secret`` values and a password given inside the ClickHouse URL) is also
+registered for log redaction (:func:`register_secret`): from then on every log
+record of the process, of any library, has those values replaced by ``***``
+(aiokafka, for one, logs the SASL/PLAIN authentication request, password
+included, at DEBUG level), and :func:`redact_secrets` scrubs text printed
+outside logging.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Mapping
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 ENV_PREFIX = "CHANNEL_HEALTH_"
 
@@ -53,6 +62,9 @@ class Secret:
 
     _value: str = field(repr=False)
 
+    def __post_init__(self) -> None:
+        register_secret(self._value)
+
     def reveal(self) -> str:
         """Return the secret value (for client constructors only)."""
         return self._value
@@ -62,6 +74,66 @@ class Secret:
 
     def __repr__(self) -> str:
         return "Secret('***')"
+
+
+#: Secrets shorter than this are not scrubbed from logs (they would garble every
+#: line; a password that short is no protection anyway).
+MIN_REDACTED_CHARS = 4
+
+_redact_lock = threading.Lock()
+_redact_forms: tuple[str, ...] = ()
+_base_record_factory: Any = None
+
+
+def register_secret(value: str | None) -> None:
+    """Scrub ``value`` from every later log record of this process and from :func:`redact_secrets`.
+
+    Also scrubs its URL-quoted form and its escaped forms inside a ``str`` or
+    ``bytes`` repr (how libraries tend to log request payloads). Installs the
+    redacting log-record factory on first use. Values shorter than
+    :data:`MIN_REDACTED_CHARS` are ignored.
+    """
+    global _redact_forms, _base_record_factory
+    if not value or len(value) < MIN_REDACTED_CHARS:
+        return
+    forms = {value, quote(value, safe=""), repr(value)[1:-1]}
+    try:
+        forms.add(repr(value.encode("utf-8"))[2:-1])
+    except UnicodeEncodeError:
+        pass
+    with _redact_lock:
+        known = set(_redact_forms) | {f for f in forms if len(f) >= MIN_REDACTED_CHARS}
+        _redact_forms = tuple(sorted(known, key=len, reverse=True))
+        if _base_record_factory is None:
+            _base_record_factory = logging.getLogRecordFactory()
+            logging.setLogRecordFactory(_redacting_record_factory)
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with every registered secret value replaced by ``***``."""
+    for form in _redact_forms:
+        if form in text:
+            text = text.replace(form, "***")
+    return text
+
+
+def _redacting_record_factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    record = _base_record_factory(*args, **kwargs)
+    if not _redact_forms:
+        return record
+    try:
+        message = record.getMessage()
+    except Exception:  # a broken format string: leave it to the handler to report
+        return record
+    clean = redact_secrets(message)
+    if clean != message:
+        record.msg, record.args = clean, None
+    if record.exc_info and not record.exc_text:
+        text = logging.Formatter().formatException(record.exc_info)
+        clean = redact_secrets(text)
+        if clean != text:
+            record.exc_text = clean  # formatters use exc_text as given
+    return record
 
 
 @dataclass(frozen=True)
@@ -189,6 +261,13 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """
     env = os.environ if env is None else env
     url = env.get(f"{ENV_PREFIX}CLICKHOUSE_URL", "chdb://./data/chdb")
+    try:
+        url_password = urlsplit(url).password
+    except ValueError:
+        url_password = None
+    if url_password:
+        register_secret(url_password)
+        register_secret(unquote(url_password))
     scheme = urlsplit(url).scheme
     if scheme not in {"chdb", "http", "https"}:
         raise ConfigError(
