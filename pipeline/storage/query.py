@@ -30,6 +30,9 @@ ALLOWED_KEYWORDS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXP
 
 _FIRST_WORD = re.compile(r"\s*\(*\s*([A-Za-z_]+)")
 _INTO_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)
+#: ClickHouse runs ``WITH 1 AS x INSERT INTO t SELECT x`` as an insert, so a
+#: leading ``WITH`` does not make a statement read-only.
+_INSERT = re.compile(r"\bINSERT\b", re.IGNORECASE)
 _PLACEHOLDER = re.compile(r"\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*:\s*[^{}]+\}")
 
 
@@ -52,7 +55,8 @@ def check_readonly_sql(sql: str) -> str:
     'select 1'
 
     Raises :class:`QueryRefused` for no statement, several statements, a
-    first keyword outside :data:`ALLOWED_KEYWORDS`, ``INTO OUTFILE`` or
+    first keyword outside :data:`ALLOWED_KEYWORDS`, ``INTO OUTFILE``, an
+    ``INSERT`` anywhere in the code (``WITH ... INSERT`` is an insert) or
     unterminated quotes/comments.
     """
     try:
@@ -70,6 +74,8 @@ def check_readonly_sql(sql: str) -> str:
         raise QueryRefused(f"only read-only statements ({allowed}) are allowed, got {keyword or 'no keyword'!s}")
     if _INTO_OUTFILE.search(code):
         raise QueryRefused("INTO OUTFILE writes a file; not allowed in a read-only query")
+    if _INSERT.search(code):
+        raise QueryRefused("INSERT writes to a table (also after WITH); not allowed in a read-only query")
     return statement
 
 
