@@ -77,6 +77,17 @@ class Publisher:
             self.producer = None
 
 
+async def _topics(bootstrap: str) -> set[str]:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
 async def _wait_stale(sub, route: str, last_received_s: float) -> float:
     """Wait until ``route`` is flagged stale; return seconds since the last verdict was received."""
     await sub.wait_for(lambda t: t.weights(route).stale, STALE_AFTER_S + SLACK_S + 5.0)
@@ -176,6 +187,7 @@ def test_broker_outage_router_keeps_last_weights_then_resumes_after_restart() ->
                 # Back on the same address, empty. The restarted pipeline recreates its topic and publishes
                 # a verdict every round (seq from 1 again, newer event time) until routers have it.
                 broker = await asyncio.to_thread(_broker, port)
+                assert settings.topics.health not in await _topics(broker.bootstrap)  # memory storage: all gone
                 pub2 = Publisher(settings)
                 await pub2.start()
                 try:

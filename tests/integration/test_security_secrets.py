@@ -313,6 +313,12 @@ def test_worker_rejected_sasl_login_fails_fast_without_logging_the_password(
     assert ("svc", SASL_FILE_PW) in fake_kafka.logins, "the password from the secret file was not used"
     assert "SaslAuthenticate" in out  # the DEBUG request log is there, with the password redacted
     assert_no_secret(out, "worker output (rejected SASL login)")
+    # Nothing listens at the bootstrap address.
+    env["CHANNEL_HEALTH_KAFKA_BOOTSTRAP"] = f"127.0.0.1:{_free_port()}"
+    rc, out, took = _cli(["worker", "--loglevel", "debug"], env)
+    assert rc != 0 and took < 60, (rc, took, out[-3000:])
+    assert "Unable to bootstrap" in out
+    assert_no_secret(out, "worker output (unreachable Kafka)")
 
 
 def test_worker_wrong_clickhouse_fails_fast_without_printing_the_password(
