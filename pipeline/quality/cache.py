@@ -45,6 +45,23 @@ def pair_key(version: str, prompt: Any, response: Any) -> bytes:
     return h.digest()
 
 
+
+def fill_from_cache(lru: Any, keys: Sequence[bytes], out: np.ndarray) -> dict[bytes, list[int]]:
+    """Copy cached values of ``keys`` into ``out[i]``; return the misses.
+
+    ``lru.get(key)`` returns a value or None. The result maps each missing key
+    to the positions that need it, in first-seen order, so a duplicate text in
+    one batch is computed once.
+    """
+    todo: dict[bytes, list[int]] = {}
+    for i, k in enumerate(keys):
+        v = lru.get(k)
+        if v is None:
+            todo.setdefault(k, []).append(i)
+        else:
+            out[i] = v
+    return todo
+
 class _LRU:
     def __init__(self, max_entries: int) -> None:
         if max_entries < 1:
@@ -91,13 +108,7 @@ class CachingEmbedder:
     def encode_clean(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
         out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
-        todo: dict[bytes, list[int]] = {}
-        for i, k in enumerate(keys):
-            v = self._lru.get(k)
-            if v is None:
-                todo.setdefault(k, []).append(i)
-            else:
-                out[i] = v
+        todo = fill_from_cache(self._lru, keys, out)
         self.hits += len(texts) - sum(len(v) for v in todo.values())
         if todo:
             first = [idx[0] for idx in todo.values()]
@@ -137,13 +148,7 @@ class CachedScorer:
         version = self.version
         keys = [pair_key(version, p, r) for p, r in zip(prompts, responses)]
         out = np.empty(n, dtype=np.float64)
-        todo: dict[bytes, list[int]] = {}
-        for i, k in enumerate(keys):
-            v = self._lru.get(k)
-            if v is None:
-                todo.setdefault(k, []).append(i)
-            else:
-                out[i] = v
+        todo = fill_from_cache(self._lru, keys, out)
         self.counters["cache_hit"] += n - sum(len(v) for v in todo.values())
         if todo:
             first = [idx[0] for idx in todo.values()]
