@@ -31,7 +31,11 @@ Rebalances: on revocation the worker stops publishing snapshots and acking
 (another member may own the channels now); with the next assignment (a new
 consumer generation) it starts over from the state topic, since Kafka
 resumes every assigned partition at its committed offset. Messages fetched
-under an older generation are dropped (they are delivered again).
+under an older generation are dropped (they are delivered again), and each
+partition's input is taken strictly in order from that committed offset
+(:mod:`pipeline.stream.offsets`: faust resumes fetching before it seeks, so
+records past the committed offset can arrive first; they are dropped and
+read again, never let through ahead of the ones before them).
 
 On SIGTERM the worker drains: a last flush, snapshot and commit (bounded by
 ``DRAIN_TIMEOUT_S``).
@@ -48,12 +52,14 @@ from pathlib import Path
 from typing import Any
 
 import faust
+from faust.types import TP
 
 from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.stream.delivery import DeliveryLedger
+from pipeline.stream.offsets import OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
 
@@ -124,6 +130,8 @@ class WorkerState:
     snapshots_written: int = 0
     #: Input partition → last offset processed in this generation.
     offsets: dict = field(default_factory=dict)
+    #: In-order acceptance of input offsets in this generation (set on each reset).
+    gate: OffsetGate = field(default_factory=lambda: OffsetGate({}))
     status_checked_s: float = 0.0
     #: Consumer generation the processor's state belongs to (None before the first batch).
     generation: int | None = None
@@ -204,6 +212,10 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         started = time.monotonic()
         records = await load_snapshot_records(settings.kafka_bootstrap or "", topics.state,
                                               settings.kafka_security.aiokafka_kwargs())
+        assigned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topics.requests)
+        starts = await start_offsets(settings.kafka_bootstrap or "", settings.consumer_group, topics.requests,
+                                     assigned, settings.kafka_security.aiokafka_kwargs())
+        state.gate = OffsetGate(starts)
         state.processor.reset(Engine(policy))
         state.processor.load_snapshots(records)
         state.ledger.clear()
@@ -214,9 +226,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         state.dirty = False
         state.restored = True
         state.resets += 1
-        assigned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topics.requests)
         log.warning("worker ready (generation %s): %d channel snapshots available for restore, read in %.2f s; "
-                    "input partitions %s", generation, len(records), time.monotonic() - started, assigned)
+                    "input partitions %s from offsets %s", generation, len(records), time.monotonic() - started,
+                    assigned, starts)
 
     async def ensure_generation() -> bool:
         """For the timers: reset once a new assignment is complete; True when the state is current (under ``lock``)."""
@@ -224,6 +236,15 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         if state.generation != gen and not app.rebalancing and app.consumer.assignment():
             await reset(gen)
         return current()
+
+    async def seek_back(partition: int) -> None:
+        """Re-read an unsynced partition from its start offset (see :mod:`pipeline.stream.offsets`)."""
+        offset = state.gate.want_seek(partition)
+        if offset is None:
+            return
+        log.warning("input partition %d: records after offset %d arrived before it (fetched before the seek "
+                    "of the rebalance); re-reading from %d", partition, offset, offset)
+        await app.consumer.seek(TP(topics.requests, partition), offset)
 
     async def update_partition_status() -> None:
         """Tell the processor which input partitions are consumed to their end (at most once a second)."""
@@ -313,13 +334,20 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 state.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
                 return
             fresh = []
+            gaps: set[int] = set()
+            gate = state.gate
             for e in events:
                 msg = e.message
-                if msg.generation_id != state.generation or msg.offset <= state.offsets.get(msg.partition, -1):
-                    state.dropped_stale_messages += 1  # fetched before the rebalance: delivered again
+                decision = gate.check(msg.partition, msg.offset) if msg.generation_id == state.generation else "old"
+                if decision == "accept":
+                    state.offsets[msg.partition] = msg.offset
+                    fresh.append(e)
                     continue
-                state.offsets[msg.partition] = msg.offset
-                fresh.append(e)
+                state.dropped_stale_messages += 1  # delivered again (old generation, duplicate or before a seek)
+                if decision == "gap":
+                    gaps.add(msg.partition)
+            for p in sorted(gaps):
+                await seek_back(p)
             if not fresh:
                 return
             await update_partition_status()
