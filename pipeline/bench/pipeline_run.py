@@ -137,7 +137,7 @@ def _profiler(args: dict[str, Any]) -> Any:
 def run_faust(args: dict[str, Any]) -> None:
     from pipeline.bench.bare_faust import finish, run_worker
     from pipeline.sinks.clickhouse import ClickHouseSink
-    from pipeline.stream.app import build_app
+    from pipeline.stream.app import build_app, tune_gc
 
     sampler = RssSampler().start()
     settings = bench_settings(args, scratch_dir(args, "chdb-"))
@@ -150,6 +150,7 @@ def run_faust(args: dict[str, Any]) -> None:
     profiler = _profiler(args)
     out_path = Path(args["out"])
     ready_path, stop_path = out_path.with_suffix(".ready"), out_path.with_suffix(".stop")
+    tune_gc()  # as run_worker does
 
     @app.task
     async def watch() -> None:
@@ -193,11 +194,9 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
     sink = ClickHouseSink.from_settings(settings)
     processor = BatchProcessor(Engine())
     processor.load_snapshots(await load_snapshot_records(args["bootstrap"], topics.state))
-    if args.get("gc_threshold"):  # experiment knob, not used by the bench run: GC tuning of the worker process
-        import gc
+    from pipeline.stream.app import tune_gc
 
-        gc.freeze()
-        gc.set_threshold(*args["gc_threshold"])
+    tune_gc()  # as the production worker does
     expected = int(args["events"]) if args.get("events") is not None else None
     out_path = Path(args["out"])
     ready_path, stop_path = out_path.with_suffix(".ready"), out_path.with_suffix(".stop")

@@ -10,8 +10,10 @@ On the same texts in the same process (real MT-bench answers from
   with prompts (response, tail and prompt embeddings + the head).
 
 Then the main stream's cost of scoring: the in-process hot path
-(:class:`BatchProcessor` on 500-event envelopes) is timed alone and again
-while a thread keeps the scorer busy, as the worker's quality agent does.
+(:class:`BatchProcessor` on 500-event envelopes) is timed alone, again while
+the worker's scoring process (:mod:`pipeline.quality.process`: nice 10,
+1 torch thread) is kept busy, and, for comparison, while a thread of the
+same process keeps the scorer busy (the former design).
 Runs in its own process (torch and the model stay out of the other figures).
 """
 
@@ -73,6 +75,32 @@ def stream_rate(stop_after_s: float, messages: list[bytes]) -> float:
     return round(n / (time.perf_counter() - t), 1)
 
 
+def _while_busy(seconds: float, messages: list[bytes], score: Callable[[list, list], Any],
+                prompts: list[str], responses: list[str]) -> tuple[float, float]:
+    """Stream events/s while ``score`` runs in a loop on 32 texts at a time, and the texts/s it scored.
+
+    Each call gets texts never seen before (a counter appended), so no cache answers them.
+    """
+    busy = threading.Event()
+    scored = [0]
+
+    def keep_scoring() -> None:
+        k = 0
+        while not busy.is_set():
+            i = (k * 32) % max(1, len(responses) - 32)
+            score(prompts[i:i + 32], [f"{r} [{k}]" for r in responses[i:i + 32]])
+            scored[0] += 32
+            k += 1
+
+    th = threading.Thread(target=keep_scoring, daemon=True)
+    t = time.perf_counter()
+    th.start()
+    during = stream_rate(seconds, messages)
+    busy.set()
+    th.join()
+    return during, round(scored[0] / (time.perf_counter() - t), 1)
+
+
 def run(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
@@ -109,25 +137,25 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     messages = [v for _, v in batcher.add(evs) + batcher.flush()]
     seconds = float(args.get("stream_seconds", 8.0))
     alone = stream_rate(seconds, messages)
-    busy = threading.Event()
-    scored = [0]
-
-    def keep_scoring() -> None:
-        while not busy.is_set():
-            scorer.score(prompts[:32], responses[:32])
-            scored[0] += 32
-
-    th = threading.Thread(target=keep_scoring, daemon=True)
-    t = time.perf_counter()
-    th.start()
-    during = stream_rate(seconds, messages)
-    busy.set()
-    th.join()
     out["stream_events_per_s_alone"] = alone
-    out["stream_events_per_s_while_scoring"] = during
-    out["stream_throughput_drop"] = round(1 - during / alone, 3) if alone else None
-    out["scoring_texts_per_s_alongside_stream"] = round(scored[0] / (time.perf_counter() - t), 1)
     out["rss_model_mb"] = round(rss_model - rss0, 1)
+
+    # (1) the worker's design: a ProcessScorer (child process, nice, 1 torch thread) kept busy
+    from pipeline.quality.process import DEFAULT_NICE, ProcessScorer
+    from pipeline.stream.quality_agent import QualitySettings
+
+    qs = QualitySettings()
+    child = ProcessScorer.start(threads=qs.torch_threads, nice=qs.nice, batch=32)
+    during, rate = _while_busy(seconds, messages, lambda p, r: child.score(p, r), prompts, responses)
+    child.close()
+    out.update(stream_events_per_s_while_scoring=during, scoring_texts_per_s_alongside_stream=rate,
+               stream_throughput_drop=round(1 - during / alone, 3) if alone else None,
+               scoring_process={"nice": qs.nice, "torch_threads": qs.torch_threads, "default_nice": DEFAULT_NICE})
+    # (2) for comparison, the former design: the scorer on a thread of the stream's process
+    during_t, rate_t = _while_busy(seconds, messages, scorer.score, prompts, responses)
+    out.update(stream_events_per_s_while_scoring_in_thread=during_t,
+               stream_throughput_drop_in_thread=round(1 - during_t / alone, 3) if alone else None,
+               scoring_texts_per_s_in_thread=rate_t)
     out["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return out
 
@@ -144,8 +172,12 @@ def table(q: dict[str, Any]) -> str:
         f"  QualityScorer.score, with prompts  {q['scorer_texts_per_s']:8.1f} texts/s "
         f"({q['scorer_ratio_to_bare_encode']:.2f}× bare encode)",
         f"  main stream (in-process, batched): {q['stream_events_per_s_alone']:,.0f} events/s alone, "
-        f"{q['stream_events_per_s_while_scoring']:,.0f} while scoring "
-        f"(-{q['stream_throughput_drop'] * 100:.0f} %; scorer meanwhile {q['scoring_texts_per_s_alongside_stream']:.1f} texts/s)",
+        f"{q['stream_events_per_s_while_scoring']:,.0f} while the worker's scoring process runs "
+        f"(nice {q['scoring_process']['nice']}, {q['scoring_process']['torch_threads']} torch thread): "
+        f"-{q['stream_throughput_drop'] * 100:.0f} %, scorer meanwhile {q['scoring_texts_per_s_alongside_stream']:.1f} texts/s",
+        f"  for comparison, scorer on a thread of the stream's process: "
+        f"{q['stream_events_per_s_while_scoring_in_thread']:,.0f} events/s "
+        f"(-{q['stream_throughput_drop_in_thread'] * 100:.0f} %), scorer {q['scoring_texts_per_s_in_thread']:.1f} texts/s",
         f"  model RSS +{q['rss_model_mb']:.0f} MB, peak RSS {q['peak_rss_mb']:.0f} MB",
     ])
 

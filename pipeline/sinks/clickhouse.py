@@ -36,6 +36,7 @@ from pipeline.sinks.rows import (
     QUALITY_SCORES_TABLE,
     VERDICT_COLUMNS,
     VERDICTS_TABLE,
+    event_block,
     event_row,
     label_row,
     now_ms,
@@ -123,7 +124,9 @@ class ClickHouseSink:
         :class:`SinkBackpressure`; in both cases nothing is buffered.
         """
         at = now_ms() if ingested_ms is None else ingested_ms
-        self.events.add([event_row(e, parse_ok, missing or [], at) for e, parse_ok, missing in stored])
+        stored = stored if isinstance(stored, list) else list(stored)
+        if stored:
+            self.events.add_block(event_block(stored, at, self.events.arrow_types))
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Buffer ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing buffered)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 
 class OutageSwitchClient:
-    """Wrap a clickhouse-connect ``client``: ``insert`` fails while ``down_file`` exists.
+    """Wrap a clickhouse-connect ``client``: ``insert`` and ``insert_arrow`` fail while ``down_file`` exists.
 
     >>> class Fake:
     ...     def insert(self, *a, **k): return "ok"
@@ -46,10 +46,17 @@ class OutageSwitchClient:
         """True while the outage is switched on."""
         return os.path.exists(self.down_file)
 
-    def insert(self, *args: Any, **kwargs: Any) -> Any:
+    def _check(self) -> None:
         if self.down:
             raise ConnectionError(f"ClickHouse unreachable (fault injected: {self.down_file} exists)")
+
+    def insert(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
         return self._client.insert(*args, **kwargs)
+
+    def insert_arrow(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return self._client.insert_arrow(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)

@@ -9,7 +9,10 @@ defined in ``infra/clickhouse/``.
 from __future__ import annotations
 
 import time
+from operator import attrgetter
 from typing import Sequence
+
+import pyarrow as pa
 
 from pipeline.contracts import RequestEvent, Verdict, encode
 from pipeline.storage import DATABASE
@@ -87,6 +90,48 @@ def event_row(
         list(missing_fields),
         ingested_ms,
     )
+
+
+#: ``RequestEvent`` attributes of the first 17 ``request_events`` columns, in column order.
+_EVENT_ATTRS = (
+    "event_id", "ts_ms", "channel", "route", "tier", "status", "latency_ms", "ttft_ms",
+    "max_stream_gap_ms", "input_tokens", "output_tokens", "cost_usd", "quota_remaining",
+    "http_status", "error_type", "gateway_id", "trace_id",
+)  # fmt: skip
+_GETTERS = tuple(attrgetter(a) for a in _EVENT_ATTRS)
+
+
+def event_block(
+    stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str] | None]],
+    ingested_ms: int,
+    types: Sequence[pa.DataType],
+) -> pa.Table:
+    """``request_events`` rows of a whole batch as one Arrow table, built column by column.
+
+    ``stored``: ``(event, parse_ok, missing_fields)`` triples as in
+    :func:`event_row` (``missing_fields`` None = none); ``types``: the Arrow
+    types of :data:`EVENT_COLUMNS` (``TableSink.arrow_types``). Same values
+    as :func:`event_row`, at a fraction of the Python cost per event (one
+    C-level ``attrgetter`` map per column instead of a tuple per row).
+
+    Raises ``ValueError`` like :func:`event_row`, and when a value does not
+    fit its column (e.g. a negative count).
+    """
+    events = [s[0] for s in stored]
+    parse_ok = [None if s[1] is None else int(bool(s[1])) for s in stored]
+    missing = [s[2] or () for s in stored]  # shared empty tuple: no list per event
+    for e, ok, miss in stored:
+        if ok is None and miss:
+            event_row(e, ok, miss, ingested_ms)  # raises the explanatory ValueError
+    from pipeline.sinks.arrow import column_array
+
+    values = [list(map(g, events)) for g in _GETTERS]
+    values += [parse_ok, missing, [ingested_ms] * len(events)]
+    try:
+        arrays = [column_array(v, t) for v, t in zip(values, types)]
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise ValueError(f"request_events batch does not fit the table's column types: {exc}") from exc
+    return pa.table(arrays, names=list(EVENT_COLUMNS))
 
 
 def verdict_row(v: Verdict, ingested_ms: int | None = None) -> tuple:

@@ -3,12 +3,14 @@
 Contract with the caller (who owns the Kafka offsets):
 
 1. :meth:`TableSink.add` buffers rows (tuples in column order, built by
-   :mod:`pipeline.sinks.rows`). If the buffer already holds rows and the new
-   ones would take it over ``max_rows`` or ``max_bytes``, nothing is added and
+   :mod:`pipeline.sinks.rows`), :meth:`TableSink.add_block` an Arrow table
+   built column by column (the hot path of ``request_events``). If the
+   buffer already holds rows and the new ones would take it over
+   ``max_rows`` or ``max_bytes``, nothing is added and
    :class:`~pipeline.sinks.errors.SinkBackpressure` is raised: pause
    consumption, flush, then add the same rows again. (An oversized batch into
    an empty buffer is accepted, so progress is always possible.)
-2. :meth:`TableSink.flush` writes the whole buffer as one columnar insert and
+2. :meth:`TableSink.flush` writes the whole buffer as one Arrow insert and
    returns only after ClickHouse accepted it; then the caller may commit the
    offsets of those messages. On failure it raises
    :class:`~pipeline.sinks.errors.SinkWriteError` and keeps the buffer: do
@@ -29,6 +31,9 @@ import threading
 import time
 from typing import Any, Iterable, Sequence
 
+import pyarrow as pa
+
+from pipeline.sinks.arrow import arrow_type, rows_to_table, schema_of
 from pipeline.sinks.errors import SinkBackpressure, SinkSetupError, SinkWriteError
 from pipeline.sinks.retry import aretry_flush, retry_flush
 
@@ -40,15 +45,15 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 
 class TableSink:
-    """Buffer rows for one table and write them in columnar batches.
+    """Buffer rows for one table and write them in columnar (Arrow) batches.
 
     ``client``: a clickhouse-connect client (:func:`pipeline.storage.client.open_client`).
     ``table``: ``database.table``. ``columns``: column names in row-tuple order.
     ``column_types``: ClickHouse type names of ``columns``; read with
     ``DESCRIBE TABLE`` when omitted (raises
     :class:`~pipeline.sinks.errors.SinkSetupError` when the table or a column
-    is missing). ``max_rows`` / ``max_bytes``: buffer bounds; bytes are an
-    estimate (string lengths + 8 per value).
+    is missing). ``max_rows`` / ``max_bytes``: buffer bounds; bytes are the
+    Arrow buffers' size (``pyarrow.Table.nbytes``).
     """
 
     def __init__(
@@ -69,10 +74,12 @@ class TableSink:
         self.column_types = tuple(column_types) if column_types is not None else describe(client, table, self.columns)
         if len(self.column_types) != len(self.columns):
             raise ValueError(f"{len(self.columns)} columns but {len(self.column_types)} column types")
+        self.arrow_types = tuple(arrow_type(t) for t in self.column_types)
+        self.schema = schema_of(self.columns, self.arrow_types)
         self.max_rows = max_rows
         self.max_bytes = max_bytes
-        self._rows: list[tuple] = []
-        self._sizes: list[int] = []
+        self._blocks: list[pa.Table] = []
+        self._rows = 0
         self._bytes = 0
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -80,33 +87,45 @@ class TableSink:
     @property
     def pending_rows(self) -> int:
         """Rows buffered and not yet written."""
-        return len(self._rows)
+        return self._rows
 
     @property
     def pending_bytes(self) -> int:
-        """Estimated bytes buffered and not yet written."""
+        """Bytes buffered (Arrow buffers) and not yet written."""
         return self._bytes
 
     def add(self, rows: Iterable[tuple]) -> None:
-        """Buffer ``rows``, all or none.
+        """Buffer ``rows`` (tuples in column order), all or none.
 
         Raises ``ValueError`` when a row's length differs from the column
-        count, :class:`~pipeline.sinks.errors.SinkBackpressure` when the
-        buffer is non-empty and would exceed a bound.
+        count or a value does not fit its column's type,
+        :class:`~pipeline.sinks.errors.SinkBackpressure` when the buffer is
+        non-empty and would exceed a bound.
         """
-        new = list(rows)
-        width = len(self.columns)
-        for row in new:
-            if len(row) != width:
-                raise ValueError(f"row for {self.table} has {len(row)} values, expected {width}: {row[:3]!r}...")
-        sizes = [row_bytes(row) for row in new]
-        added = sum(sizes)
+        try:
+            block = rows_to_table(rows, self.columns, self.arrow_types)
+        except ValueError as exc:
+            raise ValueError(f"{self.table}: {exc}") from exc
+        except TypeError as exc:  # pyarrow.ArrowTypeError
+            raise ValueError(f"{self.table}: a value does not fit its column: {exc}") from exc
+        self.add_block(block)
+
+    def add_block(self, block: pa.Table) -> None:
+        """Buffer an Arrow table with this table's columns and types (e.g. from :func:`pipeline.sinks.rows.event_block`).
+
+        Raises ``ValueError`` when its schema differs, ``SinkBackpressure`` as :meth:`add`.
+        """
+        if block.schema != self.schema:
+            raise ValueError(f"{self.table}: block schema {block.schema} differs from the table's {self.schema}")
+        n, size = block.num_rows, block.nbytes
+        if n == 0:
+            return
         with self._lock:
-            if self._rows and (len(self._rows) + len(new) > self.max_rows or self._bytes + added > self.max_bytes):
-                raise SinkBackpressure(self.table, len(self._rows), self._bytes, self.max_rows, self.max_bytes)
-            self._rows.extend(new)
-            self._sizes.extend(sizes)
-            self._bytes += added
+            if self._rows and (self._rows + n > self.max_rows or self._bytes + size > self.max_bytes):
+                raise SinkBackpressure(self.table, self._rows, self._bytes, self.max_rows, self.max_bytes)
+            self._blocks.append(block)
+            self._rows += n
+            self._bytes += size
 
     def flush(self) -> int:
         """Write every buffered row in one insert; return the number written (0 if none).
@@ -117,32 +136,26 @@ class TableSink:
         """
         with self._flush_lock:
             with self._lock:
-                batch = list(self._rows)
-                batch_bytes = sum(self._sizes[: len(batch)])
-            if not batch:
+                blocks = list(self._blocks)
+            if not blocks:
                 return 0
-            data = [list(column) for column in zip(*batch)]
+            data = pa.concat_tables(blocks) if len(blocks) > 1 else blocks[0]
+            rows = data.num_rows
             started = time.monotonic()
             try:
-                self.client.insert(
-                    self.table,
-                    data,
-                    column_names=list(self.columns),
-                    column_type_names=list(self.column_types),
-                    column_oriented=True,
-                )
+                self.client.insert_arrow(self.table, data)
             except Exception as exc:  # any driver/transport error: keep the buffer
                 raise SinkWriteError(
-                    f"insert of {len(batch)} rows into {self.table} failed: {type(exc).__name__}: {exc}",
+                    f"insert of {rows} rows into {self.table} failed: {type(exc).__name__}: {exc}",
                     table=self.table,
-                    rows=len(batch),
+                    rows=rows,
                 ) from exc
             with self._lock:
-                del self._rows[: len(batch)]
-                del self._sizes[: len(batch)]
-                self._bytes -= batch_bytes
-            log.debug("wrote %d rows to %s in %.3fs", len(batch), self.table, time.monotonic() - started)
-            return len(batch)
+                del self._blocks[: len(blocks)]
+                self._rows -= rows
+                self._bytes -= sum(b.nbytes for b in blocks)
+            log.debug("wrote %d rows to %s in %.3fs", rows, self.table, time.monotonic() - started)
+            return rows
 
     def flush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
         """:meth:`flush`, retried with exponential backoff for up to ``max_wait_s`` seconds.
@@ -173,20 +186,3 @@ def describe(client: Any, table: str, columns: Sequence[str]) -> tuple[str, ...]
     if missing:
         raise SinkSetupError(f"table {table} lacks columns {missing} (apply the current DDL)")
     return tuple(types[c] for c in columns)
-
-
-def row_bytes(row: tuple) -> int:
-    """Estimated in-memory size of a row: string lengths plus 8 per value.
-
-    >>> row_bytes(("abc", 1, None, ["x", "yz"]))
-    54
-    """
-    size = 0
-    for value in row:
-        if isinstance(value, str):
-            size += len(value) + 8
-        elif isinstance(value, (list, tuple)):
-            size += 8 + sum(len(x) + 8 if isinstance(x, str) else 8 for x in value)
-        else:
-            size += 8
-    return size

@@ -44,6 +44,7 @@ On SIGTERM the worker drains: a last flush, snapshot and commit (bounded by
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import time
@@ -79,6 +80,8 @@ FLUSH_BACKOFF_MIN_S = 0.5
 FLUSH_BACKOFF_MAX_S = 2.0
 #: Processed but unacked input messages above which the agent waits for acks.
 MAX_UNACKED_MESSAGES = 100_000
+#: Collector thresholds of the worker process (gen0 allocations, gen1, gen2 ratios); CPython default (700, 10, 10).
+GC_THRESHOLDS = (50_000, 20, 100)
 #: Longest graceful drain on shutdown (s).
 DRAIN_TIMEOUT_S = 10.0
 
@@ -246,7 +249,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                     "of the rebalance); re-reading from %d", partition, offset, offset)
         await app.consumer.seek(TP(topics.requests, partition), offset)
 
-    async def update_partition_status() -> None:
+    def update_partition_status() -> None:
         """Tell the processor which input partitions are consumed to their end (at most once a second)."""
         now = time.monotonic()
         if now - state.status_checked_s < 1.0:
@@ -255,9 +258,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         tps = [tp for tp in app.consumer.assignment() if tp.topic == topics.requests]
         if not tps:
             return
-        highwaters = await app.consumer.highwaters(*tps)
+        # The highwater cached from the last fetch response (no broker round trip under the lock).
         state.processor.set_partition_status({
-            tp.partition: state.offsets.get(tp.partition, -1) + 1 >= (highwaters.get(tp) or 0) for tp in tps})
+            tp.partition: state.offsets.get(tp.partition, -1) + 1 >= (app.consumer.highwater(tp) or 0) for tp in tps})
 
     # -- output -------------------------------------------------------------------------
     async def publish(out: ProcessedBatch) -> None:
@@ -350,7 +353,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 await seek_back(p)
             if not fresh:
                 return
-            await update_partition_status()
+            update_partition_status()
             out = state.processor.process([e.value for e in fresh], [e.message.partition for e in fresh],
                                           [e.message.offset for e in fresh])
             await publish(out)
@@ -533,11 +536,27 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     return app, state
 
 
+def tune_gc() -> None:
+    """Garbage-collector settings of a worker process (call once, after start-up).
+
+    The worker holds ~10^6 long-lived objects (channel state, buffered rows,
+    fetched messages); with CPython's default thresholds (700, 10, 10) every
+    few thousand allocations walk them. ``GC_THRESHOLDS`` and the start-up
+    objects frozen out of the collector's way (``gc.freeze``, Python docs
+    "gc") cut 25-35 % CPU per event (README "Throughput"); reference cycles
+    are still collected.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:
     """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores."""
     from pipeline.sinks.clickhouse import ClickHouseSink
 
     sink = ClickHouseSink.from_settings(settings)
     app, _state = build_app(settings, policy, sink)
+    tune_gc()
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

@@ -7,8 +7,8 @@ Flow (one worker)::
          ▼
     bounded asyncio.Queue  ── full: the sample is dropped and counted, the stream never waits
          ▼
-    scoring task: batches of <= batch_max samples → QualityScorer on its own
-    thread (torch threads capped) → scores
+    scoring task: batches of <= batch_max samples → QualityScorer in a child
+    process at low priority (pipeline.quality.process; torch threads capped) → scores
          ├─> Engine.add_quality_scores(...)   under the worker's lock → the ``quality`` detector
          ├─> topic ``<prefix>channel.quality_scores`` (key = channel, JSON, schemas/quality_score.v1.json)
          └─> ClickHouse ``quality_scores`` (with the truncated texts, for labelling later)
@@ -49,7 +49,8 @@ Configuration (environment; malformed values raise
 ``CHANNEL_HEALTH_QUALITY_BURST``            token-bucket size (3)
 ``CHANNEL_HEALTH_QUALITY_QUEUE``            queued samples at most (1000)
 ``CHANNEL_HEALTH_QUALITY_BATCH``            samples per encode batch at most (32)
-``CHANNEL_HEALTH_QUALITY_THREADS``          torch CPU threads (2)
+``CHANNEL_HEALTH_QUALITY_THREADS``          torch CPU threads of the scoring process (1)
+``CHANNEL_HEALTH_QUALITY_NICE``             nice increment of the scoring process, 0..19 (10)
 ``CHANNEL_HEALTH_QUALITY_RELOAD_S``         CURRENT check interval, s (30; 0 = never)
 ``CHANNEL_HEALTH_QUALITY_MODEL``            pin a model version (default: the one in CURRENT; pinning disables reload)
 ``CHANNEL_HEALTH_QUALITY_MODELS_DIR``       model directory (default ``models/quality`` of the repo)
@@ -105,7 +106,8 @@ class QualitySettings:
     queue_max: int = 1_000
     batch_max: int = 32
     batch_wait_s: float = 0.25
-    torch_threads: int = 2
+    torch_threads: int = 1
+    nice: int = 10
     reload_interval_s: float = 30.0
     model_version: str | None = None
     models_dir: str | None = None
@@ -114,6 +116,8 @@ class QualitySettings:
         for name in ("sample_interval_ms", "burst", "queue_max", "batch_max", "torch_threads"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"quality setting {name} must be >= 1, got {getattr(self, name)!r}")
+        if not 0 <= int(self.nice) <= 19:
+            raise ValueError(f"quality setting nice must be in 0..19, got {self.nice!r}")
         if self.reload_interval_s < 0 or self.batch_wait_s < 0:
             raise ValueError("quality reload_interval_s and batch_wait_s must be >= 0")
 
@@ -136,7 +140,8 @@ def load_quality_settings(env: Mapping[str, str] | None = None) -> QualitySettin
     kw: dict[str, Any] = {"enabled": onoff in ("on", "1", "true", "yes")}
     for var, name, conv in (("SAMPLE_INTERVAL_MS", "sample_interval_ms", int), ("BURST", "burst", int),
                             ("QUEUE", "queue_max", int), ("BATCH", "batch_max", int),
-                            ("THREADS", "torch_threads", int), ("RELOAD_S", "reload_interval_s", float)):
+                            ("THREADS", "torch_threads", int), ("NICE", "nice", int),
+                            ("RELOAD_S", "reload_interval_s", float)):
         raw = env.get(f"{ENV}_{var}")
         if raw is None or raw == "":
             continue
@@ -161,25 +166,21 @@ def missing_quality_packages() -> list[str]:
 
 
 def default_scorer_factory(settings: QualitySettings) -> Callable[[str | None, Any], Any]:
-    """``factory(version, previous) -> scorer``: the real model, with caches.
+    """``factory(version, previous) -> scorer``: the real model, with caches, in its own process.
 
-    The first call loads the embedding model (seconds; torch threads capped
-    at ``torch_threads``); later calls (model rolls) reuse ``previous``'s
-    embedder and load only the versioned head, verified against it.
+    The first call starts the scoring process (:mod:`pipeline.quality.process`:
+    nice ``nice``, torch threads capped at ``torch_threads``) and loads the
+    embedding model (seconds); later calls (model rolls) load only the
+    versioned head in the same process, verified against the embedder.
     """
 
     def factory(version: str | None, previous: Any) -> Any:
-        from pipeline.quality.cache import CachedScorer, CachingEmbedder
-        from pipeline.quality.embedding import Embedder
-        from pipeline.quality.scorer import QualityScorer
+        from pipeline.quality.process import ProcessScorer
 
-        models_dir = Path(settings.models_dir) if settings.models_dir else None
         if previous is not None:
-            embedder = previous.scorer.embedder
-        else:
-            embedder = CachingEmbedder(Embedder(num_threads=settings.torch_threads))
-        return CachedScorer(QualityScorer(version, embedder=embedder, models_dir=models_dir,
-                                          batch_size=settings.batch_max))
+            return previous.reload(version)
+        return ProcessScorer.start(version, threads=settings.torch_threads, nice=settings.nice,
+                                   batch=settings.batch_max, models_dir=settings.models_dir)
 
     return factory
 

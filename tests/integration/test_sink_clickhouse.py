@@ -123,6 +123,30 @@ def test_event_row_holds_every_analyst_field(ch) -> None:
     }
 
 
+def test_columnar_event_block_stores_exactly_what_event_row_stores(ch) -> None:
+    full = dict(gateway_id="gw-1", trace_id="t-9", tier="free", http_status=503, error_type="upstream_5xx",
+                ttft_ms=120.0, max_stream_gap_ms=40.5, input_tokens=900, output_tokens=12, cost_usd=0.0021,
+                quota_remaining=0.25)
+    stored = [(_event(1, status="error", latency_ms=812.5, **full), False, ["answer", "sources"]),
+              (_event(2), None, None), (_event(3), True, []), (_event(4, channel="b/m@paid"), None, [])]
+    ingested = now_ms()
+    by_rows = TableSink(ch, EVENTS_TABLE, EVENT_COLUMNS)
+    by_rows.add([event_row(e, ok, miss or [], ingested) for e, ok, miss in stored])
+    by_rows.flush()
+    rows = ch.query("SELECT * FROM channel_health.request_events ORDER BY event_id").result_rows
+    ch.command("TRUNCATE TABLE channel_health.request_events")
+    sink = ClickHouseSink(ch)
+    sink.add_events(stored, ingested_ms=ingested)
+    assert sink.events.pending_rows == 4 and sink.flush() == 4
+    assert ch.query("SELECT * FROM channel_health.request_events ORDER BY event_id").result_rows == rows
+    by_id = {r[0]: r for r in rows}
+    two, three = by_id["lepton/llama-70b@free-2"], by_id["lepton/llama-70b@free-3"]
+    assert two[7] is None and two[17] is None and three[17] == 1  # ttft_ms NULL; parse_ok NULL / 1
+    with pytest.raises(ValueError, match="parse_ok=None"):
+        sink.add_events([(_event(5), None, ["answer"])])
+    assert sink.events.pending_rows == 0
+
+
 def test_event_row_refuses_missing_fields_on_an_unchecked_event() -> None:
     with pytest.raises(ValueError, match="parse_ok=None"):
         event_row(_event(1), None, ["answer"], BASE_MS)
@@ -297,12 +321,19 @@ class FlakyClient:
     def __init__(self, client, failures: int) -> None:
         self.client, self.failures, self.inserts = client, failures, 0
 
-    def insert(self, *args, **kwargs):
+    def _attempt(self) -> None:
         self.inserts += 1
         if self.failures > 0:
             self.failures -= 1
             raise ConnectionError("simulated: connection reset by peer")
+
+    def insert(self, *args, **kwargs):
+        self._attempt()
         return self.client.insert(*args, **kwargs)
+
+    def insert_arrow(self, *args, **kwargs):
+        self._attempt()
+        return self.client.insert_arrow(*args, **kwargs)
 
     def query(self, *args, **kwargs):
         return self.client.query(*args, **kwargs)
@@ -378,7 +409,7 @@ def test_sink_on_missing_table_is_a_setup_error(ch) -> None:
 
 def test_wrong_row_width_is_refused(ch) -> None:
     sink = TableSink(ch, EVENTS_TABLE, EVENT_COLUMNS)
-    with pytest.raises(ValueError, match="has 2 values, expected 20"):
+    with pytest.raises(ValueError, match="row has 2 values, expected 20"):
         sink.add([("a", 1)])
     assert sink.pending_rows == 0
 

@@ -85,13 +85,12 @@ def test_bad_input_is_scored_or_skipped_with_counted_reasons(scorer):
         row[6].encode("utf-8")
 
 
-def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_path, monkeypatch):
+def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_path):
     """The default scorer factory of the worker: a promoted version is picked up by check_reload,
-    verified, and scores with the same (already loaded) embedder."""
+    verified, and loaded in the same scoring process (the embedder there stays loaded)."""
     import asyncio
     import shutil
 
-    from pipeline.quality import embedding
     from pipeline.quality.artifact import default_models_dir, promote
     from pipeline.stream.quality_agent import QualityAgent, QualitySettings
 
@@ -103,7 +102,6 @@ def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_
     (tmp_path / "CURRENT").write_text("v1\n")
     (tmp_path / "v3").mkdir()  # a broken copy: metadata without weights
     shutil.copy(src / "v1" / "metadata.json", tmp_path / "v3" / "metadata.json")
-    monkeypatch.setattr(embedding, "Embedder", lambda *a, **k: embedding.shared_embedder())
     eng = Engine()
     eng.process(events()[:1])
 
@@ -115,7 +113,7 @@ def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_
         promote("v2", tmp_path)
         agent._current_mtime = -1  # the copy above and the promote may share one mtime tick
         assert await agent.check_reload()
-        assert agent.scorer.version == "v2" and agent.scorer.scorer.embedder is first.scorer.embedder
+        assert agent.scorer.version == "v2" and agent.scorer._pool is first._pool
         promote("v3", tmp_path)
         agent._current_mtime = -1
         assert not await agent.check_reload() and agent.scorer.version == "v2"
@@ -124,5 +122,6 @@ def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_
         return agent
 
     agent = asyncio.run(main())
+    agent.scorer.close()
     assert agent.counters["reloads"] == 1 and agent.counters["reload_failed"] == 1
     assert eng.quality_added == 1 and eng.store.quality.version[0] == "v2"
