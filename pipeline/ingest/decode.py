@@ -166,6 +166,11 @@ class Decoder:
             return _rejected(R.TOO_LARGE, f"message is {size} bytes; the limit is {self.max_message_bytes}", raw)
         if not raw or raw.isspace():
             return _rejected(R.INVALID_JSON, "message is empty", raw)
+        if not raw.isascii():  # msgspec skips unknown keys without checking their UTF-8: check it here
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return _rejected(R.NOT_UTF8, f"message is not valid UTF-8 (byte {bad.start}: {bad.reason})", raw)
         if b'"events"' in raw:
             try:
                 batch = self._typed_batch_decoder.decode(raw)

@@ -112,6 +112,14 @@ def test_not_utf8(decoder: Decoder) -> None:
     assert "UTF-8" in dead.detail
 
 
+def test_invalid_utf8_in_an_unknown_key_of_a_batch_is_not_utf8(decoder: Decoder) -> None:
+    # msgspec skips unknown keys without decoding them; found by the hostile-input property test
+    raw = dumps({"events": [event(1), event(2)]}).replace(b'"status"', b'"in\xffput":1,"status"', 1)
+    dead = only_dead_letter(decoder.decode(raw, NOW))
+    assert (dead.reason, dead.raw) == ("not_utf8", raw)
+    assert dead.detail.startswith("message is not valid UTF-8 (byte ")
+
+
 def test_latin1_bytes_outside_strings_are_not_utf8(decoder: Decoder) -> None:
     assert only_dead_letter(decoder.decode(b"\xe9\xe9", NOW)).reason == "not_utf8"
 
