@@ -52,7 +52,7 @@ Metrics: ``quality_score_5m`` (window mean), ``quality_baseline``
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import t as student_t
+from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf calls), without scipy.stats
 
 from pipeline.detectors.base import Finding, ThresholdArrays
 from pipeline.windows.store import WindowView
@@ -113,7 +113,7 @@ class QualityDrop:
         candidate = valid & ~active & (d >= th.quality_min_drop)
         trip = np.zeros(d.shape, bool)
         if candidate.any():  # the t quantile only where the effect size is already there
-            crit = student_t.ppf(self.confidence, df[candidate])
+            crit = stdtrit(df[candidate], self.confidence)
             trip[candidate] = t[candidate] >= crit
         rule = np.where(active, d > th.quality_clear_drop, trip)
         keep = active & (n5 > 0) & base_ok  # some evidence, too little to judge: keep the finding

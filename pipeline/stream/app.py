@@ -67,7 +67,10 @@ from pipeline.stream.quality_agent import install_quality
 log = logging.getLogger("channel_health.worker")
 
 #: Batch size and wait of the agent (messages, seconds).
-TAKE_MAX = 2_000
+TAKE_MAX = 256
+#: Fetched messages faust buffers per agent before it pauses fetching (faust ``stream_buffer_maxsize``,
+#: default 4,096: 4,096 batch envelopes of 500 events are ~570 MB held in memory).
+STREAM_BUFFER_MAX = 256
 TAKE_WITHIN_S = 0.2
 #: Wall-clock idle time after which event time advances on its own (s).
 IDLE_ADVANCE_AFTER_S = 10.0
@@ -78,12 +81,39 @@ FLUSH_INTERVAL_S = 1.0
 #: Retry delays of a failing ClickHouse write (s): first, and the cap of the doubling.
 FLUSH_BACKOFF_MIN_S = 0.5
 FLUSH_BACKOFF_MAX_S = 2.0
+#: Raw input bytes decoded at once: a take of 512 batch envelopes (~70 MB) is processed in
+#: chunks, so at most this much is held as decoded events at a time.
+CHUNK_BYTES = 4 * 1024 * 1024
 #: Processed but unacked input messages above which the agent waits for acks.
 MAX_UNACKED_MESSAGES = 100_000
 #: Collector thresholds of the worker process (gen0 allocations, gen1, gen2 ratios); CPython default (700, 10, 10).
 GC_THRESHOLDS = (50_000, 20, 100)
 #: Longest graceful drain on shutdown (s).
 DRAIN_TIMEOUT_S = 10.0
+
+
+def byte_chunks(messages: list, max_bytes: int) -> list[list]:
+    """Split ``messages`` (objects with a ``value`` of bytes, e.g. faust events) into runs of at most ``max_bytes``
+    (a single larger message is a run of its own), in order.
+
+    >>> class M:
+    ...     def __init__(self, n): self.value = b"x" * n
+    >>> [[len(m.value) for m in run] for run in byte_chunks([M(3), M(3), M(5), M(1)], 6)]
+    [[3, 3], [5, 1]]
+    """
+    runs: list[list] = []
+    run: list = []
+    size = 0
+    for m in messages:
+        n = len(m.value) if m.value is not None else 0
+        if run and size + n > max_bytes:
+            runs.append(run)
+            run, size = [], 0
+        run.append(m)
+        size += n
+    if run:
+        runs.append(run)
+    return runs
 
 
 def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
@@ -187,6 +217,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         # Unacked messages are simply re-read after a restart (at-least-once);
         # waiting for them at shutdown would only delay the stop.
         stream_wait_empty=False,
+        stream_buffer_maxsize=STREAM_BUFFER_MAX,
         **faust_broker_kwargs(settings),
     )
     state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
@@ -354,11 +385,14 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             if not fresh:
                 return
             update_partition_status()
-            out = state.processor.process([e.value for e in fresh], [e.message.partition for e in fresh],
-                                          [e.message.offset for e in fresh])
-            await publish(out)
-            await store(out)
-            state.ledger.add_batch(fresh)  # acked once its rows are written and a snapshot covers it
+            for chunk in byte_chunks(fresh, CHUNK_BYTES):
+                out = state.processor.process([e.value for e in chunk], [e.message.partition for e in chunk],
+                                              [e.message.offset for e in chunk])
+                await publish(out)
+                await store(out)  # rows leave as Arrow columns: the decoded events die with ``out``
+                for e in chunk:  # never read again (an ack needs only partition and offset): free the bytes
+                    e.value = e.message.value = None
+            state.ledger.add_batch(e.message for e in fresh)  # acked once rows are written and a snapshot covers it
             state.dirty = True
 
     # -- ClickHouse writer ----------------------------------------------------------------
@@ -444,8 +478,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 await asyncio.gather(*futures)
             if epoch != state.ledger.epoch or not current():
                 return  # a rebalance came in between: ack nothing of the old assignment
-            for e in state.ledger.snapshot_saved():
-                e.ack()
+            for m in state.ledger.snapshot_saved():
+                m.ack(app.consumer)
                 state.acked_messages += 1
             state.snapshots_written += 1 if records else 0
 
