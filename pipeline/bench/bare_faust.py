@@ -1,7 +1,7 @@
 """Stage (b): a bare faust agent that does nothing with each message.
 
 Same broker settings and consumer as the real worker
-(:func:`pipeline.stream.app.faust_broker_kwargs`), raw key/value
+(:func:`pipeline.stream.runtime.faust_broker_kwargs`), raw key/value
 serializers, ``async for value in stream: pass`` -- what faust itself costs
 per message. Batch envelopes are not even decoded, so for them the figure
 is messages/s times the events per message.
@@ -40,7 +40,7 @@ def faust_app(bootstrap: str, group: str, datadir: str) -> Any:
     import faust
 
     from pipeline.config import Settings
-    from pipeline.stream.app import faust_broker_kwargs
+    from pipeline.stream.runtime import faust_broker_kwargs
 
     settings = Settings(kafka_bootstrap=bootstrap, clickhouse_url="chdb:///unused", consumer_group=group)
     return faust.App(group, store="memory://", datadir=datadir,

@@ -137,7 +137,8 @@ def _profiler(args: dict[str, Any]) -> Any:
 def run_faust(args: dict[str, Any]) -> None:
     from pipeline.bench.bare_faust import finish, run_worker
     from pipeline.sinks.clickhouse import ClickHouseSink
-    from pipeline.stream.app import build_app, tune_gc
+    from pipeline.stream.app import build_app
+    from pipeline.stream.runtime import tune_gc
 
     sampler = RssSampler().start()
     settings = bench_settings(args, scratch_dir(args, "chdb-"))
@@ -194,7 +195,7 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
     sink = ClickHouseSink.from_settings(settings)
     processor = BatchProcessor(Engine())
     processor.load_snapshots(await load_snapshot_records(args["bootstrap"], topics.state))
-    from pipeline.stream.app import tune_gc
+    from pipeline.stream.runtime import tune_gc
 
     tune_gc()  # as the production worker does
     expected = int(args["events"]) if args.get("events") is not None else None

@@ -44,11 +44,9 @@ On SIGTERM the worker drains: a last flush, snapshot and commit (bounded by
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +57,21 @@ from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PolicyConfig
-from pipeline.stream.delivery import DeliveryLedger
 from pipeline.stream.offsets import OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
+from pipeline.stream.runtime import (
+    CHUNK_BYTES,
+    STREAM_BUFFER_MAX,
+    TAKE_MAX,
+    TAKE_WITHIN_S,
+    faust_broker_kwargs,
+    tune_gc,
+)
+from pipeline.stream.worker_state import WorkerState, byte_chunks
 
 log = logging.getLogger("channel_health.worker")
 
-#: Batch size and wait of the agent (messages, seconds).
-TAKE_MAX = 256
-#: Fetched messages faust buffers per agent before it pauses fetching (faust ``stream_buffer_maxsize``,
-#: default 4,096: 4,096 batch envelopes of 500 events are ~570 MB held in memory).
-STREAM_BUFFER_MAX = 256
-TAKE_WITHIN_S = 0.2
 #: Wall-clock idle time after which event time advances on its own (s).
 IDLE_ADVANCE_AFTER_S = 10.0
 #: How often channel state is snapshotted and input offsets acked (s).
@@ -81,115 +81,10 @@ FLUSH_INTERVAL_S = 1.0
 #: Retry delays of a failing ClickHouse write (s): first, and the cap of the doubling.
 FLUSH_BACKOFF_MIN_S = 0.5
 FLUSH_BACKOFF_MAX_S = 2.0
-#: Raw input bytes decoded at once: a take of 512 batch envelopes (~70 MB) is processed in
-#: chunks, so at most this much is held as decoded events at a time.
-CHUNK_BYTES = 4 * 1024 * 1024
 #: Processed but unacked input messages above which the agent waits for acks.
 MAX_UNACKED_MESSAGES = 100_000
-#: Collector thresholds of the worker process (gen0 allocations, gen1, gen2 ratios); CPython default (700, 10, 10).
-GC_THRESHOLDS = (50_000, 20, 100)
 #: Longest graceful drain on shutdown (s).
 DRAIN_TIMEOUT_S = 10.0
-
-
-def byte_chunks(messages: list, max_bytes: int) -> list[list]:
-    """Split ``messages`` (objects with a ``value`` of bytes, e.g. faust events) into runs of at most ``max_bytes``
-    (a single larger message is a run of its own), in order.
-
-    >>> class M:
-    ...     def __init__(self, n): self.value = b"x" * n
-    >>> [[len(m.value) for m in run] for run in byte_chunks([M(3), M(3), M(5), M(1)], 6)]
-    [[3, 3], [5, 1]]
-    """
-    runs: list[list] = []
-    run: list = []
-    size = 0
-    for m in messages:
-        n = len(m.value) if m.value is not None else 0
-        if run and size + n > max_bytes:
-            runs.append(run)
-            run, size = [], 0
-        run.append(m)
-        size += n
-    if run:
-        runs.append(run)
-    return runs
-
-
-def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
-    """faust.App keyword arguments for the broker, credentials and group timeouts.
-
-    Timeouts are short so that a new or restarted member joins the group in
-    seconds and a dead member's partitions move within ~10 s on the embedded
-    broker (a join takes about session_timeout / 2 on Tansu; below 1 s the
-    group rebalances forever). Session 6 s, heartbeat 0.5 s.
-    """
-    if not settings.kafka_bootstrap:
-        raise ValueError("no Kafka bootstrap configured (CHANNEL_HEALTH_KAFKA_BOOTSTRAP)")
-    sec = settings.kafka_security
-    kwargs: dict[str, Any] = {
-        "broker": [f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
-        "broker_session_timeout": 6.0,
-        "broker_heartbeat_interval": 0.5,
-        "broker_rebalance_timeout": 10.0,
-        "broker_commit_every": 1_000,
-        "broker_commit_interval": 1.0,
-    }
-    if sec.protocol.startswith("SASL"):
-        kwargs["broker_credentials"] = faust.SASLCredentials(
-            username=sec.sasl_username or "",
-            password=sec.sasl_password.reveal() if sec.sasl_password else "",
-            mechanism=sec.sasl_mechanism or "PLAIN",
-            ssl_context=sec.aiokafka_kwargs().get("ssl_context") if sec.protocol == "SASL_SSL" else None,
-        )
-    elif sec.protocol == "SSL":
-        kwargs["broker_credentials"] = faust.SSLCredentials(sec.aiokafka_kwargs()["ssl_context"])
-    return kwargs
-
-
-@dataclass
-class WorkerState:
-    """What the agents share: the processor, the ClickHouse sink (or None) and the delivery bookkeeping."""
-
-    processor: BatchProcessor
-    sink: Any = None
-    last_batch_wall_s: float = 0.0
-    restored: bool = False
-    #: Guards the processor (one batch, snapshot capture or reset at a time).
-    lock: asyncio.Lock | None = None
-    #: Guards publishing a snapshot + acking (a revocation waits for it).
-    snap_lock: asyncio.Lock | None = None
-    ledger: DeliveryLedger = field(default_factory=DeliveryLedger)
-    snapshots_written: int = 0
-    #: Input partition → last offset processed in this generation.
-    offsets: dict = field(default_factory=dict)
-    #: In-order acceptance of input offsets in this generation (set on each reset).
-    gate: OffsetGate = field(default_factory=lambda: OffsetGate({}))
-    status_checked_s: float = 0.0
-    #: Consumer generation the processor's state belongs to (None before the first batch).
-    generation: int | None = None
-    #: Set on revocation until the next reset: publish no snapshot, ack nothing.
-    stale: bool = False
-    #: Processor state changed since the last captured snapshot.
-    dirty: bool = False
-    resets: int = 0
-    acked_messages: int = 0
-    dropped_stale_messages: int = 0
-    #: Sink health: failed flushes in a row, when the outage began (monotonic s), figures.
-    sink_failures: int = 0
-    sink_down_since: float | None = None
-    rows_written: int = 0
-    peak_pending_rows: int = 0
-    backpressure_waits: int = 0
-    #: The agent waits for a full sink buffer to drain (takes no input meanwhile).
-    intake_paused: bool = False
-    flush_kick: asyncio.Event | None = None
-    flushed: asyncio.Event | None = None
-
-    @property
-    def unacked(self) -> int:
-        """Input messages processed and not yet acked."""
-        return self.ledger.unacked_messages
 
 
 def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None,
@@ -568,21 +463,6 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                         type(exc).__name__, exc)
 
     return app, state
-
-
-def tune_gc() -> None:
-    """Garbage-collector settings of a worker process (call once, after start-up).
-
-    The worker holds ~10^6 long-lived objects (channel state, buffered rows,
-    fetched messages); with CPython's default thresholds (700, 10, 10) every
-    few thousand allocations walk them. ``GC_THRESHOLDS`` and the start-up
-    objects frozen out of the collector's way (``gc.freeze``, Python docs
-    "gc") cut 25-35 % CPU per event (README "Throughput"); reference cycles
-    are still collected.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:

@@ -220,7 +220,7 @@ def _cli(args: list[str], env: dict[str, str], timeout_s: float = 90.0) -> tuple
 def test_settings_read_secrets_from_env_and_files_and_never_print_them(secret_files: dict[str, Path],
                                                                       caplog: pytest.LogCaptureFixture) -> None:
     from pipeline.config import ConfigError, load_settings
-    from pipeline.stream.app import faust_broker_kwargs
+    from pipeline.stream.runtime import faust_broker_kwargs
 
     base = {"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": "127.0.0.1:9093", "CHANNEL_HEALTH_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
             "CHANNEL_HEALTH_KAFKA_SASL_MECHANISM": "PLAIN", "CHANNEL_HEALTH_KAFKA_SASL_USERNAME": "svc"}

@@ -1,0 +1,80 @@
+"""What the worker's agents, timers and rebalance handlers share (:mod:`pipeline.stream.app`)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.stream.delivery import DeliveryLedger
+from pipeline.stream.offsets import OffsetGate
+from pipeline.stream.processor import BatchProcessor
+
+
+@dataclass
+class WorkerState:
+    """What the agents share: the processor, the ClickHouse sink (or None) and the delivery bookkeeping."""
+
+    processor: BatchProcessor
+    sink: Any = None
+    last_batch_wall_s: float = 0.0
+    restored: bool = False
+    #: Guards the processor (one batch, snapshot capture or reset at a time).
+    lock: asyncio.Lock | None = None
+    #: Guards publishing a snapshot + acking (a revocation waits for it).
+    snap_lock: asyncio.Lock | None = None
+    ledger: DeliveryLedger = field(default_factory=DeliveryLedger)
+    snapshots_written: int = 0
+    #: Input partition → last offset processed in this generation.
+    offsets: dict = field(default_factory=dict)
+    #: In-order acceptance of input offsets in this generation (set on each reset).
+    gate: OffsetGate = field(default_factory=lambda: OffsetGate({}))
+    status_checked_s: float = 0.0
+    #: Consumer generation the processor's state belongs to (None before the first batch).
+    generation: int | None = None
+    #: Set on revocation until the next reset: publish no snapshot, ack nothing.
+    stale: bool = False
+    #: Processor state changed since the last captured snapshot.
+    dirty: bool = False
+    resets: int = 0
+    acked_messages: int = 0
+    dropped_stale_messages: int = 0
+    #: Sink health: failed flushes in a row, when the outage began (monotonic s), figures.
+    sink_failures: int = 0
+    sink_down_since: float | None = None
+    rows_written: int = 0
+    peak_pending_rows: int = 0
+    backpressure_waits: int = 0
+    #: The agent waits for a full sink buffer to drain (takes no input meanwhile).
+    intake_paused: bool = False
+    flush_kick: asyncio.Event | None = None
+    flushed: asyncio.Event | None = None
+
+    @property
+    def unacked(self) -> int:
+        """Input messages processed and not yet acked."""
+        return self.ledger.unacked_messages
+
+
+def byte_chunks(messages: list, max_bytes: int) -> list[list]:
+    """Split ``messages`` (objects with a ``value`` of bytes, e.g. faust events) into runs of at most ``max_bytes``
+    (a single larger message is a run of its own), in order.
+
+    >>> class M:
+    ...     def __init__(self, n): self.value = b"x" * n
+    >>> [[len(m.value) for m in run] for run in byte_chunks([M(3), M(3), M(5), M(1)], 6)]
+    [[3, 3], [5, 1]]
+    """
+    runs: list[list] = []
+    run: list = []
+    size = 0
+    for m in messages:
+        n = len(m.value) if m.value is not None else 0
+        if run and size + n > max_bytes:
+            runs.append(run)
+            run, size = [], 0
+        run.append(m)
+        size += n
+    if run:
+        runs.append(run)
+    return runs
