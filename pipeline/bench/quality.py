@@ -7,7 +7,12 @@ On the same texts in the same process (real MT-bench answers from
   same model object and torch thread cap the scorer uses) -- the ceiling;
 - ``embedder``: :meth:`Embedder.encode` (text cleaning + encode);
 - ``scorer_no_prompts`` / ``scorer``: :meth:`QualityScorer.score` without /
-  with prompts (response, tail and prompt embeddings + the head).
+  with prompts (response, tail and prompt embeddings + the head);
+- ``bare_encode_model_texts``: bare encode of exactly the texts the model
+  reads for those answers (responses, tails of long ones, prompts), in
+  answers/s: the ceiling of the scoring path, so the ratio to it is the
+  cost of the scoring code itself (cleaning, statistics, de-duplication,
+  the head).
 
 Then the main stream's cost of scoring: the in-process hot path
 (:class:`BatchProcessor` on 500-event envelopes) is timed alone, again while
@@ -75,6 +80,22 @@ def stream_rate(stop_after_s: float, messages: list[bytes]) -> float:
     return round(n / (time.perf_counter() - t), 1)
 
 
+def model_texts(scorer: Any, prompts: list[str], responses: list[str]) -> list[str]:
+    """The distinct cleaned texts the scorer's model encodes for these rows (what ``build_inputs`` asks for)."""
+    from pipeline.quality.embedding import clean_text
+    from pipeline.quality.features import build_inputs
+
+    asked: list[str] = []
+
+    def record(texts: list[str]) -> np.ndarray:
+        asked.extend(texts)
+        return np.zeros((len(texts), scorer.embedder.dim), np.float32)
+
+    build_inputs(prompts, responses, record, lambda t: clean_text(t, scorer.embedder.max_chars)[0],
+                 scorer.embedder.dim, need_tail=scorer.model.recipe.uses_tail)
+    return asked
+
+
 def _while_busy(seconds: float, messages: list[bytes], score: Callable[[list, list], Any],
                 prompts: list[str], responses: list[str]) -> tuple[float, float]:
     """Stream events/s while ``score`` runs in a loop on 32 texts at a time, and the texts/s it scored.
@@ -130,6 +151,22 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     out["scorer_no_prompts_texts_per_s"] = _rate(n, lambda: scorer.score(None, responses))
     out["scorer_texts_per_s"] = _rate(n, lambda: scorer.score(prompts, responses))
     out["scorer_ratio_to_bare_encode"] = round(out["scorer_texts_per_s"] / out["bare_encode_texts_per_s"], 3)
+    # The scorer is given (prompt, response) pairs: bare encode of the same texts (each distinct prompt and
+    # response once) is the like-for-like ceiling. The model also reads the tail of long answers: bare
+    # encode of exactly the texts it reads gives the cost of the scoring code itself.
+    from pipeline.quality.embedding import clean_text
+
+    pair_texts = list(dict.fromkeys([clean_text(r)[0] for r in responses] + [clean_text(p)[0] for p in prompts]))
+    out["bare_encode_inputs_answers_per_s"] = _rate(
+        n, lambda: bare.encode(pair_texts, batch_size=32, convert_to_numpy=True))
+    out["scorer_ratio_to_bare_encode_of_inputs"] = round(
+        out["scorer_texts_per_s"] / out["bare_encode_inputs_answers_per_s"], 3)
+    inputs = model_texts(scorer, prompts, responses)
+    out["model_texts"] = len(inputs)
+    out["bare_encode_model_texts_answers_per_s"] = _rate(
+        n, lambda: bare.encode(inputs, batch_size=32, convert_to_numpy=True))
+    out["scorer_ratio_to_bare_encode_of_model_texts"] = round(
+        out["scorer_texts_per_s"] / out["bare_encode_model_texts_answers_per_s"], 3)
 
     ch = W.Channels.make(int(args.get("channels", 1000)))
     batcher = PartitionBatcher(4, 500)
@@ -170,7 +207,12 @@ def table(q: dict[str, Any]) -> str:
         f"  Embedder.encode (clean + encode)   {q['embedder_texts_per_s']:8.1f} texts/s",
         f"  QualityScorer.score, no prompts    {q['scorer_no_prompts_texts_per_s']:8.1f} texts/s",
         f"  QualityScorer.score, with prompts  {q['scorer_texts_per_s']:8.1f} texts/s "
-        f"({q['scorer_ratio_to_bare_encode']:.2f}× bare encode)",
+        f"({q['scorer_ratio_to_bare_encode']:.2f}× bare encode of the responses alone)",
+        f"  bare encode of the same inputs (each prompt and response) {q['bare_encode_inputs_answers_per_s']:.1f} "
+        f"answers/s: the scorer reaches {q['scorer_ratio_to_bare_encode_of_inputs']:.2f}× that",
+        f"  bare encode of the {q['model_texts']} texts the model reads (responses, tails of long ones, prompts): "
+        f"{q['bare_encode_model_texts_answers_per_s']:.1f} answers/s; the scorer reaches "
+        f"{q['scorer_ratio_to_bare_encode_of_model_texts']:.2f}× that",
         f"  main stream (in-process, batched): {q['stream_events_per_s_alone']:,.0f} events/s alone, "
         f"{q['stream_events_per_s_while_scoring']:,.0f} while the worker's scoring process runs "
         f"(nice {q['scoring_process']['nice']}, {q['scoring_process']['torch_threads']} torch thread): "
