@@ -27,7 +27,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
-from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ConsecutiveFailures, Finding, ThresholdArrays
+from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ThresholdArrays
 from pipeline.ingest.structure import resolve_structure
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares

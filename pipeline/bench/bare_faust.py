@@ -40,8 +40,9 @@ def faust_app(bootstrap: str, group: str, datadir: str) -> Any:
     import faust
 
     from pipeline.config import Settings
-    from pipeline.stream.runtime import faust_broker_kwargs
+    from pipeline.stream.runtime import cap_fetch_wait, faust_broker_kwargs
 
+    cap_fetch_wait()  # as the worker does
     settings = Settings(kafka_bootstrap=bootstrap, clickhouse_url="chdb:///unused", consumer_group=group)
     return faust.App(group, store="memory://", datadir=datadir,
                      web_enabled=False, topic_partitions=settings.partitions, consumer_auto_offset_reset="earliest",

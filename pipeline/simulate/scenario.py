@@ -36,7 +36,6 @@ health-aware router closing the loop through ``shares``.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -48,7 +47,7 @@ from .channels import ChannelProfile, LatencyModel, RouteSpec
 from .faults import Fault, channel_effects, failure_probability, overload_factors
 from .generator import Generator, SharesFn
 from .load import BurstEnvelope, DiurnalCurve
-from .replay import ReplayChannel, replay_channel_name
+from .replay import ReplayChannel
 from .traces import load_azure_trace, load_llmperf, resolve_data_dir
 
 #: Healthy warm-up before any fault, scenario seconds (brief: >= 2 h, so

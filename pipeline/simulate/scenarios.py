@@ -5,19 +5,15 @@
 """
 
 from __future__ import annotations
+
 import dataclasses
-from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping
-import numpy as np
-from .channels import ChannelProfile, LatencyModel, RouteSpec
-from .faults import Fault, channel_effects, failure_probability, overload_factors
-from .generator import Generator, SharesFn
-from .load import BurstEnvelope, DiurnalCurve
+from typing import Callable
+
+from .channels import ChannelProfile, RouteSpec
+from .faults import Fault
 from .replay import ReplayChannel, replay_channel_name
-from .traces import load_azure_trace, load_llmperf, resolve_data_dir
-from .scenario import BAD_STATES, WARMUP_S, Scenario, _burst, _latency_model  # noqa: F401
+from .scenario import BAD_STATES, WARMUP_S, Scenario  # noqa: F401  (WARMUP_S and Scenario are re-exported)
 
 
 def _never_bad(channel: str, to_s: float, from_s: float = 0) -> dict:

@@ -65,6 +65,7 @@ from pipeline.stream.runtime import (
     STREAM_BUFFER_MAX,
     TAKE_MAX,
     TAKE_WITHIN_S,
+    cap_fetch_wait,
     faust_broker_kwargs,
     tune_gc,
 )
@@ -100,6 +101,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         import tempfile
 
         datadir = str(Path(tempfile.gettempdir()) / f"channel-health-faust-{os.getpid()}")
+    cap_fetch_wait()
     app = faust.App(
         f"{settings.consumer_group}",
         store="memory://",
@@ -149,7 +151,6 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         state.processor.load_snapshots(records)
         state.ledger.clear()
         state.offsets = {}
-        state.status_checked_s = 0.0
         state.generation = generation
         state.stale = False
         state.dirty = False
@@ -176,11 +177,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         await app.consumer.seek(TP(topics.requests, partition), offset)
 
     def update_partition_status() -> None:
-        """Tell the processor which input partitions are consumed to their end (at most once a second)."""
-        now = time.monotonic()
-        if now - state.status_checked_s < 1.0:
-            return
-        state.status_checked_s = now
+        """Tell the processor which input partitions are consumed to their end (each batch: it is cheap)."""
         tps = [tp for tp in app.consumer.assignment() if tp.topic == topics.requests]
         if not tps:
             return

@@ -29,7 +29,6 @@ class WorkerState:
     offsets: dict = field(default_factory=dict)
     #: In-order acceptance of input offsets in this generation (set on each reset).
     gate: OffsetGate = field(default_factory=lambda: OffsetGate({}))
-    status_checked_s: float = 0.0
     #: Consumer generation the processor's state belongs to (None before the first batch).
     generation: int | None = None
     #: Set on revocation until the next reset: publish no snapshot, ack nothing.

@@ -1,0 +1,34 @@
+"""Worker runtime options (pipeline.stream.runtime): faust fetch wait, byte chunks."""
+
+import pytest
+
+from pipeline.stream.runtime import cap_fetch_wait
+from pipeline.stream.worker_state import byte_chunks
+
+
+def test_cap_fetch_wait_sets_aiokafkas_wait_once_however_often_called(monkeypatch):
+    from faust.transport.drivers import aiokafka as driver
+
+    class FakeConsumer:
+        _fetch_max_wait_ms = 1500  # what faust hard-codes
+
+    monkeypatch.setattr(driver.AIOKafkaConsumerThread, "_create_worker_consumer", lambda self, t: FakeConsumer())
+    cap_fetch_wait(100)
+    cap_fetch_wait(120)  # wraps faust's method once: the later value wins, no double wrapping
+    consumer = driver.AIOKafkaConsumerThread._create_worker_consumer(object(), None)
+    assert consumer._fetch_max_wait_ms == 120
+    assert not hasattr(driver.AIOKafkaConsumerThread._create_worker_consumer.__wrapped__, "__wrapped__")
+    with pytest.raises(ValueError, match="1..10000 ms"):
+        cap_fetch_wait(0)
+
+
+class Msg:
+    def __init__(self, n):
+        self.value = None if n is None else b"x" * n
+
+
+def test_byte_chunks_bound_the_bytes_of_each_run_and_keep_order():
+    msgs = [Msg(4), Msg(4), Msg(None), Msg(9), Msg(1), Msg(1)]
+    runs = byte_chunks(msgs, 8)
+    assert [[m for m in run] for run in runs] == [msgs[:3], msgs[3:4], msgs[4:]]
+    assert byte_chunks([], 8) == []
