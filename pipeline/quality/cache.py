@@ -16,14 +16,14 @@ is encoded once per process, however many events reuse it.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import threading
 from collections import Counter, OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import numpy as np
+
+from pipeline.quality.scorer import OffLoopScoring
 
 
 def _key_part(x: Any) -> bytes:
@@ -120,7 +120,7 @@ class CachingEmbedder:
         return out
 
 
-class CachedScorer:
+class CachedScorer(OffLoopScoring):
     """A quality scorer with an LRU of scores by ``(model version, prompt, response)``.
 
     ``score`` / ``score_async`` / ``version`` / ``close`` like
@@ -133,7 +133,6 @@ class CachedScorer:
         self.scorer = scorer
         self._lru = _LRU(max_entries)
         self.counters: Counter[str] = Counter()
-        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def version(self) -> str:
@@ -160,17 +159,9 @@ class CachedScorer:
                 out[idx] = v
         return out
 
-    async def score_async(self, prompts: Sequence[Any] | None, responses: Sequence[Any]) -> np.ndarray:
-        """:meth:`score` on a worker thread of its own (never on the event loop)."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quality-cache")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.score, prompts, responses)
-
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Stop this wrapper's worker thread and close the wrapped scorer."""
+        super().close()
         close = getattr(self.scorer, "close", None)
         if close is not None:
             close()

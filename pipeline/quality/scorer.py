@@ -40,7 +40,33 @@ class ScoreReport:
     model_version: str
 
 
-class QualityScorer:
+class OffLoopScoring:
+    """``score_async`` and ``close`` for a class with a blocking ``score(prompts, responses)``.
+
+    Calls run on a single worker thread of the instance's own, so they are
+    serialised and the event loop never blocks.
+    """
+
+    _executor: ThreadPoolExecutor | None = None
+
+    def score(self, prompts: Sequence[Any] | None, responses: Sequence[Any]) -> np.ndarray:
+        raise NotImplementedError
+
+    async def score_async(self, prompts: Sequence[Any] | None, responses: Sequence[Any]) -> np.ndarray:
+        """:meth:`score` on the instance's own worker thread (never on the event loop)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quality")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.score, prompts, responses)
+
+    def close(self) -> None:
+        """Stop the worker thread (queued calls are cancelled)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+
+class QualityScorer(OffLoopScoring):
     """P(good answer) for (prompt, response) pairs with a versioned quality model.
 
     ``model``: a :class:`QualityModel`, a version string, or ``None`` for the
@@ -69,7 +95,6 @@ class QualityScorer:
         self.batch_size = batch_size
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def version(self) -> str:
@@ -113,16 +138,3 @@ class QualityScorer:
         or hold ``None`` entries)."""
         return self.score_detailed(prompts, responses).scores
 
-    async def score_async(
-        self, prompts: Sequence[Any] | None, responses: Sequence[Any]
-    ) -> np.ndarray:
-        """:meth:`score` on the scorer's own worker thread (never on the event loop)."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quality")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.score, prompts, responses)
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
