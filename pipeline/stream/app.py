@@ -77,7 +77,7 @@ log = logging.getLogger("channel_health.worker")
 IDLE_ADVANCE_AFTER_S = 10.0
 #: How often channel state is snapshotted and input offsets acked (s).
 SNAPSHOT_INTERVAL_S = 5.0
-#: How often buffered rows are written to ClickHouse (s); sooner when a buffer is half full.
+#: How often buffered rows are written to ClickHouse (s); sooner once a buffer is a quarter full.
 FLUSH_INTERVAL_S = 1.0
 #: Retry delays of a failing ClickHouse write (s): first, and the cap of the doubling.
 FLUSH_BACKOFF_MIN_S = 0.5
@@ -220,7 +220,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                     await wait_flushed()
             pending = state.sink.pending_rows
             state.peak_pending_rows = max(state.peak_pending_rows, pending)
-            if pending * 2 >= getattr(getattr(state.sink, "events", None), "max_rows", 1 << 62):
+            if pending * 4 >= getattr(getattr(state.sink, "events", None), "max_rows", 1 << 62):
                 state.flush_kick.set()  # type: ignore[union-attr]
 
     async def wait_flushed() -> None:
