@@ -48,9 +48,7 @@ class OffLoopScoring:
     """
 
     _executor: ThreadPoolExecutor | None = None
-
-    def score(self, prompts: Sequence[Any] | None, responses: Sequence[Any]) -> np.ndarray:
-        raise NotImplementedError
+    score: Any  # the subclass's blocking ``score(prompts, responses) -> np.ndarray``
 
     async def score_async(self, prompts: Sequence[Any] | None, responses: Sequence[Any]) -> np.ndarray:
         """:meth:`score` on the instance's own worker thread (never on the event loop)."""

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkSetupError, SinkWriteError
-from pipeline.sinks.retry import aretry_flush, retry_flush
+from pipeline.sinks.retry import FlushRetries
 from pipeline.sinks.rows import (
     EVENT_COLUMNS,
     EVENTS_TABLE,
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 
-class ClickHouseSink:
+class ClickHouseSink(FlushRetries):
     """Buffered at-least-once writer of ``request_events``, ``channel_verdicts``,
     ``quality_scores`` and ``quality_labels``.
 
@@ -150,16 +150,3 @@ class ClickHouseSink:
         before it were written and are not rewritten).
         """
         return sum(t.flush() for t in self._tables)
-
-    def flush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
-        """:meth:`flush`, retried with exponential backoff for up to ``max_wait_s`` seconds.
-
-        ``backoff``: ``initial_backoff_s``, ``max_backoff_s``, ``sleep``, ``clock``
-        (see :func:`~pipeline.sinks.retry.retry_flush`). Raises ``SinkWriteError``
-        when time is up; unwritten rows stay buffered.
-        """
-        return retry_flush(self.flush, max_wait_s, **backoff)
-
-    async def aflush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
-        """Async :meth:`flush_with_retry`; inserts run in a worker thread."""
-        return await aretry_flush(self.flush, max_wait_s, **backoff)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from pipeline.sinks.errors import SinkWriteError
 
@@ -87,3 +87,22 @@ def _gave_up(exc: SinkWriteError, attempts: int, max_wait_s: float) -> SinkWrite
         rows=exc.rows,
         attempts=attempts,
     )
+
+
+class FlushRetries:
+    """``flush_with_retry`` / ``aflush_with_retry`` for a sink with a blocking ``flush() -> rows written``."""
+
+    flush: Callable[[], int]
+
+    def flush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
+        """:meth:`flush`, retried with exponential backoff for up to ``max_wait_s`` seconds.
+
+        ``backoff``: ``initial_backoff_s``, ``max_backoff_s``, ``sleep``, ``clock``
+        (see :func:`~pipeline.sinks.retry.retry_flush`). Raises ``SinkWriteError``
+        when time is up; unwritten rows stay buffered.
+        """
+        return retry_flush(self.flush, max_wait_s, **backoff)
+
+    async def aflush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
+        """Async :meth:`flush_with_retry`; inserts run in a worker thread."""
+        return await aretry_flush(self.flush, max_wait_s, **backoff)

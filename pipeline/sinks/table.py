@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from pipeline.sinks.arrow import arrow_type, rows_to_table, schema_of
 from pipeline.sinks.errors import SinkBackpressure, SinkSetupError, SinkWriteError
-from pipeline.sinks.retry import aretry_flush, retry_flush
+from pipeline.sinks.retry import FlushRetries
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 
-class TableSink:
+class TableSink(FlushRetries):
     """Buffer rows for one table and write them in columnar (Arrow) batches.
 
     ``client``: a clickhouse-connect client (:func:`pipeline.storage.client.open_client`).
@@ -156,19 +156,6 @@ class TableSink:
                 self._bytes -= sum(b.nbytes for b in blocks)
             log.debug("wrote %d rows to %s in %.3fs", rows, self.table, time.monotonic() - started)
             return rows
-
-    def flush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
-        """:meth:`flush`, retried with exponential backoff for up to ``max_wait_s`` seconds.
-
-        ``backoff``: ``initial_backoff_s``, ``max_backoff_s``, ``sleep``, ``clock``
-        (see :func:`~pipeline.sinks.retry.retry_flush`). Raises ``SinkWriteError``
-        when time is up; unwritten rows stay buffered.
-        """
-        return retry_flush(self.flush, max_wait_s, **backoff)
-
-    async def aflush_with_retry(self, max_wait_s: float, **backoff: Any) -> int:
-        """Async :meth:`flush_with_retry`; inserts run in a worker thread."""
-        return await aretry_flush(self.flush, max_wait_s, **backoff)
 
 
 def describe(client: Any, table: str, columns: Sequence[str]) -> tuple[str, ...]:
