@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from pipeline.contracts import Verdict
-from pipeline.engine import Engine, replay
+from pipeline.engine import Engine
+from pipeline.engine_replay import replay
 from pipeline.simulate.scenarios import Scenario, get_scenario
 from pipeline.simulate.traces import DataNotFoundError
 

@@ -15,7 +15,8 @@ import random
 import msgspec
 import pytest
 
-from pipeline.engine import Engine, replay
+from pipeline.engine import Engine
+from pipeline.engine_replay import replay
 from pipeline.stream.delivery import DeliveryLedger
 from pipeline.stream.processor import BatchProcessor
 

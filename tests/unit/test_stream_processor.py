@@ -15,7 +15,7 @@ from collections import defaultdict
 import msgspec
 import pytest
 
-from pipeline.engine import replay
+from pipeline.engine_replay import replay
 from pipeline.simulate.scenarios import get_scenario
 from pipeline.simulate.traces import DataNotFoundError
 from pipeline.stream.processor import BatchProcessor
