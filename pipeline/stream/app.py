@@ -57,7 +57,7 @@ from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PolicyConfig
-from pipeline.stream.offsets import OffsetGate, start_offsets
+from pipeline.stream.offsets import MAX_SEEKS, OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
 from pipeline.stream.runtime import (
@@ -66,6 +66,7 @@ from pipeline.stream.runtime import (
     TAKE_MAX,
     TAKE_WITHIN_S,
     cap_fetch_wait,
+    disable_read_offset_filter,
     faust_broker_kwargs,
     tune_gc,
 )
@@ -117,6 +118,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         stream_buffer_maxsize=STREAM_BUFFER_MAX,
         **faust_broker_kwargs(settings),
     )
+    disable_read_offset_filter(app.consumer)  # the OffsetGate orders and de-duplicates input instead
     state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     health = app.topic(topics.health, key_serializer="raw", value_serializer="raw")
@@ -147,6 +149,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         starts = await start_offsets(settings.kafka_bootstrap or "", settings.consumer_group, topics.requests,
                                      assigned, settings.kafka_security.aiokafka_kwargs())
         state.gate = OffsetGate(starts)
+        state.skipped_logged = 0
         state.processor.reset(Engine(policy))
         state.processor.load_snapshots(records)
         state.ledger.clear()
@@ -174,7 +177,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             return
         log.warning("input partition %d: records after offset %d arrived before it (fetched before the seek "
                     "of the rebalance); re-reading from %d", partition, offset, offset)
-        await app.consumer.seek(TP(topics.requests, partition), offset)
+        # seek_wait runs the seek on the consumer's own thread (aiokafka is not thread-safe) and waits for it
+        await app.consumer.seek_wait({TP(topics.requests, partition): offset})
 
     def update_partition_status() -> None:
         """Tell the processor which input partitions are consumed to their end (each batch: it is cheap)."""
@@ -274,6 +278,12 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                     gaps.add(msg.partition)
             for p in sorted(gaps):
                 await seek_back(p)
+            while len(gate.skipped_starts) > state.skipped_logged:
+                p, start, first = gate.skipped_starts[state.skipped_logged]
+                state.skipped_logged += 1
+                log.error("input partition %d: no record at committed offset %d after %d seeks; continuing at %d "
+                          "(offsets in between are absent from the log, e.g. transaction markers)",
+                          p, start, MAX_SEEKS, first)
             if not fresh:
                 return
             update_partition_status()

@@ -57,6 +57,28 @@ def cap_fetch_wait(max_wait_ms: int = FETCH_MAX_WAIT_MS) -> None:
     cls._create_worker_consumer = create
 
 
+class _UnknownReadOffsets(dict):
+    """faust's per-partition "highest offset delivered" map, read as unknown for every partition."""
+
+    def __getitem__(self, tp: Any) -> None:
+        return None
+
+
+def disable_read_offset_filter(consumer: Any) -> None:
+    """Stop faust from dropping records below the highest offset it has delivered (call before it starts).
+
+    faust's consumer drops a record whose offset is below the last one it
+    delivered on that partition (``Consumer._drain_messages``, ``_read_offset``).
+    After a seek back, records that were already fetched before the seek are
+    still delivered and move that mark ahead again, so faust then drops the
+    re-read records the seek was for. The worker's :class:`~pipeline.stream.offsets.OffsetGate`
+    does this job instead (duplicates dropped, order enforced from the
+    committed offset), so the filter is switched off: every fetched record
+    reaches the agent. ``consumer``: ``app.consumer`` of a faust app.
+    """
+    consumer._read_offset = _UnknownReadOffsets()
+
+
 def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
     """faust.App keyword arguments for the broker, credentials and group timeouts.
 

@@ -29,6 +29,8 @@ class WorkerState:
     offsets: dict = field(default_factory=dict)
     #: In-order acceptance of input offsets in this generation (set on each reset).
     gate: OffsetGate = field(default_factory=lambda: OffsetGate({}))
+    #: ``gate.skipped_starts`` already logged.
+    skipped_logged: int = 0
     #: Consumer generation the processor's state belongs to (None before the first batch).
     generation: int | None = None
     #: Set on revocation until the next reset: publish no snapshot, ack nothing.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.stream.runtime import cap_fetch_wait
+from pipeline.stream.runtime import cap_fetch_wait, disable_read_offset_filter
 from pipeline.stream.worker_state import byte_chunks
 
 
@@ -32,3 +32,15 @@ def test_byte_chunks_bound_the_bytes_of_each_run_and_keep_order():
     runs = byte_chunks(msgs, 8)
     assert [[m for m in run] for run in runs] == [msgs[:3], msgs[3:4], msgs[4:]]
     assert byte_chunks([], 8) == []
+
+
+def test_read_offset_filter_off_every_partition_reads_as_unknown():
+    class Consumer:
+        _read_offset: dict = {}
+
+    c = Consumer()
+    disable_read_offset_filter(c)
+    c._read_offset["tp"] = 11           # faust still writes the mark (drain, seek, perform_seek) ...
+    c._read_offset.update({"tp2": 3})
+    assert c._read_offset["tp"] is None and c._read_offset["tp2"] is None  # ... but never drops by it
+    assert c._read_offset.pop("tp") == 11
