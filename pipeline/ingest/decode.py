@@ -188,14 +188,10 @@ class Decoder:
         return self._slow(raw, now_ms)
 
     def _slow(self, raw: bytes, now_ms: int) -> DecodeResult:
-        """Find out what is wrong: JSON, UTF-8, envelope, or which element."""
+        """Find out what is wrong: JSON, envelope, or which element (UTF-8 is checked before)."""
         try:
             top = self._any_decoder.decode(raw)
         except (msgspec.DecodeError, RecursionError) as exc:
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError as bad:
-                return _rejected(R.NOT_UTF8, f"message is not valid UTF-8 (byte {bad.start}: {bad.reason})", raw)
             if isinstance(exc, RecursionError):
                 return _rejected(R.INVALID_JSON, "message: JSON nested too deeply", raw)
             if str(exc).startswith("Number out of range"):
@@ -310,10 +306,7 @@ class Decoder:
         if any(type(item) is not RequestEvent for item in items):
             return None
         ts = list(map(_TS, items))
-        lo, hi = min(ts), max(ts)
-        if self.max_future_ms is not None and hi - now_ms > self.max_future_ms:
-            return None
-        if self.max_age_ms is not None and now_ms - lo > self.max_age_ms:
+        if self._time_problem(max(ts), now_ms) or self._time_problem(min(ts), now_ms):
             return None
         if len(set(map(_ID, items))) != len(items):
             return None
@@ -331,16 +324,20 @@ class Decoder:
         return elements if len(elements) == expected else None
 
     def _check_time(self, event: RequestEvent, now_ms: int) -> tuple[str, str] | None:
+        """``(reason, detail)`` if ``event.ts_ms`` is outside the sanity window, else None."""
+        return self._time_problem(event.ts_ms, now_ms)
+
+    def _time_problem(self, ts_ms: int, now_ms: int) -> tuple[str, str] | None:
         """``(reason, detail)`` if ``ts_ms`` is outside the sanity window, else None."""
-        ahead = event.ts_ms - now_ms
+        ahead = ts_ms - now_ms
         if self.max_future_ms is not None and ahead > self.max_future_ms:
             return R.TS_IN_FUTURE, (
-                f"ts_ms: {event.ts_ms} is {_duration(ahead)} ahead of the decoder clock {now_ms} "
+                f"ts_ms: {ts_ms} is {_duration(ahead)} ahead of the decoder clock {now_ms} "
                 f"(limit {_duration(self.max_future_ms)})"
             )[: R.MAX_DETAIL_CHARS]
         if self.max_age_ms is not None and -ahead > self.max_age_ms:
             return R.TS_TOO_OLD, (
-                f"ts_ms: {event.ts_ms} is {_duration(ahead)} behind the decoder clock {now_ms} "
+                f"ts_ms: {ts_ms} is {_duration(ahead)} behind the decoder clock {now_ms} "
                 f"(limit {_duration(self.max_age_ms)})"
             )
         return None
