@@ -153,7 +153,6 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         state.processor.reset(Engine(policy))
         state.processor.load_snapshots(records)
         state.ledger.clear()
-        state.offsets = {}
         state.generation = generation
         state.stale = False
         state.dirty = False
@@ -187,7 +186,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             return
         # The highwater cached from the last fetch response (no broker round trip under the lock).
         state.processor.set_partition_status({
-            tp.partition: state.offsets.get(tp.partition, -1) + 1 >= (app.consumer.highwater(tp) or 0) for tp in tps})
+            tp.partition: state.gate.last_offsets.get(tp.partition, -1) + 1 >= (app.consumer.highwater(tp) or 0) for tp in tps})
 
     # -- output -------------------------------------------------------------------------
     async def publish(out: ProcessedBatch) -> None:
@@ -270,7 +269,6 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 msg = e.message
                 decision = gate.check(msg.partition, msg.offset) if msg.generation_id == state.generation else "old"
                 if decision == "accept":
-                    state.offsets[msg.partition] = msg.offset
                     fresh.append(e)
                     continue
                 state.dropped_stale_messages += 1  # delivered again (old generation, duplicate or before a seek)
@@ -355,7 +353,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         async with state.lock:
             if not state.dirty or state.ledger.pending_snapshot_seq is not None or not current():
                 return
-            records = state.processor.snapshot_records(state.offsets)
+            records = state.processor.snapshot_records(state.gate.last_offsets)
             state.ledger.snapshot_taken((state.generation, records))
             state.dirty = False
 

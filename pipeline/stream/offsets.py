@@ -102,6 +102,11 @@ class OffsetGate:
         self._seeks[partition] = self._seeks.get(partition, 0) + 1
         return self.start[partition]
 
+    @property
+    def last_offsets(self) -> dict[int, int]:
+        """Partition → offset of the last message accepted in this generation (the gate's own map: do not modify)."""
+        return self._last
+
     def last_accepted(self, partition: int) -> int | None:
         """Offset of the last message accepted on ``partition`` in this generation (None: none yet)."""
         return self._last.get(partition)

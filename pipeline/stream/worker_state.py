@@ -25,9 +25,8 @@ class WorkerState:
     snap_lock: asyncio.Lock | None = None
     ledger: DeliveryLedger = field(default_factory=DeliveryLedger)
     snapshots_written: int = 0
-    #: Input partition → last offset processed in this generation.
-    offsets: dict = field(default_factory=dict)
-    #: In-order acceptance of input offsets in this generation (set on each reset).
+    #: In-order acceptance of input offsets in this generation (set on each reset); its
+    #: ``last_offsets`` are the offsets processed so far (what a snapshot covers).
     gate: OffsetGate = field(default_factory=lambda: OffsetGate({}))
     #: ``gate.skipped_starts`` already logged.
     skipped_logged: int = 0
