@@ -172,6 +172,8 @@ def run_faust(args: dict[str, Any]) -> None:
                     "driver": "faust", "rss_max_sampled_mb": round(sampler.max_mb, 1),
                     "rss_timeline": _timeline(sampler, counters),
                     "snapshots_written": getattr(state, "snapshots_written", None),
+                    "agent_wall_s": {k: round(v, 3) for k, v in state.wall_s.items()},
+                    "backpressure_waits": state.backpressure_waits,
                     "restored_channels": getattr(state.processor, "restored", None)}))
 
     run_worker(app)

@@ -335,7 +335,9 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
                 kinds[kind]["events_per_partition"][p] for p in only)
             return {"bootstrap": bootstrap, "driver": driver, "prefix": prefix, "group": f"bench{tag}-{name}",
                     "topic": kinds[kind]["topic"], "events": events, "partitions": opts.partitions,
-                    "only_partitions": only}
+                    "only_partitions": only,
+                    # for digging: a cProfile stats file per stage when the variable is set (README "Throughput")
+                    "cprofile": str(workdir / f"{name}.prof") if os.environ.get("CHANNEL_HEALTH_BENCH_CPROFILE") else None}
 
         for driver in ("faust", "aiokafka"):
             for kind in ("batched", "single"):

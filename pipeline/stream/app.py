@@ -68,6 +68,7 @@ from pipeline.stream.runtime import (
     cap_fetch_wait,
     disable_read_offset_filter,
     faust_broker_kwargs,
+    send_and_wait,
     tune_gc,
 )
 from pipeline.stream.worker_state import WorkerState, byte_chunks
@@ -121,9 +122,6 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     disable_read_offset_filter(app.consumer)  # the OffsetGate orders and de-duplicates input instead
     state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
-    health = app.topic(topics.health, key_serializer="raw", value_serializer="raw")
-    dlq = app.topic(topics.dlq, key_serializer="raw", value_serializer="raw")
-    state_topic = app.topic(topics.state, key_serializer="raw", value_serializer="raw")
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
 
     def init_sync() -> None:
@@ -191,11 +189,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     # -- output -------------------------------------------------------------------------
     async def publish(out: ProcessedBatch) -> None:
         """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them."""
-        futures = [await health.send(key=v.channel.encode(), value=encode(v)) for v in out.verdicts]
-        futures += [await dlq.send(key=(d.event_id or "").encode() or None, value=d.to_kafka_value())
-                    for d in out.dead_letters]
-        if futures:
-            await asyncio.gather(*futures)
+        await send_and_wait(app.producer, topics.health, [(v.channel.encode(), encode(v), None) for v in out.verdicts])
+        await send_and_wait(app.producer, topics.dlq, [((d.event_id or "").encode() or None, d.to_kafka_value(), None)
+                                                       for d in out.dead_letters])
 
     async def store(out: ProcessedBatch) -> None:
         """Put the batch's rows in the sink's buffer (written by the flusher).
@@ -231,18 +227,24 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         state.flushed.clear()
         state.flush_kick.set()
         state.intake_paused = True
+        started = time.perf_counter()
         try:
             await state.flushed.wait()
         finally:
             state.intake_paused = False
+            state.wall_s["backpressure"] += time.perf_counter() - started
 
     # -- the stream -------------------------------------------------------------------------
     @app.agent(requests)
     async def process(stream: faust.StreamT) -> None:
         init_sync()
         try:
+            ended = None
             async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
+                if ended is not None:
+                    state.wall_s["between"] += time.perf_counter() - ended
                 await handle(events)
+                ended = time.perf_counter()
                 state.last_batch_wall_s = time.monotonic()
                 while state.ledger.unacked_messages > MAX_UNACKED_MESSAGES:
                     await asyncio.sleep(0.1)  # acks come with the next saved snapshot
@@ -286,14 +288,23 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 return
             update_partition_status()
             for chunk in byte_chunks(fresh, CHUNK_BYTES):
+                t0 = time.perf_counter()
                 out = state.processor.process([e.value for e in chunk], [e.message.partition for e in chunk],
                                               [e.message.offset for e in chunk])
+                t1 = time.perf_counter()
                 await publish(out)
-                await store(out)  # rows leave as Arrow columns: the decoded events die with ``out``
+                t2 = time.perf_counter()
+                await store(out)
+                wall = state.wall_s
+                wall["process"] += t1 - t0
+                wall["publish"] += t2 - t1  # rows leave as Arrow columns: the decoded events die with ``out``
                 for e in chunk:  # never read again (an ack needs only partition and offset): free the bytes
                     e.value = e.message.value = None
             state.ledger.add_batch(e.message for e in fresh)  # acked once rows are written and a snapshot covers it
             state.dirty = True
+            caught_up = state.processor.caught_up
+            if caught_up and all(caught_up.values()) and state.flush_kick is not None:
+                state.flush_kick.set()  # input consumed to its end: write the rows now, not at the next interval
 
     # -- ClickHouse writer ----------------------------------------------------------------
     @app.task
@@ -371,11 +382,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 state.ledger.drop_snapshot()
                 return
             epoch = state.ledger.epoch
-            futures = [await state_topic.send(key=name.encode(), value=blob,
-                                              headers=[(OFFSETS_HEADER, offsets_header(offs))])
-                       for name, blob, offs in records]
-            if futures:
-                await asyncio.gather(*futures)
+            await send_and_wait(app.producer, topics.state,
+                                [(name.encode(), blob, [(OFFSETS_HEADER, offsets_header(offs))])
+                                 for name, blob, offs in records])
             if epoch != state.ledger.epoch or not current():
                 return  # a rebalance came in between: ack nothing of the old assignment
             for m in state.ledger.snapshot_saved():
@@ -405,12 +414,14 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         """One status line (also while the agent waits for a full buffer to drain)."""
         pr = state.processor
         log.info("status: generation %s, %d events in, %d verdicts out, %d rows buffered (peak %d), %d rows written, "
-                 "%d messages unacked, %d acked, %d snapshots saved, sink %s, low watermark %s, intake %s",
+                 "%d messages unacked, %d acked, %d snapshots saved, sink %s, low watermark %s, intake %s; "
+                 "agent time so far (s): %s",
                  state.generation, pr.events_in, pr.verdicts_out,
                  state.sink.pending_rows if state.sink is not None else 0, state.peak_pending_rows,
                  state.rows_written, state.ledger.unacked_messages, state.acked_messages, state.snapshots_written,
                  "down" if state.sink_down_since is not None else "ok", pr.low_watermark_ms(),
-                 "paused (sink buffer full)" if state.intake_paused else "open")
+                 "paused (sink buffer full)" if state.intake_paused else "open",
+                 ", ".join(f"{k} {v:.1f}" for k, v in state.wall_s.items()))
 
     @app.timer(interval=5.0)
     async def idle_advance() -> None:

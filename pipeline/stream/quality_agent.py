@@ -406,12 +406,12 @@ def install_quality(app: Any, state: Any, settings: Any, *, quality: QualitySett
                             models_dir / "CURRENT")
                 return None
 
+    from pipeline.stream.runtime import send_and_wait
+
     topic = app.topic(settings.topics.quality, key_serializer="raw", value_serializer="raw")
 
     async def publish(msgs: list[tuple[bytes, bytes]]) -> None:
-        futures = [await topic.send(key=k, value=v) for k, v in msgs]
-        if futures:
-            await asyncio.gather(*futures)
+        await send_and_wait(app.producer, settings.topics.quality, [(k, v, None) for k, v in msgs])
 
     agent = QualityAgent(qs, get_engine=lambda: state.processor.engine, get_lock=lambda: state.lock,
                          publish=publish, sink=state.sink, scorer_factory=scorer_factory)

@@ -1,4 +1,4 @@
-"""How the worker process runs: faust options for the broker and the agent, and GC tuning.
+"""How the worker process runs: faust options for the broker and the agent, GC tuning, direct sends.
 
 Kept apart from :mod:`pipeline.stream.app` (the topology) so the bare-faust
 benchmark and the tests build their apps with exactly the worker's options.
@@ -6,8 +6,9 @@ benchmark and the tests build their apps with exactly the worker's options.
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from typing import Any
+from typing import Any, Iterable, Optional
 
 import faust
 
@@ -18,7 +19,7 @@ TAKE_MAX = 256
 #: Fetched messages faust buffers per agent before it pauses fetching (faust ``stream_buffer_maxsize``,
 #: default 4,096: 4,096 batch envelopes of 500 events are ~570 MB held in memory).
 STREAM_BUFFER_MAX = 256
-TAKE_WITHIN_S = 0.2
+TAKE_WITHIN_S = 0.05
 #: Raw input bytes decoded at once: a take of 256 batch envelopes (~35 MB) is processed in
 #: chunks, so at most this much is held as decoded events at a time.
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -123,3 +124,24 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+#: One record to publish: ``(key, value, headers)``; key and headers may be None.
+Record = tuple[Optional[bytes], bytes, Optional[list[tuple[str, bytes]]]]
+
+
+async def send_and_wait(producer: Any, topic: str, records: Iterable[Record]) -> int:
+    """Publish ``records`` to ``topic`` and return their count once Kafka acknowledged every one.
+
+    ``producer``: faust's transport producer (``app.producer``: aiokafka's
+    producer behind it, so the partition of a key is Kafka's default murmur2
+    partition). Sending bytes through it directly skips faust's ``Topic.send``
+    machinery (codecs, channel, sensors: ~170 µs per message measured by
+    ``channel-health bench``, against ~10 µs here), which mattered at a
+    round's 1,000 verdicts and a snapshot's 1,000 channel records. Raises
+    the first send error (e.g. ``KafkaError``) after all sends were handed over.
+    """
+    futures = [await producer.send(topic, key, value, None, None, headers) for key, value, headers in records]
+    if futures:
+        await asyncio.gather(*futures)
+    return len(futures)
