@@ -10,17 +10,13 @@
 -- not parseable, NULL = not checked (no expected fields). missing_fields: the
 -- expected fields the response lacked (empty when none or unchecked).
 --
--- ts_ms / ingested_ms (UTC epoch ms) are EPHEMERAL: not stored, they only fill
--- ts and ingested_at when the worker inserts its rows as JSON lines
--- (pipeline.sinks.rows.event_lines; 006 adds them to a table of an older version).
---
 -- Retention: 30 days after ingestion. The TTL uses ingested_at (wall clock),
 -- not ts (event time), so replays of old traffic are not deleted on the first
 -- background merge.
 CREATE TABLE IF NOT EXISTS channel_health.request_events
 (
     event_id          String,
-    ts                DateTime64(3, 'UTC') DEFAULT fromUnixTimestamp64Milli(ts_ms, 'UTC'),
+    ts                DateTime64(3, 'UTC'),
     channel           LowCardinality(String),
     route             LowCardinality(String),
     tier              LowCardinality(Nullable(String)),
@@ -38,9 +34,7 @@ CREATE TABLE IF NOT EXISTS channel_health.request_events
     trace_id          Nullable(String),
     parse_ok          Nullable(UInt8),
     missing_fields    Array(String),
-    ingested_at       DateTime64(3, 'UTC') DEFAULT fromUnixTimestamp64Milli(ingested_ms, 'UTC'),
-    ts_ms             Int64 EPHEMERAL,
-    ingested_ms       Int64 EPHEMERAL
+    ingested_at       DateTime64(3, 'UTC')
 )
 ENGINE = ReplacingMergeTree(ingested_at)
 PARTITION BY toYYYYMMDD(ts)

@@ -8,8 +8,8 @@ messages), with an engine already holding the 1,000 channels' 24 h state
 - ``validate_decode``: :class:`pipeline.ingest.decode.Decoder` (decode + checks);
 - ``engine``: :meth:`pipeline.engine.Engine.process` on decoded events;
 - ``processor``: :meth:`BatchProcessor.process` (decode + engine + outputs);
-- ``sink_rows``: :meth:`ClickHouseSink.add_events` (the rows as JSON lines, encoded by msgspec);
-- ``sink_insert``: :meth:`ClickHouseSink.flush` (``JSONEachRow`` insert into chDB, which parses on its own threads).
+- ``sink_rows``: :meth:`ClickHouseSink.add_events` (row tuples + size estimate);
+- ``sink_insert``: :meth:`ClickHouseSink.flush` (columnar insert into chDB).
 
 Figures are microseconds of CPU per event (``time.process_time``), so they
 hold on a busy machine too; ``gc`` is left on, as in the worker.

@@ -29,8 +29,6 @@ from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkSetupError, S
 from pipeline.sinks.retry import FlushRetries
 from pipeline.sinks.rows import (
     EVENT_COLUMNS,
-    EVENT_LINE_COLUMNS,
-    EVENT_LINE_SETTINGS,
     EVENTS_TABLE,
     QUALITY_LABEL_COLUMNS,
     QUALITY_LABELS_TABLE,
@@ -38,7 +36,7 @@ from pipeline.sinks.rows import (
     QUALITY_SCORES_TABLE,
     VERDICT_COLUMNS,
     VERDICTS_TABLE,
-    event_lines,
+    event_block,
     event_row,
     label_row,
     now_ms,
@@ -76,8 +74,7 @@ class ClickHouseSink(FlushRetries):
     def __init__(self, client: Any, *, max_rows: int = DEFAULT_MAX_ROWS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         bounds = {"max_rows": max_rows, "max_bytes": max_bytes}
         self.client = client
-        self.events = TableSink(client, EVENTS_TABLE, EVENT_COLUMNS, line_columns=EVENT_LINE_COLUMNS,
-                                line_settings=EVENT_LINE_SETTINGS, **bounds)
+        self.events = TableSink(client, EVENTS_TABLE, EVENT_COLUMNS, **bounds)
         self.verdicts = TableSink(client, VERDICTS_TABLE, VERDICT_COLUMNS, **bounds)
         self.quality_scores = TableSink(client, QUALITY_SCORES_TABLE, QUALITY_SCORE_COLUMNS, **bounds)
         self.quality_labels = TableSink(client, QUALITY_LABELS_TABLE, QUALITY_LABEL_COLUMNS, **bounds)
@@ -129,7 +126,7 @@ class ClickHouseSink(FlushRetries):
         at = now_ms() if ingested_ms is None else ingested_ms
         stored = stored if isinstance(stored, list) else list(stored)
         if stored:
-            self.events.add_lines(event_lines(stored, at), len(stored))
+            self.events.add_block(event_block(stored, at, self.events.arrow_types))
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Buffer ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing buffered)."""

@@ -3,16 +3,15 @@
 Contract with the caller (who owns the Kafka offsets):
 
 1. :meth:`TableSink.add` buffers rows (tuples in column order, built by
-   :mod:`pipeline.sinks.rows`), :meth:`TableSink.add_block` an Arrow table,
-   :meth:`TableSink.add_lines` newline-delimited JSON rows (the hot path of
-   ``request_events``, :func:`pipeline.sinks.rows.event_lines`). If the
+   :mod:`pipeline.sinks.rows`), :meth:`TableSink.add_block` an Arrow table
+   built column by column (the hot path of ``request_events``). If the
    buffer already holds rows and the new ones would take it over
    ``max_rows`` or ``max_bytes``, nothing is added and
    :class:`~pipeline.sinks.errors.SinkBackpressure` is raised: pause
    consumption, flush, then add the same rows again. (An oversized batch into
    an empty buffer is accepted, so progress is always possible.)
-2. :meth:`TableSink.flush` writes the whole buffer (one Arrow insert, one
-   ``JSONEachRow`` insert for JSON rows) and returns only after ClickHouse accepted it; then the caller may commit the
+2. :meth:`TableSink.flush` writes the whole buffer as one Arrow insert and
+   returns only after ClickHouse accepted it; then the caller may commit the
    offsets of those messages. On failure it raises
    :class:`~pipeline.sinks.errors.SinkWriteError` and keeps the buffer: do
    NOT commit; retry (:meth:`TableSink.flush_with_retry`).
@@ -30,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
@@ -45,13 +44,6 @@ DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 
-class Lines(NamedTuple):
-    """A block of newline-delimited JSON rows (``data``), ``rows`` of them."""
-
-    data: bytes
-    rows: int
-
-
 class TableSink(FlushRetries):
     """Buffer rows for one table and write them in columnar (Arrow) batches.
 
@@ -61,10 +53,7 @@ class TableSink(FlushRetries):
     ``DESCRIBE TABLE`` when omitted (raises
     :class:`~pipeline.sinks.errors.SinkSetupError` when the table or a column
     is missing). ``max_rows`` / ``max_bytes``: buffer bounds; bytes are the
-    Arrow buffers' size (``pyarrow.Table.nbytes``), or the JSON bytes.
-    ``line_columns`` / ``line_settings``: the columns a JSON-lines block
-    names (they may include EPHEMERAL columns) and the format settings of
-    its insert; :meth:`add_lines` needs them.
+    Arrow buffers' size (``pyarrow.Table.nbytes``).
     """
 
     def __init__(
@@ -76,8 +65,6 @@ class TableSink(FlushRetries):
         column_types: Sequence[str] | None = None,
         max_rows: int = DEFAULT_MAX_ROWS,
         max_bytes: int = DEFAULT_MAX_BYTES,
-        line_columns: Sequence[str] | None = None,
-        line_settings: Mapping[str, Any] | None = None,
     ) -> None:
         if max_rows < 1 or max_bytes < 1:
             raise ValueError(f"sink bounds must be positive, got max_rows={max_rows}, max_bytes={max_bytes}")
@@ -91,9 +78,7 @@ class TableSink(FlushRetries):
         self.schema = schema_of(self.columns, self.arrow_types)
         self.max_rows = max_rows
         self.max_bytes = max_bytes
-        self.line_columns = tuple(line_columns) if line_columns is not None else None
-        self.line_settings = dict(line_settings or {})
-        self._blocks: list[pa.Table | Lines] = []
+        self._blocks: list[pa.Table] = []
         self._rows = 0
         self._bytes = 0
         self._lock = threading.Lock()
@@ -126,29 +111,13 @@ class TableSink(FlushRetries):
         self.add_block(block)
 
     def add_block(self, block: pa.Table) -> None:
-        """Buffer an Arrow table with this table's columns and types.
+        """Buffer an Arrow table with this table's columns and types (e.g. from :func:`pipeline.sinks.rows.event_block`).
 
         Raises ``ValueError`` when its schema differs, ``SinkBackpressure`` as :meth:`add`.
         """
         if block.schema != self.schema:
             raise ValueError(f"{self.table}: block schema {block.schema} differs from the table's {self.schema}")
-        self._buffer(block, block.num_rows, block.nbytes)
-
-    def add_lines(self, data: bytes, rows: int) -> None:
-        """Buffer ``rows`` rows given as newline-delimited JSON objects keyed by :attr:`line_columns`.
-
-        The values are checked by ClickHouse at the insert, so they must already fit
-        the columns (e.g. :func:`pipeline.sinks.rows.event_lines` of decoded events).
-        Raises ``ValueError`` when the sink has no ``line_columns`` or ``rows`` < 0,
-        ``SinkBackpressure`` as :meth:`add`.
-        """
-        if self.line_columns is None:
-            raise ValueError(f"{self.table}: this sink takes no JSON rows (no line_columns)")
-        if rows < 0:
-            raise ValueError(f"{self.table}: rows must be >= 0, got {rows}")
-        self._buffer(Lines(data, rows), rows, len(data))
-
-    def _buffer(self, block: pa.Table | Lines, n: int, size: int) -> None:
+        n, size = block.num_rows, block.nbytes
         if n == 0:
             return
         with self._lock:
@@ -159,12 +128,10 @@ class TableSink(FlushRetries):
             self._bytes += size
 
     def flush(self) -> int:
-        """Write every buffered row; return the number written (0 if none).
+        """Write every buffered row in one insert; return the number written (0 if none).
 
-        One insert for the Arrow blocks, one for the JSON rows. Returns only
-        after ClickHouse accepted them. Raises
-        :class:`~pipeline.sinks.errors.SinkWriteError` (buffer kept, so rows
-        of a succeeded first insert are written again: idempotent) when an
+        Returns only after ClickHouse accepted the batch. Raises
+        :class:`~pipeline.sinks.errors.SinkWriteError` (buffer kept) when the
         insert fails.
         """
         with self._flush_lock:
@@ -172,16 +139,11 @@ class TableSink(FlushRetries):
                 blocks = list(self._blocks)
             if not blocks:
                 return 0
-            tables = [b for b in blocks if isinstance(b, pa.Table)]
-            lines = [b for b in blocks if isinstance(b, Lines)]
-            rows = sum(t.num_rows for t in tables) + sum(b.rows for b in lines)
+            data = pa.concat_tables(blocks) if len(blocks) > 1 else blocks[0]
+            rows = data.num_rows
             started = time.monotonic()
             try:
-                if tables:
-                    self.client.insert_arrow(self.table, pa.concat_tables(tables) if len(tables) > 1 else tables[0])
-                if lines:
-                    self.client.raw_insert(self.table, self.line_columns, b"".join(b.data for b in lines),
-                                           settings=self.line_settings, fmt="JSONEachRow")
+                self.client.insert_arrow(self.table, data)
             except Exception as exc:  # any driver/transport error: keep the buffer
                 raise SinkWriteError(
                     f"insert of {rows} rows into {self.table} failed: {type(exc).__name__}: {exc}",
@@ -191,7 +153,7 @@ class TableSink(FlushRetries):
             with self._lock:
                 del self._blocks[: len(blocks)]
                 self._rows -= rows
-                self._bytes -= sum(b.nbytes if isinstance(b, pa.Table) else len(b.data) for b in blocks)
+                self._bytes -= sum(b.nbytes for b in blocks)
             log.debug("wrote %d rows to %s in %.3fs", rows, self.table, time.monotonic() - started)
             return rows
 

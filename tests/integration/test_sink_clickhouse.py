@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-import msgspec
 import pytest
 
 from pipeline.config import Secret, Settings
@@ -33,8 +32,7 @@ from pipeline.sinks.clickhouse import (
     quality_row,
     verdict_row,
 )
-from pipeline.sinks.rows import (EVENT_COLUMNS, EVENT_LINE_COLUMNS, EVENTS_TABLE, VERDICT_COLUMNS, VERDICTS_TABLE,
-                                 event_lines, now_ms)
+from pipeline.sinks.rows import EVENT_COLUMNS, EVENTS_TABLE, now_ms
 from pipeline.storage.client import chdb_path, close_clients, open_client
 from pipeline.storage.errors import StorageConfigError, StorageConnectError
 from pipeline.storage.schema import apply_ddl
@@ -78,7 +76,7 @@ def _scalar(client, sql: str):
 
 def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
     assert apply_ddl(ch) == ["001_database.sql", "002_request_events.sql", "003_channel_minute_stats.sql",
-                             "004_channel_verdicts.sql", "005_quality.sql", "006_request_events_json_rows.sql"]
+                             "004_channel_verdicts.sql", "005_quality.sql"]
     tables = {r[0] for r in ch.query("SHOW TABLES FROM channel_health").result_rows}
     assert tables == TABLES
     engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = 'channel_health'").result_rows)
@@ -125,18 +123,12 @@ def test_event_row_holds_every_analyst_field(ch) -> None:
     }
 
 
-def test_json_lines_store_exactly_what_event_row_stores(ch) -> None:
+def test_columnar_event_block_stores_exactly_what_event_row_stores(ch) -> None:
     full = dict(gateway_id="gw-1", trace_id="t-9", tier="free", http_status=503, error_type="upstream_5xx",
                 ttft_ms=120.0, max_stream_gap_ms=40.5, input_tokens=900, output_tokens=12, cost_usd=0.0021,
                 quota_remaining=0.25)
     stored = [(_event(1, status="error", latency_ms=812.5, **full), False, ["answer", "sources"]),
-              (_event(2), None, None), (_event(3), True, []), (_event(4, channel="b/m@paid"), None, []),
-              # floats that a fast (inexact) float parser gets 1 ulp wrong; a gateway's own structure check
-              # differing from the stored one; texts (not stored) with newlines and braces in them
-              (_event(5, latency_ms=0.1 + 0.2, cost_usd=1.0000000000000002e-07, parse_ok=False,
-                      missing_fields=["x"], response_text='{"a": 1}\n}\n', prompt_text="p\n}",
-                      expected_fields=["a"]), True, ["b"]),
-              (_event(6, status="timeout", missing_fields=["y"], parse_ok=True, quota_remaining=1 / 3), None, None)]
+              (_event(2), None, None), (_event(3), True, []), (_event(4, channel="b/m@paid"), None, [])]
     ingested = now_ms()
     by_rows = TableSink(ch, EVENTS_TABLE, EVENT_COLUMNS)
     by_rows.add([event_row(e, ok, miss or [], ingested) for e, ok, miss in stored])
@@ -145,48 +137,14 @@ def test_json_lines_store_exactly_what_event_row_stores(ch) -> None:
     ch.command("TRUNCATE TABLE channel_health.request_events")
     sink = ClickHouseSink(ch)
     sink.add_events(stored, ingested_ms=ingested)
-    assert sink.events.pending_rows == 6 and sink.flush() == 6
+    assert sink.events.pending_rows == 4 and sink.flush() == 4
     assert ch.query("SELECT * FROM channel_health.request_events ORDER BY event_id").result_rows == rows
     by_id = {r[0]: r for r in rows}
     two, three = by_id["lepton/llama-70b@free-2"], by_id["lepton/llama-70b@free-3"]
     assert two[7] is None and two[17] is None and three[17] == 1  # ttft_ms NULL; parse_ok NULL / 1
-    five, six = by_id["lepton/llama-70b@free-5"], by_id["lepton/llama-70b@free-6"]
-    assert five[6] == 0.30000000000000004 and five[11] == 1.0000000000000002e-07
-    assert (five[17], five[18]) == (1, ["b"]) and (six[17], six[18]) == (None, [])
-    assert stored[4][0].response_text == '{"a": 1}\n}\n'  # the caller's event is not changed
     with pytest.raises(ValueError, match="parse_ok=None"):
         sink.add_events([(_event(5), None, ["answer"])])
     assert sink.events.pending_rows == 0
-
-
-def test_event_lines_are_one_json_object_per_row_with_the_ingest_time() -> None:
-    lines = event_lines([(_event(1, response_text="a\n}"), None, None), (_event(2), True, [])], 1_700_000_000_123)
-    rows = [msgspec.json.decode(line) for line in lines.splitlines()]
-    assert [r["event_id"] for r in rows] == ["lepton/llama-70b@free-1", "lepton/llama-70b@free-2"]
-    assert [r["ingested_ms"] for r in rows] == [1_700_000_000_123] * 2
-    assert "response_text" not in rows[0] and rows[1]["parse_ok"] is True
-    assert set(rows[1]) <= set(EVENT_LINE_COLUMNS)
-
-
-def test_older_request_events_table_takes_json_rows_after_apply_ddl(ch) -> None:
-    """A table created by 002 before the EPHEMERAL columns: 006 adds them, and JSON rows land."""
-    ch.command("DROP TABLE channel_health.request_events")
-    ch.command("""CREATE TABLE channel_health.request_events (event_id String, ts DateTime64(3, 'UTC'),
-        channel LowCardinality(String), route LowCardinality(String), tier LowCardinality(Nullable(String)),
-        status LowCardinality(String), latency_ms Float64, ttft_ms Nullable(Float64),
-        max_stream_gap_ms Nullable(Float64), input_tokens Nullable(UInt32), output_tokens Nullable(UInt32),
-        cost_usd Nullable(Float64), quota_remaining Nullable(Float32), http_status Nullable(UInt16),
-        error_type Nullable(String), gateway_id Nullable(String), trace_id Nullable(String),
-        parse_ok Nullable(UInt8), missing_fields Array(String), ingested_at DateTime64(3, 'UTC'))
-        ENGINE = ReplacingMergeTree(ingested_at) ORDER BY (channel, ts, event_id)""")
-    apply_ddl(ch)
-    sink = ClickHouseSink(ch)
-    ingested = now_ms()
-    sink.add_events([(_event(3), None, None)], ingested_ms=ingested)
-    assert sink.flush() == 1
-    ts, at = ch.query("SELECT ts, ingested_at FROM channel_health.request_events").result_rows[0]
-    assert ts == datetime(2026, 1, 1, 0, 0, 0, 3000, tzinfo=timezone.utc)
-    assert at == datetime.fromtimestamp(ingested / 1000, tz=timezone.utc)
 
 
 def test_event_row_refuses_missing_fields_on_an_unchecked_event() -> None:
@@ -377,10 +335,6 @@ class FlakyClient:
         self._attempt()
         return self.client.insert_arrow(*args, **kwargs)
 
-    def raw_insert(self, *args, **kwargs):
-        self._attempt()
-        return self.client.raw_insert(*args, **kwargs)
-
     def query(self, *args, **kwargs):
         return self.client.query(*args, **kwargs)
 
@@ -504,10 +458,3 @@ def test_chdb_directory_with_a_space(tmp_path: Path) -> None:
         assert client.query("SELECT currentDatabase()").result_rows == [("channel_health",)]
     finally:
         close_clients()
-
-
-def test_json_rows_need_line_columns(ch) -> None:
-    sink = TableSink(ch, VERDICTS_TABLE, VERDICT_COLUMNS)
-    with pytest.raises(ValueError, match="takes no JSON rows"):
-        sink.add_lines(b'{"channel":"a"}\n', 1)
-    assert sink.pending_rows == 0
