@@ -119,6 +119,8 @@ class Engine:
         self.prev_shares: dict[str, np.ndarray] = {}
         #: route → channel → traffic share after the last round (bounded shifts).
         self.shares_by_route: dict[str, dict[str, float]] = {}
+        #: route -> (round boundary, shares before it): the growth bound's start (see :meth:`_route_shares`).
+        self._share_round: dict[str, tuple[int, np.ndarray | None]] = {}
         #: Per channel: the next round boundary (event time, ms; 0 = not yet scheduled).
         self.next_eval = np.zeros(0, np.int64)
         self.low_watermark_ms: int | None = None
@@ -394,7 +396,7 @@ class Engine:
             if m.state == HALF_OPEN and changed[j]:
                 self.store.runs.reset(i)
         self.fail_since_eval[rows] = 0.0
-        shares = self._route_shares(c).tolist()
+        shares = self._route_shares(rows, now_ms)
         self.last_eval_ms = now_ms
         out = []
         columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft) for k, v in f.metrics.items()]
@@ -408,18 +410,36 @@ class Engine:
             out.append(self._verdict(i, now_ms, metrics))
         return out
 
-    def _route_shares(self, c: int) -> np.ndarray:
-        shares = np.zeros(c)
-        routes: dict[str, list[int]] = {}
-        for i, r in enumerate(self.store.routes[:c]):
-            routes.setdefault(r, []).append(i)
-        for r, idx in routes.items():
-            w = np.array([self.machines[i].weight for i in idx])
-            s = bounded_shares(w, self.prev_shares.get(r), self.policy.max_share_growth)
+    def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
+        """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.
+
+        Returns channel index -> share for every channel of those routes (other routes
+        keep their shares: their channels had no round now). A route's growth bound
+        (:func:`~pipeline.policy.routes.bounded_shares`) is applied once per round
+        boundary: when its channels come due in several calls at the same ``now_ms``
+        (channels reach a boundary with their own events), each call starts from the
+        shares before that boundary. Cost grows with the routes touched, not with all
+        channels of the worker.
+        """
+        names, routes, machines = self.store.names, self.store.routes, self.machines
+        touched = {routes[i] for i in rows.tolist()}
+        members: dict[str, list[int]] = {r: [] for r in touched}
+        for i, r in enumerate(routes):
+            if r in members:
+                members[r].append(i)
+        out: dict[int, float] = {}
+        for r, idx in members.items():
+            start = self._share_round.get(r)
+            if start is None or start[0] != now_ms:
+                start = (now_ms, self.prev_shares.get(r))
+                self._share_round[r] = start
+            w = np.array([machines[i].weight for i in idx])
+            s = bounded_shares(w, start[1], self.policy.max_share_growth)
             self.prev_shares[r] = s
-            self.shares_by_route[r] = {self.store.names[i]: float(x) for i, x in zip(idx, s)}
-            shares[idx] = s
-        return shares
+            values = s.tolist()
+            self.shares_by_route[r] = {names[i]: x for i, x in zip(idx, values)}
+            out.update(zip(idx, values))
+        return out
 
     def _verdict(self, i: int, now_ms: int, metrics: dict) -> Verdict:
         m = self.machines[i]

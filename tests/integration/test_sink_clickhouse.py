@@ -102,6 +102,17 @@ def test_events_written_twice_count_once(ch) -> None:
     assert _scalar(ch, "SELECT count() FROM channel_health.request_events") == 50
 
 
+def test_duplicates_in_one_insert_collapse_on_read_with_final(ch) -> None:
+    """Inserts skip the on-insert merge (INSERT_SETTINGS): both copies land, FINAL reads one."""
+    sink = ClickHouseSink(ch)
+    stored = [(_event(i), None, None) for i in range(20)]
+    sink.add_events(stored)
+    sink.add_events(stored)  # redelivered before the flush
+    assert sink.flush() == 40
+    assert _scalar(ch, "SELECT count() FROM channel_health.request_events") == 40
+    assert _scalar(ch, "SELECT count() FROM channel_health.request_events FINAL") == 20
+
+
 def test_event_row_holds_every_analyst_field(ch) -> None:
     e = _event(7, status="error", latency_ms=812.5, gateway_id="gw-1", trace_id="t-9", tier="free",
                http_status=503, error_type="upstream_5xx", ttft_ms=120.0, max_stream_gap_ms=40.5,

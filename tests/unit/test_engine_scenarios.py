@@ -313,3 +313,25 @@ def test_all_late_batch():
 def test_empty_batch():
     r = Engine().process([])
     assert r.verdicts == [] and r.late == [] and r.accepted == []
+
+
+def test_route_growth_bound_applies_once_per_round_however_the_channels_come_due():
+    """Channels of one route reaching a boundary in two calls get the shares of one call at that boundary."""
+    def engine_with_weights(weights: list[float]) -> Engine:
+        eng = Engine()
+        eng.process([_event(i, 1_000, channel=c) for i, c in enumerate("abc")])
+        for m, w in zip(eng.machines, weights):
+            m.weight = w
+        return eng
+
+    split, whole = engine_with_weights([0.0, 1.0, 1.0]), engine_with_weights([0.0, 1.0, 1.0])
+    for eng in (split, whole):
+        eng._route_shares(np.arange(3), 30_000)
+        for m in eng.machines:
+            m.weight = 1.0  # channel a is back: its share may grow only by the bound in the next round
+    whole_shares = whole._route_shares(np.arange(3), 60_000)
+    split._route_shares(np.array([0]), 60_000)
+    split_shares = split._route_shares(np.array([1, 2]), 60_000)
+    assert split_shares == whole_shares
+    assert whole_shares[0] == pytest.approx(0.05) and whole_shares[1] == pytest.approx(0.475)
+    assert split.shares_by_route == whole.shares_by_route
