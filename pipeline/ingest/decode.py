@@ -20,7 +20,8 @@ per-element decoding happens only when that fails.
 
 from __future__ import annotations
 
-from operator import attrgetter
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import Annotated, Any
 
 import msgspec
@@ -34,6 +35,8 @@ from pipeline.ingest.structure import check_structure
 
 _TS = attrgetter("ts_ms")
 _ID = attrgetter("event_id")
+_TEXTS = attrgetter("response_text", "prompt_text")
+_NO_TEXTS = (None, None)
 
 __all__ = ["Decoder", "DecodeResult", "DeadLetter", "DecodeCounters"]
 
@@ -303,16 +306,17 @@ class Decoder:
     def _all_clean(self, items: list[Any], now_ms: int) -> DecodeResult | None:
         """The common case in one pass of C-level maps: every item decoded, inside the time window, ids
         unique in the batch. Returns the result (long texts truncated), or None to take the per-event path."""
-        if any(type(item) is not RequestEvent for item in items):
+        if set(map(type, items)) != {RequestEvent}:  # a dead letter among them (C-level maps from here on)
             return None
         ts = list(map(_TS, items))
         if self._time_problem(max(ts), now_ms) or self._time_problem(min(ts), now_ms):
             return None
         if len(set(map(_ID, items))) != len(items):
             return None
-        for item in items:
-            if item.response_text is not None or item.prompt_text is not None:
-                self._truncate(item)
+        if any(map(is_not, map(_TEXTS, items), repeat(_NO_TEXTS))):
+            for item in items:
+                if item.response_text is not None or item.prompt_text is not None:
+                    self._truncate(item)
         return DecodeResult(items, [])
 
     def _element_bytes(self, raw: bytes, expected: int) -> list[msgspec.Raw] | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Callable, Mapping, Sequence
 
 from pipeline.contracts import RequestEvent, Verdict, encode
@@ -25,6 +26,8 @@ from pipeline.engine import Engine
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
+
+_TS = attrgetter("ts_ms")
 
 #: A partition that delivered nothing for this long (wall clock) no longer
 #: holds the low watermark back (the usual idle-source rule).
@@ -75,6 +78,9 @@ class BatchProcessor:
         self.covered: dict[str, dict[int, int]] = {}
         #: events kept out of the engine because their channel's snapshot already covered them.
         self.skipped_covered = 0
+        #: partition → highest input offset any loaded snapshot covers, until input on that partition
+        #: has passed it (offsets only grow within an assignment); empty: no event can be covered.
+        self.cover_limit: dict[int, int] = {}
 
     def reset(self, engine: Engine) -> None:
         """Start over with ``engine`` (fresh) after a rebalance; counters are kept.
@@ -86,6 +92,7 @@ class BatchProcessor:
         self.pending_snapshots = {}
         self.pending_offsets = {}
         self.covered = {}
+        self.cover_limit = {}
         self.partition_wm = {}
         self.caught_up = {}
 
@@ -96,9 +103,13 @@ class BatchProcessor:
         (partition → last offset included in the snapshot; empty when unknown).
         A channel is restored on its first event.
         """
+        limit = self.cover_limit
         for name, (blob, offsets) in records.items():
             self.pending_snapshots[name] = blob
-            self.pending_offsets[name] = {int(p): int(o) for p, o in offsets.items()}
+            covered = self.pending_offsets[name] = {int(p): int(o) for p, o in offsets.items()}
+            for p, o in covered.items():
+                if o > limit.get(p, -1):
+                    limit[p] = o
 
     def process(self, raws: Sequence[bytes | None], partitions: Sequence[int] | None = None,
                 offsets: Sequence[int] | None = None) -> ProcessedBatch:
@@ -120,7 +131,8 @@ class BatchProcessor:
         now = self.clock_ms()
         events: list[RequestEvent] = []
         origin: list[tuple[int, int]] = []
-        track = partitions is not None and offsets is not None
+        given = partitions is not None and offsets is not None
+        track = given and self._may_be_covered(partitions, offsets)  # type: ignore[arg-type]
         for k, raw in enumerate(raws):
             res = self.decoder.decode(raw if raw is not None else b"", now)
             events.extend(res.events)
@@ -129,7 +141,7 @@ class BatchProcessor:
             out.dead_letters.extend(res.dead_letters)
             if partitions is not None and res.events:
                 p = partitions[k]
-                hi = max(e.ts_ms for e in res.events)
+                hi = max(map(_TS, res.events))
                 prev = self.partition_wm.get(p)
                 self.partition_wm[p] = (max(hi, prev[0]) if prev else hi, time.monotonic())
         for d in out.dead_letters:
@@ -139,6 +151,8 @@ class BatchProcessor:
             self._restore_channels(events)
         if track and self.covered and events:
             events = self._drop_covered(events, origin, out)
+        if given and self.cover_limit:
+            self._pass_cover_limit(partitions, offsets)  # type: ignore[arg-type]
         late: list[RequestEvent] = []
         if partitions is None:
             result = self.engine.process(events)
@@ -159,6 +173,19 @@ class BatchProcessor:
             self.counters.add_dead_letter("late_event")
         self.verdicts_out += len(out.verdicts)
         return out
+
+    def _may_be_covered(self, partitions: Sequence[int], offsets: Sequence[int]) -> bool:
+        """Whether a message of this batch is at or below a snapshot's covered offset on its partition
+        (one check per message; without such a message no event is looked up per event)."""
+        limit = self.cover_limit
+        return bool(limit) and any(o <= limit.get(p, -1) for p, o in zip(partitions, offsets))
+
+    def _pass_cover_limit(self, partitions: Sequence[int], offsets: Sequence[int]) -> None:
+        """Forget the cover limit of partitions whose input has now passed it."""
+        limit = self.cover_limit
+        for p, o in zip(partitions, offsets):
+            if p in limit and o > limit[p]:
+                del limit[p]
 
     def _drop_covered(self, events: list[RequestEvent], origin: list[tuple[int, int]],
                       out: ProcessedBatch) -> list[RequestEvent]:

@@ -122,8 +122,10 @@ def test_restart_from_snapshot_resumes_exactly(seed):
 
     after = BatchProcessor(Engine(), clock_ms=clock)
     after.load_snapshots(records)
+    assert after.cover_limit == {0: cut - 1}
     got += _run(after, msgs, committed, len(msgs), rng)
     assert after.restored == 2 and after.skipped_covered > 0
+    assert after.cover_limit == {}  # input passed every covered offset: no per-event check any more
 
     by_key: dict = {}
     for v in got:  # re-sent verdicts carry the same seq and the same content
