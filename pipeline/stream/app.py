@@ -293,11 +293,12 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                                               [e.message.offset for e in chunk])
                 t1 = time.perf_counter()
                 await publish(out)
-                t2 = time.perf_counter()
-                await store(out)
+                t2, waited = time.perf_counter(), state.wall_s["backpressure"]
+                await store(out)  # rows leave as Arrow columns: the decoded events die with ``out``
                 wall = state.wall_s
                 wall["process"] += t1 - t0
-                wall["publish"] += t2 - t1  # rows leave as Arrow columns: the decoded events die with ``out``
+                wall["publish"] += t2 - t1
+                wall["rows"] += time.perf_counter() - t2 - (wall["backpressure"] - waited)
                 for e in chunk:  # never read again (an ack needs only partition and offset): free the bytes
                     e.value = e.message.value = None
             state.ledger.add_batch(e.message for e in fresh)  # acked once rows are written and a snapshot covers it

@@ -136,10 +136,11 @@ async def send_and_wait(producer: Any, topic: str, records: Iterable[Record]) ->
     ``producer``: faust's transport producer (``app.producer``: aiokafka's
     producer behind it, so the partition of a key is Kafka's default murmur2
     partition). Sending bytes through it directly skips faust's ``Topic.send``
-    machinery (codecs, channel, sensors: ~170 µs per message measured by
-    ``channel-health bench``, against ~10 µs here), which mattered at a
-    round's 1,000 verdicts and a snapshot's 1,000 channel records. Raises
-    the first send error (e.g. ``KafkaError``) after all sends were handed over.
+    machinery (codecs, channel, sensors), which mattered at a round's 1,000
+    verdicts and a snapshot's 1,000 channel records: in ``channel-health
+    bench`` the agent's time for 2,000 verdicts (encode, send, acks) fell from
+    0.36-0.48 s to 0.10-0.18 s. Raises the first send error (e.g.
+    ``KafkaError``) after all sends were handed over.
     """
     futures = [await producer.send(topic, key, value, None, None, headers) for key, value, headers in records]
     if futures:

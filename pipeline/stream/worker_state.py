@@ -45,11 +45,12 @@ class WorkerState:
     rows_written: int = 0
     peak_pending_rows: int = 0
     backpressure_waits: int = 0
-    #: Wall seconds the agent spent, by cause: ``process`` (decode → engine → rows), ``publish``
-    #: (verdicts and dead letters until Kafka acked them), ``backpressure`` (waiting for a full sink
-    #: buffer to drain), ``between`` (from the end of one take to the next: waiting for input).
+    #: Wall seconds the agent spent, by cause: ``process`` (decode → engine → outputs), ``publish``
+    #: (verdicts and dead letters until Kafka acked them), ``rows`` (building the sink's rows),
+    #: ``backpressure`` (waiting for a full sink buffer to drain), ``between`` (from the end of one
+    #: take to the next: waiting for input, and faust's work on the next messages).
     wall_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("process", "publish", "backpressure", "between"), 0.0))
+        ("process", "publish", "rows", "backpressure", "between"), 0.0))
     #: The agent waits for a full sink buffer to drain (takes no input meanwhile).
     intake_paused: bool = False
     flush_kick: asyncio.Event | None = None
