@@ -216,6 +216,8 @@ def bench(
     batch_size: int = typer.Option(500, "--batch-size", help="Events per batch envelope."),
     rps_per_channel: float = typer.Option(10.0, "--rps-per-channel", help="Event-time rate per channel."),
     paced_seconds: Optional[float] = typer.Option(None, "--paced-seconds", help="Length of the half-load run (s)."),
+    repeat: int = typer.Option(1, "--repeat", help="Run each throughput stage (ceiling, bare faust, pipeline) this "
+                                                   "many times (1-9) and report the median-rate run with the spread."),
     skip: list[str] = typer.Option([], "--skip", help="Skip a stage: ceiling, bare, pipeline, workers, paced, profile "
                                                       "(or a full stage name, e.g. pipeline_aiokafka_single)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Keep stage logs and results here."),
@@ -244,7 +246,7 @@ def bench(
     given = {k: v for k, v in dict(events=events, single_events=single_events, paced_seconds=paced_seconds).items()
              if v is not None}
     common = dict(channels=channels, partitions=partitions, batch_size=batch_size, rps_per_channel=rps_per_channel,
-                  skip=list(skip), workdir=str(workdir) if workdir else None, **given)
+                  repeat=repeat, skip=list(skip), workdir=str(workdir) if workdir else None, **given)
     try:
         opts = BenchOptions.quick(**common) if quick else BenchOptions(**common)
         opts.validate()

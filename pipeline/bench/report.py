@@ -188,6 +188,13 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
         "profile_us_per_event": _get(stages, "profile", "us_per_event"),
         "stages": dict(stages),
     }
+    for kind in ("batched", "single"):  # every run's rate with --repeat (the figures above are the median run's)
+        runs = {label: _get(stages, *path.format(kind=kind).split("/"))
+                for label, path in (("ceiling", "ceiling/{kind}/runs_events_per_s"),
+                                    ("bare_faust", "bare_faust_{kind}/runs_events_per_s"),
+                                    ("faust_worker", "pipeline_faust_{kind}/runs_events_per_s"),
+                                    ("aiokafka_driver", "pipeline_aiokafka_{kind}/runs_events_per_s"))}
+        doc[kind]["runs_events_per_s"] = {k: v for k, v in runs.items() if v}
     doc["targets"] = {
         "batched_events_per_s": check("batched_events_per_s", pf_b),
         "batched_ratio_to_ceiling": check("batched_ratio_to_ceiling", doc["batched"]["ratio_to_ceiling"]),
@@ -243,6 +250,11 @@ def table(doc: Mapping[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    for kind in ("batched", "single"):
+        runs = doc[kind].get("runs_events_per_s") or {}
+        if runs:
+            lines.append(f"{kind}, every run (events/s; the table shows the median run): " + "; ".join(
+                f"{k} " + ", ".join(_fmt(x) for x in v) for k, v in runs.items()))
     vd = doc["verdict_delay"]
     m = doc.get("machine") or {}
     lines.append(f"(ev/CPU-s: events per CPU-second of the consuming process; load average "

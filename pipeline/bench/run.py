@@ -75,6 +75,8 @@ class BenchOptions:
     paced_seconds: float = 20.0
     paced_speed: float = 20.0
     profile_events: int = 200_000
+    #: Runs of each throughput stage (ceiling, bare faust, pipeline); the run with the median rate is reported.
+    repeat: int = 1
     skip: list[str] = field(default_factory=list)
     workdir: str | None = None
 
@@ -92,6 +94,35 @@ class BenchOptions:
             raise ValueError("--single-events must not exceed --events (they are the first events of the stream)")
         if self.partitions < 1 or self.batch_size < 1 or self.rps_per_channel <= 0:
             raise ValueError("partitions, batch size and rps per channel must be positive")
+        if not 1 <= self.repeat <= 9:
+            raise ValueError(f"--repeat must be 1..9, got {self.repeat}")
+
+
+def _run_tag(k: int) -> str:
+    """Name suffix of repeated run ``k`` (its own consumer group, topics and result file); none for the first."""
+    return f"_run{k + 1}" if k else ""
+
+
+def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rate of ``results`` (one stage run several times), annotated with every run's rate.
+
+    Rate: ``events_per_s``, or for the ceiling (one result per kind) the batched one. The kept run gets
+    ``runs_events_per_s`` (the rates in run order; per kind for the ceiling).
+
+    >>> r = median_run([{"events_per_s": 3.0}, {"events_per_s": 1.0}, {"events_per_s": 2.0}])
+    >>> r["events_per_s"], r["runs_events_per_s"]
+    (2.0, [3.0, 1.0, 2.0])
+    """
+    def rate(r: dict[str, Any]) -> float:
+        return float(r["batched"]["events_per_s"] if "batched" in r else r["events_per_s"])
+
+    kept = dict(sorted(results, key=rate)[(len(results) - 1) // 2])
+    if "batched" in kept:
+        for kind in ("batched", "single"):
+            kept[kind] = {**kept[kind], "runs_events_per_s": [r[kind]["events_per_s"] for r in results]}
+    else:
+        kept["runs_events_per_s"] = [r["events_per_s"] for r in results]
+    return kept
 
 
 def _env() -> dict[str, str]:
@@ -274,20 +305,23 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     start_ms = measure_start_ms()
     skip = set(opts.skip)
 
-    def stage(name: str, fn: Callable[[], Any]) -> Any:
+    def stage(name: str, fn: Callable[[], Any], repeat: int = 1) -> Any:
+        """Run stage ``name`` (``repeat`` times when > 1: ``fn(k)`` for run k, the median-rate run is kept)."""
         if name.split("_")[0] in skip or name in skip:
             return None
         t = time.monotonic()
         echo(f"[{time.monotonic() - started:5.0f} s] {name} ...")
         try:
-            stages[name] = fn()
+            stages[name] = fn() if repeat == 1 else median_run([fn(k) for k in range(repeat)])
         except StageFailed as exc:
             stages[name] = {"error": str(exc)[-2000:]}
             echo(f"    FAILED: {str(exc)[:300]}")
             return None
         r = stages[name]
         if isinstance(r, dict) and r.get("events_per_s"):
-            echo(f"    {r['events_per_s']:,.0f} events/s ({time.monotonic() - t:.0f} s)")
+            runs = r.get("runs_events_per_s")
+            spread = f"; {len(runs)} runs {min(runs):,.0f}-{max(runs):,.0f}, median shown" if runs else ""
+            echo(f"    {r['events_per_s']:,.0f} events/s ({time.monotonic() - t:.0f} s{spread})")
         return r
 
     echo(f"channel-health bench: {opts.channels:,} channels, {opts.events:,} batched events "
@@ -314,17 +348,19 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
              f"{stages['warm']['rss_after_hour_1_mb']:.0f} / {stages['warm']['rss_after_hour_24_mb']:.0f} MB")
         kinds = {k: fill[k] for k in ("batched", "single")}
 
-        stage("ceiling", lambda: run_stage("ceiling", {
-            "bootstrap": bootstrap, "topics": {k: {"topic": v["topic"], "messages": v["messages"]}
-                                               for k, v in kinds.items()}}, workdir, "ceiling", STAGE_TIMEOUT_S))
+        reps = opts.repeat
+        stage("ceiling", lambda k=0: run_stage("ceiling", {
+            "bootstrap": bootstrap, "topics": {k2: {"topic": v["topic"], "messages": v["messages"]}
+                                               for k2, v in kinds.items()}}, workdir, f"ceiling{_run_tag(k)}",
+            STAGE_TIMEOUT_S), reps)
         if "ceiling" in stages and "error" not in stages["ceiling"]:
             echo(f"    batched {stages['ceiling']['batched']['events_per_s']:,.0f} events/s, "
                  f"single {stages['ceiling']['single']['events_per_s']:,.0f} events/s")
         for kind in ("single", "batched"):
-            stage(f"bare_faust_{kind}", lambda kind=kind: run_stage("bare_faust", {
-                "bootstrap": bootstrap, "topic": kinds[kind]["topic"], "group": f"bench{tag}-bare-{kind}",
+            stage(f"bare_faust_{kind}", lambda k=0, kind=kind: run_stage("bare_faust", {
+                "bootstrap": bootstrap, "topic": kinds[kind]["topic"], "group": f"bench{tag}-bare-{kind}{_run_tag(k)}",
                 "messages": kinds[kind]["messages"], "events": kinds[kind]["events"]},
-                workdir, f"bare_faust_{kind}", STAGE_TIMEOUT_S))
+                workdir, f"bare_faust_{kind}{_run_tag(k)}", STAGE_TIMEOUT_S), reps)
 
         def pipeline(driver: str, kind: str, name: str, only: list[int] | None = None) -> dict[str, Any]:
             prefix = f"bench{tag}.{name}."
@@ -342,8 +378,9 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
         for driver in ("faust", "aiokafka"):
             for kind in ("batched", "single"):
                 name = f"pipeline_{driver}_{kind}"
-                stage(name, lambda name=name, driver=driver, kind=kind: run_stage(
-                    "pipeline_run", pipeline(driver, kind, name), workdir, name, STAGE_TIMEOUT_S, env=_env()))
+                stage(name, lambda k=0, name=name, driver=driver, kind=kind: run_stage(
+                    "pipeline_run", pipeline(driver, kind, f"{name}{_run_tag(k)}"), workdir, f"{name}{_run_tag(k)}",
+                    STAGE_TIMEOUT_S, env=_env()), reps)
 
         def two_workers() -> dict[str, Any]:
             halves = [list(range(opts.partitions))[k::2] for k in range(2)]

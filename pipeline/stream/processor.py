@@ -208,7 +208,11 @@ class BatchProcessor:
         from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
 
         known = self.engine.store._index
-        for name in {e.channel for e in events if e.channel not in known}:
+        new = {e.channel for e in events if e.channel not in known}
+        restorable = [name for name in new if name in self.pending_snapshots]
+        if restorable:
+            self.engine.store.reserve(self.engine.store.n_channels + len(restorable))
+        for name in new:
             raw = self.pending_snapshots.pop(name, None)
             offsets = self.pending_offsets.pop(name, None)
             if raw is None:

@@ -145,19 +145,24 @@ class WindowStore:
             self.names.append(name)
             self.routes.append(route)
             self.tiers.append(tier)
-            n = idx + 1
-            self.short.ensure_capacity(n)
-            self.base.ensure_capacity(n)
-            self.runs.ensure_capacity(n)
-            self.quality.ensure_capacity(n)
-            if n > self.last_ts_ms.shape[0]:
-                self.last_ts_ms = np.concatenate([self.last_ts_ms, np.zeros(n, np.int64)])
+            self.reserve(idx + 1)
         else:
             if self.routes[idx] != route:
                 self.routes[idx] = route
             if tier is not None and self.tiers[idx] != tier:
                 self.tiers[idx] = tier
         return idx
+
+    def reserve(self, n_channels: int) -> None:
+        """Make room for ``n_channels`` channels in every ring at once (e.g. before restoring that many
+        snapshots; registering them one by one grows the arrays by doubling, copying them each time)."""
+        n = int(n_channels)
+        self.short.ensure_capacity(n)
+        self.base.ensure_capacity(n)
+        self.runs.ensure_capacity(n)
+        self.quality.ensure_capacity(n)
+        if n > self.last_ts_ms.shape[0]:
+            self.last_ts_ms = np.concatenate([self.last_ts_ms, np.zeros(n, np.int64)])
 
     def channel_indices(self, names: list[str], routes: list[str], tiers: list[str | None]) -> np.ndarray:
         """:meth:`channel_index` for many events at once: int64 (n,).

@@ -406,3 +406,15 @@ def test_ring_load_rejects_shape_mismatch():
     r = _ring()
     with pytest.raises(ValueError):
         r.load(IntervalRing(SHORT_SLOT_MS, 31, 1, 0).state())
+
+
+def test_reserve_allocates_once_for_the_channels_to_come():
+    store = WindowStore()
+    store.reserve(300)
+    arrays = (store.short.hist, store.base.hist, store.runs.trailing, store.last_ts_ms)
+    assert store.short.capacity == store.base.capacity == 300 and store.last_ts_ms.shape[0] >= 300
+    for i in range(300):
+        store.channel_index(f"p/m{i}", "chat", None)
+    assert all(a is b for a, b in zip(arrays, (store.short.hist, store.base.hist, store.runs.trailing,
+                                               store.last_ts_ms)))  # no copy while registering them
+    assert store.n_channels == 300 and store.short.capacity == 300
