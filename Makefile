@@ -22,4 +22,4 @@ test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/.installed
-	$(BIN)/channel-health bench --json bench.json
+	$(BIN)/channel-health bench --repeat 3 --json bench.json
