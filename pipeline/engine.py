@@ -121,6 +121,8 @@ class Engine:
         self.shares_by_route: dict[str, dict[str, float]] = {}
         #: route -> (round boundary, shares before it): the growth bound's start (see :meth:`_route_shares`).
         self._share_round: dict[str, tuple[int, np.ndarray | None]] = {}
+        #: route -> (weights, start shares, shares, shares as floats) of its last computation.
+        self._share_cache: dict[str, tuple[tuple[float, ...], np.ndarray | None, np.ndarray, list[float]]] = {}
         #: Per channel: the next round boundary (event time, ms; 0 = not yet scheduled).
         self.next_eval = np.zeros(0, np.int64)
         self.low_watermark_ms: int | None = None
@@ -419,25 +421,30 @@ class Engine:
         boundary: when its channels come due in several calls at the same ``now_ms``
         (channels reach a boundary with their own events), each call starts from the
         shares before that boundary. Cost grows with the routes touched, not with all
-        channels of the worker.
+        channels of the worker; a route whose weights and start are those of its last
+        computation reuses that result (a settled route: the usual case).
         """
         names, routes, machines = self.store.names, self.store.routes, self.machines
-        touched = {routes[i] for i in rows.tolist()}
-        members: dict[str, list[int]] = {r: [] for r in touched}
-        for i, r in enumerate(routes):
-            if r in members:
-                members[r].append(i)
+        members = self.store.route_members()
         out: dict[int, float] = {}
-        for r, idx in members.items():
+        for r in {routes[i] for i in rows.tolist()}:
+            idx = members[r]
             start = self._share_round.get(r)
             if start is None or start[0] != now_ms:
                 start = (now_ms, self.prev_shares.get(r))
                 self._share_round[r] = start
-            w = np.array([machines[i].weight for i in idx])
-            s = bounded_shares(w, start[1], self.policy.max_share_growth)
+            w = tuple(machines[i].weight for i in idx)
+            cached = self._share_cache.get(r)
+            if cached is not None and cached[0] == w and cached[1] is start[1]:
+                s, values = cached[2], cached[3]  # same weights from the same start: same shares
+            else:
+                s = bounded_shares(np.array(w), start[1], self.policy.max_share_growth)
+                if start[1] is not None and s.shape == start[1].shape and np.array_equal(s, start[1]):
+                    s = start[1]  # unchanged (settled): keep the object, so the next round finds it cached
+                values = s.tolist()
+                self._share_cache[r] = (w, start[1], s, values)
+                self.shares_by_route[r] = {names[i]: x for i, x in zip(idx, values)}
             self.prev_shares[r] = s
-            values = s.tolist()
-            self.shares_by_route[r] = {names[i]: x for i, x in zip(idx, values)}
             out.update(zip(idx, values))
         return out
 

@@ -125,6 +125,29 @@ class _Counters:
         return out
 
 
+class GcClock:
+    """Wall time the garbage collector ran in this process, per generation (via ``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._t = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            g = int(info.get("generation", 0))
+            self.seconds[g] += time.perf_counter() - self._t
+            self.collections[g] += 1
+
+    def result(self) -> dict[str, Any]:
+        return {"gc_s_by_generation": [round(x, 3) for x in self.seconds], "gc_collections": list(self.collections)}
+
+
 def _profiler(args: dict[str, Any]) -> Any:
     """A running cProfile profiler when ``args["cprofile"]`` names a stats file (for digging)."""
     if not args.get("cprofile"):
@@ -152,6 +175,7 @@ def run_faust(args: dict[str, Any]) -> None:
     expected = int(expected) if expected is not None else None
     counters = _Counters()
     counters.wrap(state.processor, sink, expected)
+    gc_clock = GcClock()
     profiler = _profiler(args)
     out_path = Path(args["out"])
     ready_path, stop_path = out_path.with_suffix(".ready"), out_path.with_suffix(".stop")
@@ -176,7 +200,7 @@ def run_faust(args: dict[str, Any]) -> None:
                     "driver": "faust", "rss_max_sampled_mb": round(sampler.max_mb, 1),
                     "rss_timeline": _timeline(sampler, counters),
                     "snapshots_written": getattr(state, "snapshots_written", None),
-                    "agent_wall_s": {k: round(v, 3) for k, v in state.wall_s.items()},
+                    "agent_wall_s": {k: round(v, 3) for k, v in state.wall_s.items()}, **gc_clock.result(),
                     "backpressure_waits": state.backpressure_waits,
                     "restored_channels": getattr(state.processor, "restored", None)}))
 

@@ -79,6 +79,9 @@ class ClickHouseSink(FlushRetries):
         self.quality_scores = TableSink(client, QUALITY_SCORES_TABLE, QUALITY_SCORE_COLUMNS, **bounds)
         self.quality_labels = TableSink(client, QUALITY_LABELS_TABLE, QUALITY_LABEL_COLUMNS, **bounds)
         self._tables = (self.events, self.verdicts, self.quality_scores, self.quality_labels)
+        # The first conversion of Python values makes pyarrow import pandas (~0.25 s, 400 modules): pay it
+        # here, at start-up, rather than on the first batch of the stream.
+        event_block([], 0, self.events.arrow_types)
 
     @classmethod
     def from_settings(cls, settings: Settings, **bounds: int) -> "ClickHouseSink":

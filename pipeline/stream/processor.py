@@ -103,6 +103,8 @@ class BatchProcessor:
         (partition → last offset included in the snapshot; empty when unknown).
         A channel is restored on its first event.
         """
+        # Room for every channel that may be restored, at once (rows of channels that never come use no memory).
+        self.engine.store.reserve(self.engine.store.n_channels + len(self.pending_snapshots) + len(records))
         limit = self.cover_limit
         for name, (blob, offsets) in records.items():
             self.pending_snapshots[name] = blob

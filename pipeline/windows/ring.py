@@ -49,15 +49,19 @@ class IntervalRing:
         return self.slot_id.shape[0]
 
     def ensure_capacity(self, n_channels: int) -> None:
-        """Grow (by doubling) so that channel indices < ``n_channels`` fit."""
+        """Grow (by doubling, at least to ``n_channels``) so that channel indices < ``n_channels`` fit."""
         cap = self.capacity
         if n_channels <= cap:
             return
         new = max(n_channels, 2 * cap)
-        pad = new - cap
-        self.slot_id = np.concatenate([self.slot_id, np.full((pad, self.n_slots), -1, np.int64)])
-        self.counts = np.concatenate([self.counts, np.zeros((pad, self.n_slots, self.n_counters), np.float32)])
-        self.hist = np.concatenate([self.hist, np.zeros((pad, self.n_slots, self.n_buckets), np.float32)])
+        self.slot_id = np.concatenate([self.slot_id, np.full((new - cap, self.n_slots), -1, np.int64)])
+        # np.zeros takes zeroed pages from the OS lazily: rows not yet used add no resident memory
+        # (a reserve for channels that may never come costs nothing), and only the used rows are copied.
+        for name in ("counts", "hist"):
+            old = getattr(self, name)
+            grown = np.zeros((new, *old.shape[1:]), np.float32)
+            grown[:cap] = old
+            setattr(self, name, grown)
 
     def add(
         self,

@@ -129,6 +129,7 @@ class WindowStore:
         self.routes: list[str] = []
         self.tiers: list[str | None] = []
         self._index: dict[str, int] = {}
+        self._members: dict[str, list[int]] | None = None  # route -> channel indices (see route_members)
         self.last_ts_ms = np.zeros(16, dtype=np.int64)
         self.watermark_ms: int | None = None
         self._base_hour = np.full(16, -1, dtype=np.int64)
@@ -140,6 +141,7 @@ class WindowStore:
         """Index of channel ``name`` (registered on first sight; route/tier updated)."""
         idx = self._index.get(name)
         if idx is None:
+            self._members = None
             idx = len(self.names)
             self._index[name] = idx
             self.names.append(name)
@@ -149,9 +151,19 @@ class WindowStore:
         else:
             if self.routes[idx] != route:
                 self.routes[idx] = route
+                self._members = None
             if tier is not None and self.tiers[idx] != tier:
                 self.tiers[idx] = tier
         return idx
+
+    def route_members(self) -> dict[str, list[int]]:
+        """Route -> indices of its channels, in index order (cached until a channel is added or moves route)."""
+        if self._members is None:
+            members: dict[str, list[int]] = {}
+            for i, r in enumerate(self.routes):
+                members.setdefault(r, []).append(i)
+            self._members = members
+        return self._members
 
     def reserve(self, n_channels: int) -> None:
         """Make room for ``n_channels`` channels in every ring at once (e.g. before restoring that many
@@ -183,6 +195,7 @@ class WindowStore:
             i = index[name]
             if self.routes[i] != route:
                 self.routes[i] = route
+                self._members = None
         for name, tier in dict(zip(compress(names, tiers), compress(tiers, tiers))).items():
             i = index[name]
             if self.tiers[i] != tier:
@@ -325,6 +338,7 @@ class WindowStore:
         self.runs.load(state["runs"])  # type: ignore[arg-type]
         self.names = list(state["names"])  # type: ignore[arg-type]
         self.routes = list(state["routes"])  # type: ignore[arg-type]
+        self._members = None
         self.tiers = list(state["tiers"])  # type: ignore[arg-type]
         self._index = {n: i for i, n in enumerate(self.names)}
         self.last_ts_ms = np.asarray(state["last_ts_ms"], dtype=np.int64).copy()

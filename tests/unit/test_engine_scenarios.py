@@ -335,3 +335,15 @@ def test_route_growth_bound_applies_once_per_round_however_the_channels_come_due
     assert split_shares == whole_shares
     assert whole_shares[0] == pytest.approx(0.05) and whole_shares[1] == pytest.approx(0.475)
     assert split.shares_by_route == whole.shares_by_route
+
+
+def test_settled_route_shares_are_reused_and_follow_a_weight_change():
+    eng = Engine()
+    eng.process([_event(i, 1_000, channel=c) for i, c in enumerate("abc")])
+    first = eng._route_shares(np.arange(3), 30_000)
+    assert first == {0: pytest.approx(1 / 3), 1: pytest.approx(1 / 3), 2: pytest.approx(1 / 3)}
+    settled = eng.prev_shares["chat"]
+    assert eng._route_shares(np.arange(3), 60_000) == first and eng.prev_shares["chat"] is settled
+    eng.machines[0].weight = 0.0  # channel a opens: its share drops at once
+    assert eng._route_shares(np.array([0]), 90_000) == {0: 0.0, 1: 0.5, 2: 0.5}
+    assert eng.shares_by_route["chat"] == {"a": 0.0, "b": 0.5, "c": 0.5}

@@ -418,3 +418,14 @@ def test_reserve_allocates_once_for_the_channels_to_come():
     assert all(a is b for a, b in zip(arrays, (store.short.hist, store.base.hist, store.runs.trailing,
                                                store.last_ts_ms)))  # no copy while registering them
     assert store.n_channels == 300 and store.short.capacity == 300
+
+
+def test_route_members_follow_new_channels_and_route_moves():
+    store = WindowStore()
+    for name, route in (("a", "chat"), ("b", "chat"), ("c", "code")):
+        store.channel_index(name, route, None)
+    assert store.route_members() == {"chat": [0, 1], "code": [2]}
+    store.channel_indices(["b"], ["code"], [None])  # b's events now name another route
+    assert store.route_members() == {"chat": [0], "code": [1, 2]}
+    store.channel_index("d", "chat", None)
+    assert store.route_members() == {"chat": [0, 3], "code": [1, 2]}
