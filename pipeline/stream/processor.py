@@ -103,7 +103,8 @@ class BatchProcessor:
         (partition → last offset included in the snapshot; empty when unknown).
         A channel is restored on its first event.
         """
-        # Room for every channel that may be restored, at once (rows of channels that never come use no memory).
+        # Room for every channel that may be restored, at once: restores then copy no ring (rows of
+        # channels that never come, e.g. those of another worker's partitions, use no resident memory).
         self.engine.store.reserve(self.engine.store.n_channels + len(self.pending_snapshots) + len(records))
         limit = self.cover_limit
         for name, (blob, offsets) in records.items():
@@ -210,11 +211,7 @@ class BatchProcessor:
         from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
 
         known = self.engine.store._index
-        new = {e.channel for e in events if e.channel not in known}
-        restorable = [name for name in new if name in self.pending_snapshots]
-        if restorable:
-            self.engine.store.reserve(self.engine.store.n_channels + len(restorable))
-        for name in new:
+        for name in {e.channel for e in events if e.channel not in known}:
             raw = self.pending_snapshots.pop(name, None)
             offsets = self.pending_offsets.pop(name, None)
             if raw is None:
