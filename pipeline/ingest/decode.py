@@ -21,7 +21,7 @@ per-element decoding happens only when that fails.
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, ne
 from typing import Annotated, Any
 
 import msgspec
@@ -313,7 +313,7 @@ class Decoder:
             return None
         if len(set(map(_ID, items))) != len(items):
             return None
-        if any(map(is_not, map(_TEXTS, items), repeat(_NO_TEXTS))):
+        if any(map(ne, map(_TEXTS, items), repeat(_NO_TEXTS))):
             for item in items:
                 if item.response_text is not None or item.prompt_text is not None:
                     self._truncate(item)
