@@ -28,7 +28,10 @@ Order (each measured stage is its own process, see :mod:`pipeline.bench.stage`):
 7. :mod:`~pipeline.bench.profile`: CPU per event of each step, in-process.
 
 Stages run one after another (this is a 2-core machine); a failed stage is
-reported and the rest still run.
+reported and the rest still run. With ``--repeat N`` each throughput stage of
+steps 2-4 runs N times (own consumer groups and topics per run) and the run
+with the median rate is reported, every run's rate beside it
+(:func:`median_run`).
 """
 
 from __future__ import annotations
@@ -305,7 +308,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     start_ms = measure_start_ms()
     skip = set(opts.skip)
 
-    def stage(name: str, fn: Callable[[], Any], repeat: int = 1) -> Any:
+    def stage(name: str, fn: Callable[..., Any], repeat: int = 1) -> Any:
         """Run stage ``name`` (``repeat`` times when > 1: ``fn(k)`` for run k, the median-rate run is kept)."""
         if name.split("_")[0] in skip or name in skip:
             return None

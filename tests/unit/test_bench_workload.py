@@ -9,7 +9,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from pipeline.bench import workload as W
 from pipeline.bench.fill import PartitionBatcher, partition_of, single_messages
-from pipeline.bench.run import BenchOptions, measure_start_ms
+from pipeline.bench.run import BenchOptions, measure_start_ms, median_run
 from pipeline.contracts import RequestEvent
 from pipeline.ingest.decode import Decoder
 
@@ -82,6 +82,8 @@ def test_options_validate():
         BenchOptions(single_events=10, events=5).validate()
     with pytest.raises(ValueError):
         BenchOptions(rps_per_channel=0).validate()
+    with pytest.raises(ValueError, match="--repeat must be 1..9, got 0"):
+        BenchOptions(repeat=0).validate()
     assert measure_start_ms(10 * H + 5) == 8 * H + 300_000
 
 
@@ -89,3 +91,11 @@ def test_channels_are_deterministic():
     a, b = W.Channels.make(20, seed=3), W.Channels.make(20, seed=3)
     assert a.names == b.names and np.array_equal(a.median_ms, b.median_ms)
     assert len(set(a.routes)) == 4 and set(a.tiers) == {"free", "paid"}
+
+
+
+def test_median_run_of_the_ceiling_keeps_the_median_batched_run_and_every_rate():
+    runs = [{"batched": {"events_per_s": r}, "single": {"events_per_s": r / 2}} for r in (5.0, 9.0, 7.0)]
+    kept = median_run(runs)
+    assert kept["batched"] == {"events_per_s": 7.0, "runs_events_per_s": [5.0, 9.0, 7.0]}
+    assert kept["single"] == {"events_per_s": 3.5, "runs_events_per_s": [2.5, 4.5, 3.5]}
