@@ -260,7 +260,7 @@ class Decoder:
 
     def _finish_single(self, event: RequestEvent, raw: bytes, now_ms: int) -> DecodeResult:
         """Post-decode checks for a one-event message."""
-        problem = self._check_time(event, now_ms)
+        problem = self._time_problem(event.ts_ms, now_ms)
         if problem is not None:
             return _rejected(problem[0], problem[1], raw, event.event_id)
         self._truncate(event)
@@ -288,7 +288,7 @@ class Decoder:
             if isinstance(item, DeadLetter):
                 dead.append(item)
                 continue
-            problem = self._check_time(item, now_ms)
+            problem = self._time_problem(item.ts_ms, now_ms)
             if problem is None and item.event_id in seen:
                 problem = (R.DUPLICATE_IN_BATCH, f"event_id: {item.event_id!r} appears earlier in this batch"
                            [: R.MAX_DETAIL_CHARS])
@@ -326,10 +326,6 @@ class Decoder:
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return None
         return elements if len(elements) == expected else None
-
-    def _check_time(self, event: RequestEvent, now_ms: int) -> tuple[str, str] | None:
-        """``(reason, detail)`` if ``event.ts_ms`` is outside the sanity window, else None."""
-        return self._time_problem(event.ts_ms, now_ms)
 
     def _time_problem(self, ts_ms: int, now_ms: int) -> tuple[str, str] | None:
         """``(reason, detail)`` if ``ts_ms`` is outside the sanity window, else None."""
