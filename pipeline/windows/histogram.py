@@ -40,7 +40,7 @@ class LatencyBuckets:
     >>> b.n_buckets
     334
     >>> round(float(b.value_of(b.key_of(np.array([180.0]))[0])), 1)
-    179.2
+    177.8
     """
 
     alpha: float = 0.02
