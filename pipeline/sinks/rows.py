@@ -9,7 +9,8 @@ defined in ``infra/clickhouse/``.
 from __future__ import annotations
 
 import time
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_
 from typing import Sequence
 
 import pyarrow as pa
@@ -120,9 +121,10 @@ def event_block(
     events = [s[0] for s in stored]
     parse_ok = [None if s[1] is None else int(bool(s[1])) for s in stored]
     missing = [s[2] or () for s in stored]  # shared empty tuple: no list per event
-    for e, ok, miss in stored:
-        if ok is None and miss:
-            event_row(e, ok, miss, ingested_ms)  # raises the explanatory ValueError
+    if any(compress(missing, map(is_, parse_ok, repeat(None)))):  # C-level scan: missing fields but unchecked
+        for e, ok, miss in stored:
+            if ok is None and miss:
+                event_row(e, ok, miss, ingested_ms)  # raises the explanatory ValueError
     from pipeline.sinks.arrow import column_array
 
     values = [list(map(g, events)) for g in _GETTERS]
