@@ -128,9 +128,12 @@ class Publisher:
             await asyncio.gather(*pending)
 
 
-async def seed_state(bootstrap: str, topic: str, snapshots: Sequence[tuple[str, bytes]]) -> int:
-    """Publish channel snapshots (``(channel, bytes)``) to a state topic; returns the count."""
+async def seed_state(bootstrap: str, topic: str, snapshots: Sequence[tuple[str, bytes]], partitions: int) -> int:
+    """Publish channel snapshots (``(channel, bytes)``) to a state topic, as a worker writes them: each
+    record names its channel's input partition (:func:`partition_of` over ``partitions``); returns the count."""
+    from pipeline.stream.state_topic import snapshot_headers
+
     async with Publisher(bootstrap) as pub:
         for name, blob in snapshots:
-            await pub.send(topic, blob, key=name.encode())
+            await pub.send(topic, blob, key=name.encode(), headers=snapshot_headers({}, partition_of(name, partitions)))
     return len(snapshots)

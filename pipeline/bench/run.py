@@ -14,7 +14,8 @@ Order (each measured stage is its own process, see :mod:`pipeline.bench.stage`):
 4. (c) :mod:`~pipeline.bench.pipeline_run`: the full pipeline on each topic,
    as the production faust worker and as a plain aiokafka driver of the same
    processor and sink; each starts from a state topic seeded with the 24 h
-   state of all channels (restored lazily, as after a restart);
+   state of all channels (the assigned partitions' channels are restored
+   before the first batch, as after a restart);
 5. two aiokafka-driven workers splitting the partitions (1 vs 2 workers);
 6. paced runs: the faust worker, then the aiokafka driver, on a live topic
    fed at half the batched rate each measured, event time running
@@ -206,7 +207,7 @@ async def paced_run(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms
     prefix = f"bench{tag}.{name}."
     topics = Topics.with_prefix(prefix)
     await ensure_topics(bootstrap, [topics.requests, topics.health, topics.dlq, topics.state], opts.partitions)
-    await seed_state(bootstrap, topics.state, snapshots)
+    await seed_state(bootstrap, topics.state, snapshots, opts.partitions)
     out = workdir / f"{name}.json"
     log_path = workdir / f"{name}.log"
     ready, stop = out.with_suffix(".ready"), out.with_suffix(".stop")
@@ -369,7 +370,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
             prefix = f"bench{tag}.{name}."
             t = Topics.with_prefix(prefix)
             ensure_topics_sync(bootstrap, [t.health, t.dlq, t.state, t.quality], opts.partitions)
-            asyncio.run(seed_state(bootstrap, t.state, snapshots))
+            asyncio.run(seed_state(bootstrap, t.state, snapshots, opts.partitions))
             events = kinds[kind]["events"] if only is None else sum(
                 kinds[kind]["events_per_partition"][p] for p in only)
             return {"bootstrap": bootstrap, "driver": driver, "prefix": prefix, "group": f"bench{tag}-{name}",

@@ -149,16 +149,17 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         state.gate = OffsetGate(starts)
         state.skipped_logged = 0
         state.processor.reset(Engine(policy))
-        state.processor.load_snapshots(records)
+        restored = state.processor.load_snapshots(records, assigned)
         state.ledger.clear()
         state.generation = generation
         state.stale = False
         state.dirty = False
         state.restored = True
         state.resets += 1
-        log.warning("worker ready (generation %s): %d channel snapshots available for restore, read in %.2f s; "
-                    "input partitions %s from offsets %s", generation, len(records), time.monotonic() - started,
-                    assigned, starts)
+        state.reset_s = time.monotonic() - started
+        log.warning("worker ready (generation %s): %d channel snapshots read, %d of them (the assigned partitions' "
+                    "channels) restored, in %.2f s; input partitions %s from offsets %s", generation, len(records),
+                    restored, state.reset_s, assigned, starts)
 
     async def ensure_generation() -> bool:
         """For the timers: reset once a new assignment is complete; True when the state is current (under ``lock``)."""
@@ -372,7 +373,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     async def save_snapshot() -> None:
         """Publish the captured snapshot if its rows are written, then ack the messages it covers."""
         assert state.snap_lock is not None
-        from pipeline.stream.state_topic import OFFSETS_HEADER, offsets_header
+        from pipeline.stream.state_topic import snapshot_headers
 
         async with state.snap_lock:
             ready = state.ledger.ready_snapshot()
@@ -384,8 +385,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 return
             epoch = state.ledger.epoch
             await send_and_wait(app.producer, topics.state,
-                                [(name.encode(), blob, [(OFFSETS_HEADER, offsets_header(offs))])
-                                 for name, blob, offs in records])
+                                [(name.encode(), blob, snapshot_headers(offs, part))
+                                 for name, blob, offs, part in records])
             if epoch != state.ledger.epoch or not current():
                 return  # a rebalance came in between: ack nothing of the old assignment
             for m in state.ledger.snapshot_saved():

@@ -19,7 +19,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
+
+import numpy as np
 
 from pipeline.contracts import RequestEvent, Verdict, encode
 from pipeline.engine import Engine
@@ -28,6 +30,7 @@ from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
 
 _TS = attrgetter("ts_ms")
+_CHANNEL = attrgetter("channel")
 
 #: A partition that delivered nothing for this long (wall clock) no longer
 #: holds the low watermark back (the usual idle-source rule).
@@ -63,9 +66,12 @@ class BatchProcessor:
         self.counters = DecodeCounters()
         self.events_in = 0
         self.verdicts_out = 0
-        #: channel → snapshot bytes not yet loaded (restored lazily on the
+        #: channel → snapshot bytes not yet loaded (those of unknown input partition: restored on the
         #: channel's first event, so a worker only takes the channels of its partitions).
         self.pending_snapshots: dict[str, bytes] = {}
+        #: channel → input partition its newest events came from (saved with its snapshot, so a restarted
+        #: worker restores the channels of its assigned partitions at once; SPEC §3: key = channel).
+        self.input_partition: dict[str, int] = {}
         #: partition → (newest event time delivered, monotonic wall time of delivery)
         self.partition_wm: dict[int, tuple[int, float]] = {}
         #: assigned input partition → consumed to its end (see :meth:`set_partition_status`)
@@ -95,24 +101,45 @@ class BatchProcessor:
         self.cover_limit = {}
         self.partition_wm = {}
         self.caught_up = {}
+        self.input_partition = {}
 
-    def load_snapshots(self, records: Mapping[str, tuple[bytes, Mapping[int, int]]]) -> None:
-        """Make channel snapshots available for lazy restore.
+    def load_snapshots(self, records: Mapping[str, tuple], assigned: Collection[int] | None = None) -> int:
+        """Make channel snapshots available for restore; restore those of the ``assigned`` partitions now.
 
-        ``records``: channel → ``(snapshot bytes, covered input offsets)``
-        (partition → last offset included in the snapshot; empty when unknown).
-        A channel is restored on its first event.
+        ``records``: channel → ``(snapshot bytes, covered input offsets)`` or
+        ``(snapshot bytes, covered input offsets, input partition)``: covered offsets
+        map partition → last offset included in the snapshot (empty when unknown);
+        the input partition is the one the channel's events came from (None when
+        unknown, e.g. a snapshot written before workers recorded it).
+
+        A channel whose input partition is in ``assigned`` is restored at once
+        (as Kafka Streams restores state before processing), so it is evaluated
+        as event time advances even if no event of it ever comes again: that is
+        how a channel that went silent across a restart is still reported
+        ``no_data``. Any other channel is restored on its first event. Returns
+        the number restored now (bad snapshots are counted in ``bad_snapshots``
+        and those channels start fresh).
         """
         # Room for every channel that may be restored, at once: restores then copy no ring (rows of
         # channels that never come, e.g. those of another worker's partitions, use no resident memory).
         self.engine.store.reserve(self.engine.store.n_channels + len(self.pending_snapshots) + len(records))
         limit = self.cover_limit
-        for name, (blob, offsets) in records.items():
+        now: list[str] = []
+        for name, record in records.items():
+            blob, offsets = record[0], record[1]
+            partition = record[2] if len(record) > 2 else None
             self.pending_snapshots[name] = blob
             covered = self.pending_offsets[name] = {int(p): int(o) for p, o in offsets.items()}
             for p, o in covered.items():
                 if o > limit.get(p, -1):
                     limit[p] = o
+            if partition is not None:
+                self.input_partition[name] = int(partition)
+                if assigned is not None and partition in assigned:
+                    now.append(name)
+        before = self.restored
+        self._restore(now)
+        return self.restored - before
 
     def process(self, raws: Sequence[bytes | None], partitions: Sequence[int] | None = None,
                 offsets: Sequence[int] | None = None) -> ProcessedBatch:
@@ -132,21 +159,15 @@ class BatchProcessor:
         """
         out = ProcessedBatch()
         now = self.clock_ms()
-        events: list[RequestEvent] = []
-        origin: list[tuple[int, int]] = []
         given = partitions is not None and offsets is not None
         track = given and self._may_be_covered(partitions, offsets)  # type: ignore[arg-type]
-        for k, raw in enumerate(raws):
-            res = self.decoder.decode(raw if raw is not None else b"", now)
-            events.extend(res.events)
-            if track and res.events:
-                origin.extend([(partitions[k], offsets[k])] * len(res.events))  # type: ignore[index]
-            out.dead_letters.extend(res.dead_letters)
-            if partitions is not None and res.events:
-                p = partitions[k]
-                hi = max(map(_TS, res.events))
-                prev = self.partition_wm.get(p)
-                self.partition_wm[p] = (max(hi, prev[0]) if prev else hi, time.monotonic())
+        events, owner, out.dead_letters = self.decoder.decode_many(raws, now)
+        origin: list[tuple[int, int]] = []
+        if partitions is not None and events:
+            parts = list(map(partitions.__getitem__, owner))
+            self._note_partitions(events, parts)
+            if track:
+                origin = list(zip(parts, map(offsets.__getitem__, owner)))  # type: ignore[union-attr]
         for d in out.dead_letters:
             self.counters.add_dead_letter(d.reason)
         self.events_in += len(events)
@@ -176,6 +197,22 @@ class BatchProcessor:
             self.counters.add_dead_letter("late_event")
         self.verdicts_out += len(out.verdicts)
         return out
+
+    def _note_partitions(self, events: list[RequestEvent], parts: list[int]) -> None:
+        """Per input partition, the newest event time delivered (for the low watermark), and per channel
+        the partition its events come from (saved with its snapshot)."""
+        wall = time.monotonic()
+        distinct = set(parts)
+        if len(distinct) == 1:
+            newest = {parts[0]: max(map(_TS, events))}
+        else:
+            ts = np.fromiter(map(_TS, events), np.int64, len(events))
+            part = np.asarray(parts)
+            newest = {p: int(ts[part == p].max()) for p in distinct}
+        for p, hi in newest.items():
+            prev = self.partition_wm.get(p)
+            self.partition_wm[p] = (max(hi, prev[0]) if prev else hi, wall)
+        self.input_partition.update(zip(map(_CHANNEL, events), parts))
 
     def _may_be_covered(self, partitions: Sequence[int], offsets: Sequence[int]) -> bool:
         """Whether a message of this batch is at or below a snapshot's covered offset on its partition
@@ -208,10 +245,14 @@ class BatchProcessor:
         return keep
 
     def _restore_channels(self, events: Sequence[RequestEvent]) -> None:
+        known = self.engine.store._index
+        self._restore({e.channel for e in events if e.channel not in known})
+
+    def _restore(self, names: Collection[str]) -> None:
+        """Load the pending snapshots of ``names`` into the engine (a bad one: the channel starts fresh)."""
         from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
 
-        known = self.engine.store._index
-        for name in {e.channel for e in events if e.channel not in known}:
+        for name in names:
             raw = self.pending_snapshots.pop(name, None)
             offsets = self.pending_offsets.pop(name, None)
             if raw is None:
@@ -230,20 +271,22 @@ class BatchProcessor:
 
         return [(name, export_channel(self.engine, i)) for i, name in enumerate(self.engine.store.names)]
 
-    def snapshot_records(self, offsets: Mapping[int, int]) -> list[tuple[str, bytes, dict[int, int]]]:
-        """``(channel, snapshot bytes, covered input offsets)`` for every channel this worker holds.
+    def snapshot_records(self, offsets: Mapping[int, int]) -> list[tuple[str, bytes, dict[int, int], int | None]]:
+        """``(channel, snapshot bytes, covered input offsets, input partition)`` for every channel this worker holds.
 
         ``offsets``: partition → last input offset processed so far. A restored
         channel also covers what its snapshot covered (the replay may not have
-        passed it yet).
+        passed it yet). The input partition is the one the channel's newest
+        events came from (None if it never had events with a known partition).
         """
         out = []
+        part = self.input_partition
         for name, blob in self.snapshots():
             cov = dict(offsets)
             for p, o in self.covered.get(name, {}).items():
                 if o > cov.get(p, -1):
                     cov[p] = o
-            out.append((name, blob, cov))
+            out.append((name, blob, cov, part.get(name)))
         return out
 
     def set_partition_status(self, caught_up: dict[int, bool]) -> None:

@@ -8,6 +8,9 @@ Each message carries, in the header ``input_offsets``, the input offsets the
 snapshot covers: JSON ``{"<partition>": <last offset included>}`` of the
 ``gateway.requests`` topic (see :func:`offsets_header`). A restarted worker
 skips events its restored state already holds (:mod:`pipeline.stream.processor`).
+The header ``input_partition`` names the input partition the channel's events
+come from (SPEC §3: key = channel), so a worker restores the channels of its
+assigned partitions as soon as it starts (see :func:`partition_header`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,40 @@ log = logging.getLogger("channel_health.state")
 
 #: Header naming the input offsets a snapshot covers.
 OFFSETS_HEADER = "input_offsets"
+#: Header naming the input partition of the snapshot's channel (decimal ASCII).
+PARTITION_HEADER = "input_partition"
+
+
+def snapshot_headers(offsets: Mapping[int, int], partition: int | None) -> list[tuple[str, bytes]]:
+    """Headers of a state-topic record: covered offsets, and the input partition when known.
+
+    >>> snapshot_headers({0: 12}, 3)
+    [('input_offsets', b'{"0":12}'), ('input_partition', b'3')]
+    >>> snapshot_headers({}, None)
+    [('input_offsets', b'{}')]
+    """
+    headers = [(OFFSETS_HEADER, offsets_header(offsets))]
+    if partition is not None:
+        headers.append((PARTITION_HEADER, str(int(partition)).encode()))
+    return headers
+
+
+def parse_partition_header(headers: Any) -> int | None:
+    """The input partition from a record's headers; None when absent or not a partition number.
+
+    >>> parse_partition_header([("input_partition", b"3")]), parse_partition_header([("input_partition", b"-1")])
+    (3, None)
+    >>> parse_partition_header(None), parse_partition_header([("input_partition", b"x")])
+    (None, None)
+    """
+    for name, value in headers or ():
+        if name == PARTITION_HEADER and value:
+            try:
+                p = int(value)
+            except ValueError:
+                return None
+            return p if p >= 0 else None
+    return None
 
 
 def offsets_header(offsets: Mapping[int, int]) -> bytes:
@@ -53,8 +90,9 @@ def parse_offsets_header(headers: Any) -> dict[int, int]:
 
 
 async def load_snapshot_records(bootstrap: str, topic: str, security: Mapping[str, Any] | None = None,
-                                timeout_s: float = 60.0) -> dict[str, tuple[bytes, dict[int, int]]]:
-    """Like :func:`load_snapshots`, with each snapshot's covered input offsets (from its header)."""
+                                timeout_s: float = 60.0) -> dict[str, tuple[bytes, dict[int, int], int | None]]:
+    """Like :func:`load_snapshots`: channel → ``(snapshot bytes, covered input offsets, input partition)``
+    from each record and its headers (offsets ``{}`` and partition None when a header is absent)."""
     return await _load(bootstrap, topic, security, timeout_s)
 
 
@@ -65,7 +103,7 @@ async def load_snapshots(bootstrap: str, topic: str, security: Mapping[str, Any]
     Returns an empty dict when the topic does not exist yet. Raises
     ``TimeoutError`` if the end is not reached within ``timeout_s``.
     """
-    return {k: v for k, (v, _) in (await _load(bootstrap, topic, security, timeout_s)).items()}
+    return {k: v[0] for k, v in (await _load(bootstrap, topic, security, timeout_s)).items()}
 
 
 async def _load(bootstrap: str, topic: str, security: Mapping[str, Any] | None,
@@ -73,7 +111,7 @@ async def _load(bootstrap: str, topic: str, security: Mapping[str, Any] | None,
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest", **dict(security or {}))
     await consumer.start()
-    out: dict[str, tuple[bytes, dict[int, int]]] = {}
+    out: dict[str, tuple[bytes, dict[int, int], int | None]] = {}
     try:
         parts = consumer.partitions_for_topic(topic)
         if not parts:
@@ -99,7 +137,8 @@ async def _load(bootstrap: str, topic: str, security: Mapping[str, Any] | None,
             for records in batches.values():
                 for r in records:
                     if r.key is not None and r.value is not None:
-                        out[r.key.decode("utf-8", "replace")] = (r.value, parse_offsets_header(r.headers))
+                        out[r.key.decode("utf-8", "replace")] = (r.value, parse_offsets_header(r.headers),
+                                                                 parse_partition_header(r.headers))
         log.info("restored %d channel snapshots from %s", len(out), topic)
         return out
     finally:

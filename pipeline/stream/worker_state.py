@@ -37,6 +37,8 @@ class WorkerState:
     #: Processor state changed since the last captured snapshot.
     dirty: bool = False
     resets: int = 0
+    #: Wall time of the last reset (reading the state topic and restoring the assigned partitions' channels), s.
+    reset_s: float = 0.0
     acked_messages: int = 0
     dropped_stale_messages: int = 0
     #: Sink health: failed flushes in a row, when the outage began (monotonic s), figures.

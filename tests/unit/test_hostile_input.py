@@ -260,7 +260,10 @@ def message(draw: st.DrawFn, clock_ms: int, next_id: list[int], sent: list[dict]
         return Msg(raw[:at] + draw(st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80"])) + raw[at:], batch,
                    frozenset({R.NOT_UTF8, R.INVALID_JSON}), elems, bad_utf8=True)
     if corrupt == 1:  # cut short (a producer bug, a torn write)
-        return Msg(raw[: draw(st.integers(0, len(raw) - 1))], batch, frozenset({R.INVALID_JSON, R.NOT_UTF8}), elems)
+        # a prefix of a lone non-object value can itself be valid JSON (1.5 -> 1): then it is a wrong type
+        scalar = not batch and not isinstance(elems[0][0], dict)
+        return Msg(raw[: draw(st.integers(0, len(raw) - 1))], batch,
+                   frozenset({R.INVALID_JSON, R.NOT_UTF8} | ({R.WRONG_TYPE} if scalar else set())), elems)
     if corrupt == 2:  # NaN / Infinity are not JSON: the whole message is invalid
         token = draw(st.sampled_from([b"NaN", b"Infinity", b"-Infinity"]))
         return Msg(raw.replace(b'"latency_ms":', b'"latency_ms":' + token + b',"x_was":', 1)
@@ -336,16 +339,30 @@ def scenario(draw: st.DrawFn) -> list[Call]:
 
 
 class RecordingDecoder(Decoder):
-    """The real decoder, recording each message's result (for per-message accounting)."""
+    """The real decoder, recording each message's result (for per-message accounting).
+
+    The processor calls :meth:`Decoder.decode_many`; every call is checked against a second decoder's
+    :meth:`Decoder.decode` per message (the reference), and ``results`` holds, per message, the objects
+    ``decode_many`` returned.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.results: list[DecodeResult] = []
+        self.reference = Decoder()
 
-    def decode(self, raw: bytes, now_ms: int) -> DecodeResult:
-        result = super().decode(raw, now_ms)
-        self.results.append(result)
-        return result
+    def decode_many(self, raws, now_ms):
+        got_events, owner, got_dead = super().decode_many(raws, now_ms)
+        ref = [self.reference.decode(raw, now_ms) for raw in raws]
+        assert got_events == [e for r in ref for e in r.events]
+        assert owner == [k for k, r in enumerate(ref) for _ in r.events]
+        assert got_dead == [d for r in ref for d in r.dead_letters]
+        dead = iter(got_dead)
+        for k, r in enumerate(ref):
+            self.results.append(DecodeResult([e for e, o in zip(got_events, owner) if o == k],
+                                             [next(dead) for _ in r.dead_letters]))
+        assert self.counters.snapshot() == self.reference.counters.snapshot()
+        return got_events, owner, got_dead
 
 
 STATS: Counter[str] = Counter()

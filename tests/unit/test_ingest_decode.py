@@ -498,3 +498,49 @@ def test_valid_batches_round_trip(latencies: list[int]) -> None:
     result = Decoder().decode(dumps({"events": docs}), NOW)
     assert result.dead_letters == []
     assert [msgspec.to_builtins(e) for e in result.events] == [{**d, "latency_ms": float(d["latency_ms"])} for d in docs]
+
+
+# --------------------------------------------------------------- many messages at once
+
+
+def test_decode_many_equals_decode_per_message() -> None:
+    """The lean path for clean one-event messages gives exactly the per-message results and counters."""
+    long_text = "z" * 9_000
+    raws = [
+        dumps(event(1)),
+        dumps({"events": [event(2), event(3, ts_ms=NOW - 8 * DAY), event(4)]}),  # one element too old
+        dumps(event(5, ts_ms=NOW + 2 * HOUR)),                                 # single, in the future
+        None,                                                                  # tombstone
+        dumps(event(6, response_text=long_text, expected_fields=["a"])),        # cut to 8,000 chars
+        dumps(event(7, route="rüte")),                                          # not ASCII: full path
+        b"{not json",
+        dumps(event(8, prompt_text="p")),
+        dumps(event(9, ts_ms=NOW - 8 * DAY)),                                   # single, too old
+    ]
+    ref = Decoder()
+    per = [ref.decode(r, NOW) for r in raws]
+    many = Decoder()
+    events, owner, dead = many.decode_many(raws, NOW)
+    assert events == [e for r in per for e in r.events]
+    assert [e.event_id for e in events] == ["e1", "e2", "e4", "e6", "e7", "e8"]
+    assert owner == [0, 1, 1, 4, 5, 7]
+    assert dead == [d for r in per for d in r.dead_letters]
+    assert [d.reason for d in dead] == ["ts_too_old", "ts_in_future", "empty_message", "invalid_json",
+                                        "ts_too_old"]
+    assert len(events[3].response_text) == 8_000 and events[3].parse_ok is False
+    assert many.counters.snapshot() == ref.counters.snapshot()
+    assert many.counters.snapshot()["texts_truncated"] == 1
+
+
+def test_decode_many_of_clean_single_events_takes_no_per_message_call() -> None:
+    class Counting(Decoder):
+        calls = 0
+
+        def decode(self, raw, now_ms):
+            Counting.calls += 1
+            return super().decode(raw, now_ms)
+
+    d = Counting()
+    events, owner, dead = d.decode_many([dumps(event(i)) for i in range(50)], NOW)
+    assert (len(events), owner[-1], dead, Counting.calls) == (50, 49, [], 0)
+    assert d.counters.snapshot()["messages"] == 50

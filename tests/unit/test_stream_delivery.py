@@ -105,8 +105,10 @@ def _key(v):
     return (v.channel, v.seq)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_restart_from_snapshot_resumes_exactly(seed):
+@pytest.mark.parametrize("seed,eager", [(1, False), (2, False), (3, False), (1, True), (2, True)])
+def test_restart_from_snapshot_resumes_exactly(seed, eager):
+    """``eager``: the records name the channels' input partition and it is assigned, so both channels are
+    restored when the snapshots load (before any input); otherwise on their first events."""
     events = _timeline()
     _, reference = replay(events)
     msgs = _envelopes(events)
@@ -117,11 +119,13 @@ def test_restart_from_snapshot_resumes_exactly(seed):
     died = min(len(msgs), cut + rng.randrange(1, 200))     # processed (and published) after it, then killed
     committed = cut - rng.randrange(0, 300)                # consumer resumes here: before the snapshot's offsets
     got = _run(before, msgs, 0, cut, rng)
-    records = {name: (blob, offs) for name, blob, offs in before.snapshot_records({0: cut - 1})}
+    records = {name: (blob, offs, part) if eager else (blob, offs)
+               for name, blob, offs, part in before.snapshot_records({0: cut - 1})}
+    assert [part for *_, part in before.snapshot_records({0: cut - 1})] == [0, 0]  # both came from partition 0
     got += _run(before, msgs, cut, died, rng)
 
     after = BatchProcessor(Engine(), clock_ms=clock)
-    after.load_snapshots(records)
+    assert after.load_snapshots(records, assigned=[0]) == (2 if eager else 0)
     assert after.cover_limit == {0: cut - 1}
     got += _run(after, msgs, committed, len(msgs), rng)
     assert after.restored == 2 and after.skipped_covered > 0
@@ -147,12 +151,49 @@ def test_restart_without_offsets_in_the_snapshot_would_double_count():
     before = BatchProcessor(Engine(), clock_ms=lambda: START_MS + 4 * 3_600_000)
     cut = int(len(msgs) * 0.97)
     _run(before, msgs, 0, cut, rng)
-    records = {name: (blob, {}) for name, blob, _ in before.snapshot_records({0: cut - 1})}
+    records = {name: (blob, {}) for name, blob, _, _ in before.snapshot_records({0: cut - 1})}
     after = BatchProcessor(Engine(), clock_ms=lambda: START_MS + 4 * 3_600_000)
     after.load_snapshots(records)
     got = _run(after, msgs, cut - 300, len(msgs), rng)
     ref = {_key(v): v for v in reference}
     assert any(ref.get(_key(v)) != v for v in got)
+
+
+def test_a_channel_silent_across_a_restart_is_still_reported_no_data():
+    """Channel b sends nothing after the restart. Restored with its partition assigned, it is evaluated as event
+    time advances and opens ``no_data`` ``no_data_after_ms`` after its last event; restored lazily (partition
+    unknown) nothing would ever be said about it."""
+    events = [e for e in _timeline(hours=3) if e["ts_ms"] < START_MS + 2 * 3_600_000]  # before b's failure run
+    msgs = {ch: _envelopes([e for e in events if e["channel"] == ch]) for ch in ("a/m@paid", "b/m@paid")}
+    clock = lambda: START_MS + 3 * 3_600_000  # noqa: E731
+    before = BatchProcessor(Engine(), clock_ms=clock)
+    for p, ch in enumerate(msgs):  # a on partition 0, b on partition 1
+        before.set_partition_status({0: p == 1, 1: p == 1})
+        before.process(msgs[ch], [p] * len(msgs[ch]), list(range(len(msgs[ch]))))
+    b_last = max(e["ts_ms"] for e in events if e["channel"] == "b/m@paid")
+    records = {name: (blob, offs, part) for name, blob, offs, part in before.snapshot_records({0: 10**6, 1: 10**6})}
+    assert {name: r[2] for name, r in records.items()} == {"a/m@paid": 0, "b/m@paid": 1}
+
+    later = [{**e, "event_id": e["event_id"] + "+", "ts_ms": e["ts_ms"] + 2 * 3_600_000}
+             for e in events if e["channel"] == "a/m@paid" and e["ts_ms"] < START_MS + 600_000]
+    later_msgs = _envelopes(later)
+    for eager in (True, False):
+        after = BatchProcessor(Engine(), clock_ms=clock)
+        after.load_snapshots(records if eager else {k: v[:2] for k, v in records.items()}, assigned=[0, 1])
+        after.set_partition_status({0: True, 1: True})
+        got = after.process(later_msgs, [0] * len(later_msgs), [10**6 + 1 + i for i in range(len(later_msgs))])
+        b = [v for v in got.verdicts if v.channel == "b/m@paid"]
+        if not eager:
+            assert b == [] and "b/m@paid" in after.pending_snapshots
+            continue
+        assert after.restored == 2
+        first = next(v for v in b if v.state == "no_data")
+        assert first.reasons == ["no_data"] and first.seq > 0
+        assert {v.state for v in b if v.ts_ms < first.ts_ms} == {"healthy"}  # rounds while within the grace
+        step = after.engine.policy.eval_interval_ms
+        # the first round at or after b's last event + no_data_after_ms
+        assert first.ts_ms == -(-(b_last + after.engine.policy.no_data_after_ms) // step) * step
+        assert all(v.state != "no_data" for v in got.verdicts if v.channel == "a/m@paid")
 
 
 def test_idle_advance_never_passes_the_wall_clock():

@@ -87,3 +87,18 @@ def test_skewed_partitions_give_the_in_order_verdicts(seed):
     assert got == want
     # The outage channel really went through the breaker.
     assert [s for s, _ in got["together/llama-8b@paid"]][:3] == ["healthy", "open", "half_open"]
+
+
+def test_tombstones_are_dead_lettered_as_empty_messages_and_partitions_are_noted():
+    def ev(i: int, channel: str, ts: int) -> bytes:
+        return _enc.encode({"event_id": f"e{i}", "ts_ms": ts, "channel": channel, "route": "r", "status": "ok",
+                            "latency_ms": 100.0})
+
+    bp = BatchProcessor(clock_ms=lambda: START_MS)
+    out = bp.process([ev(1, "a", START_MS - 5_000), None, ev(2, "b", START_MS - 1_000), ev(3, "a", START_MS - 2_000)],
+                     [2, 0, 3, 2], [10, 4, 7, 11])
+    assert [d.reason for d in out.dead_letters] == ["empty_message"]
+    assert [row[0].event_id for row in out.stored] == ["e1", "e2", "e3"]  # arrival order within a round
+    assert bp.input_partition == {"a": 2, "b": 3}
+    assert {p: ts for p, (ts, _) in bp.partition_wm.items()} == {2: START_MS - 2_000, 3: START_MS - 1_000}
+    assert [(name, part) for name, _, _, part in bp.snapshot_records({2: 11, 3: 7})] == [("a", 2), ("b", 3)]
