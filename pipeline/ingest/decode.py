@@ -187,9 +187,19 @@ class Decoder:
                 fast = list(compress(fast, keep))
                 fast_at = list(compress(fast_at, keep))
             if any(map(ne, map(_TEXTS, fast), repeat(_NO_TEXTS))):
-                for event in fast:
+                failed = []
+                for i, event in enumerate(fast):
                     if event.response_text is not None or event.prompt_text is not None:
-                        self._truncate(event)
+                        try:
+                            self._truncate(event)
+                        except Exception:  # noqa: BLE001 - decode() turns it into an internal_error dead letter
+                            failed.append(i)
+                if failed:
+                    full = sorted(full + [fast_at[i] for i in failed])
+                    keep = [True] * len(fast)
+                    for i in failed:
+                        keep[i] = False
+                    fast, fast_at = list(compress(fast, keep)), list(compress(fast_at, keep))
             self.counters.messages += len(fast)
             self.counters.events += len(fast)
         if not full:

@@ -544,3 +544,18 @@ def test_decode_many_of_clean_single_events_takes_no_per_message_call() -> None:
     events, owner, dead = d.decode_many([dumps(event(i)) for i in range(50)], NOW)
     assert (len(events), owner[-1], dead, Counting.calls) == (50, 49, [], 0)
     assert d.counters.snapshot()["messages"] == 50
+
+
+def test_decode_many_turns_an_internal_error_into_a_dead_letter(monkeypatch) -> None:
+    import pipeline.ingest.decode as D
+
+    def broken(text, fields):
+        raise RuntimeError("structure checker bug")
+
+    monkeypatch.setattr(D, "check_structure", broken)
+    raws = [dumps(event(1)), dumps(event(2, response_text="q" * 9_000, expected_fields=["a"])), dumps(event(3))]
+    d = Decoder()
+    events, owner, dead = d.decode_many(raws, NOW)
+    assert ([e.event_id for e in events], owner) == (["e1", "e3"], [0, 2])
+    assert [(x.reason, x.detail) for x in dead] == [("internal_error", "decoder error RuntimeError: structure checker bug")]
+    assert d.counters.snapshot()["messages"] == 3
