@@ -185,6 +185,10 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
                     "per_worker": _get(stages, "workers_2", "per_worker")},
         "sink": {"rows_per_s_capacity": sink_rate,
                  "rows_per_flush_s_in_worker": _get(stages, "pipeline_faust_batched", "sink_rows_per_flush_s")},
+        # reading the state topic + restoring the assigned partitions' channels, before the first batch
+        "restore_at_assignment_s": {"faust_worker": _get(stages, "pipeline_faust_batched", "reset_s"),
+                                    "aiokafka_driver": _get(stages, "pipeline_aiokafka_batched", "reset_s"),
+                                    "restored_channels": _get(stages, "pipeline_faust_batched", "restored_channels")},
         "profile_us_per_event": _get(stages, "profile", "us_per_event"),
         "stages": dict(stages),
     }
@@ -276,6 +280,11 @@ def table(doc: Mapping[str, Any]) -> str:
     w = doc["workers"]
     lines.append(f"workers (aiokafka driver, batched): 1 → {_fmt(w['1'])} ev/s, 2 → {_fmt(w['2'])} ev/s "
                  f"(×{_fmt(w['scaling'])})")
+    ra = doc.get("restore_at_assignment_s") or {}
+    if ra.get("faust_worker") is not None or ra.get("aiokafka_driver") is not None:
+        lines.append(f"restore at assignment ({_fmt(ra.get('restored_channels'))} channels; state topic read + restore, "
+                     f"before the first batch, outside the rates above): faust worker {_fmt(ra.get('faust_worker'))} s, "
+                     f"aiokafka driver {_fmt(ra.get('aiokafka_driver'))} s")
     prof = doc.get("profile_us_per_event") or {}
     if prof.get("batched"):
         b = prof["batched"]
