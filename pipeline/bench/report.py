@@ -199,6 +199,9 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
                                     ("faust_worker", "pipeline_faust_{kind}/runs_events_per_s"),
                                     ("aiokafka_driver", "pipeline_aiokafka_{kind}/runs_events_per_s"))}
         doc[kind]["runs_events_per_s"] = {k: v for k, v in runs.items() if v}
+    # run k of every stage ran in round k (pipeline.bench.run interleaves them): the ratio within each round
+    doc["batched"]["ratio_to_ceiling_by_round"] = _by_round(doc["batched"]["runs_events_per_s"], "ceiling")
+    doc["single"]["ratio_to_bare_faust_by_round"] = _by_round(doc["single"]["runs_events_per_s"], "bare_faust")
     doc["targets"] = {
         "batched_events_per_s": check("batched_events_per_s", pf_b),
         "batched_ratio_to_ceiling": check("batched_ratio_to_ceiling", doc["batched"]["ratio_to_ceiling"]),
@@ -209,6 +212,18 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
         "sink_rows_per_s": check("sink_rows_per_s", sink_rate),
     }
     return doc
+
+
+def _by_round(runs: Mapping[str, list[float]], base: str) -> list[float] | None:
+    """The faust worker's rate ÷ ``base``'s rate in each round, or None without both series of equal length.
+
+    >>> _by_round({"faust_worker": [90.0, 80.0], "bare_faust": [100.0, 100.0]}, "bare_faust")
+    [0.9, 0.8]
+    """
+    num, den = runs.get("faust_worker"), runs.get(base)
+    if not num or not den or len(num) != len(den):
+        return None
+    return [ratio(a, b) for a, b in zip(num, den)]
 
 
 def _stage_peaks(stage: Any) -> list[float]:
@@ -259,6 +274,12 @@ def table(doc: Mapping[str, Any]) -> str:
         if runs:
             lines.append(f"{kind}, every run (events/s; the table shows the median run): " + "; ".join(
                 f"{k} " + ", ".join(_fmt(x) for x in v) for k, v in runs.items()))
+    by_round = [(label, doc[kind].get(key)) for label, kind, key in (
+        ("batched ÷ ceiling", "batched", "ratio_to_ceiling_by_round"),
+        ("single ÷ bare faust", "single", "ratio_to_bare_faust_by_round"))]
+    if any(v for _, v in by_round):
+        lines.append("faust worker, round by round (stages interleaved): " + "; ".join(
+            f"{label} " + ", ".join(_fmt(x) for x in v) for label, v in by_round if v))
     vd = doc["verdict_delay"]
     m = doc.get("machine") or {}
     lines.append(f"(ev/CPU-s: events per CPU-second of the consuming process; load average "

@@ -29,10 +29,14 @@ Order (each measured stage is its own process, see :mod:`pipeline.bench.stage`):
 7. :mod:`~pipeline.bench.profile`: CPU per event of each step, in-process.
 
 Stages run one after another (this is a 2-core machine); a failed stage is
-reported and the rest still run. With ``--repeat N`` each throughput stage of
-steps 2-4 runs N times (own consumer groups and topics per run) and the run
-with the median rate is reported, every run's rate beside it
-(:func:`median_run`).
+reported and the rest still run. With ``--repeat N`` the throughput stages of
+steps 2-4 run in N rounds, each stage once per round in the order above (own
+consumer groups and topics per run), and each stage's run with the median
+rate is reported, every run's rate beside it (:func:`median_run`).
+Interleaving puts every stage's runs over the same stretch of time, so the
+ratios between stages are not skewed by the machine speeding up or slowing
+down between stages (on this shared VM the same stage varies by ±20 % from
+one minute to the next); the report also gives the ratios round by round.
 """
 
 from __future__ import annotations
@@ -309,24 +313,53 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     start_ms = measure_start_ms()
     skip = set(opts.skip)
 
-    def stage(name: str, fn: Callable[..., Any], repeat: int = 1) -> Any:
-        """Run stage ``name`` (``repeat`` times when > 1: ``fn(k)`` for run k, the median-rate run is kept)."""
-        if name.split("_")[0] in skip or name in skip:
+    def skipped(name: str) -> bool:
+        return name.split("_")[0] in skip or name in skip
+
+    def stage(name: str, fn: Callable[..., Any]) -> Any:
+        """Run stage ``name`` once."""
+        if skipped(name):
             return None
         t = time.monotonic()
         echo(f"[{time.monotonic() - started:5.0f} s] {name} ...")
         try:
-            stages[name] = fn() if repeat == 1 else median_run([fn(k) for k in range(repeat)])
+            stages[name] = fn()
         except StageFailed as exc:
             stages[name] = {"error": str(exc)[-2000:]}
             echo(f"    FAILED: {str(exc)[:300]}")
             return None
         r = stages[name]
         if isinstance(r, dict) and r.get("events_per_s"):
-            runs = r.get("runs_events_per_s")
-            spread = f"; {len(runs)} runs {min(runs):,.0f}-{max(runs):,.0f}, median shown" if runs else ""
-            echo(f"    {r['events_per_s']:,.0f} events/s ({time.monotonic() - t:.0f} s{spread})")
+            echo(f"    {r['events_per_s']:,.0f} events/s ({time.monotonic() - t:.0f} s)")
         return r
+
+    def rounds(named: list[tuple[str, Callable[[int], dict[str, Any]]]], repeat: int) -> None:
+        """Run the throughput stages in ``repeat`` rounds, each stage once per round (``fn(k)`` in round k), and
+        keep each stage's median-rate run (:func:`median_run`). Interleaved, every stage's runs span the same
+        stretch of time, so the ratios between stages compare like with like on a machine whose speed drifts
+        by tens of per cent from one minute to the next; run k of every stage belongs to round k."""
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in named if not skipped(name)}
+        for k in range(repeat):
+            for name, fn in named:
+                if name not in runs or "error" in stages.get(name, {}):
+                    continue
+                label = f" (round {k + 1}/{repeat})" if repeat > 1 else ""
+                echo(f"[{time.monotonic() - started:5.0f} s] {name}{label} ...")
+                t = time.monotonic()
+                try:
+                    r = fn(k)
+                except StageFailed as exc:
+                    stages[name] = {"error": str(exc)[-2000:]}
+                    echo(f"    FAILED: {str(exc)[:300]}")
+                    continue
+                runs[name].append(r)
+                rates = {kind: r[kind]["events_per_s"] for kind in ("batched", "single")} if "batched" in r else {
+                    "": r.get("events_per_s")}
+                echo("    " + ", ".join(f"{kind} {v:,.0f}".strip() for kind, v in rates.items() if v)
+                     + f" events/s ({time.monotonic() - t:.0f} s)")
+        for name, got in runs.items():
+            if got and "error" not in stages.get(name, {}):
+                stages[name] = median_run(got) if len(got) > 1 else got[0]
 
     echo(f"channel-health bench: {opts.channels:,} channels, {opts.events:,} batched events "
          f"({opts.batch_size}/message), {opts.single_events:,} single-event messages, "
@@ -352,19 +385,16 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
              f"{stages['warm']['rss_after_hour_1_mb']:.0f} / {stages['warm']['rss_after_hour_24_mb']:.0f} MB")
         kinds = {k: fill[k] for k in ("batched", "single")}
 
-        reps = opts.repeat
-        stage("ceiling", lambda k=0: run_stage("ceiling", {
-            "bootstrap": bootstrap, "topics": {k2: {"topic": v["topic"], "messages": v["messages"]}
-                                               for k2, v in kinds.items()}}, workdir, f"ceiling{_run_tag(k)}",
-            STAGE_TIMEOUT_S), reps)
-        if "ceiling" in stages and "error" not in stages["ceiling"]:
-            echo(f"    batched {stages['ceiling']['batched']['events_per_s']:,.0f} events/s, "
-                 f"single {stages['ceiling']['single']['events_per_s']:,.0f} events/s")
+        throughput: list[tuple[str, Callable[[int], dict[str, Any]]]] = [
+            ("ceiling", lambda k: run_stage("ceiling", {
+                "bootstrap": bootstrap, "topics": {k2: {"topic": v["topic"], "messages": v["messages"]}
+                                                   for k2, v in kinds.items()}}, workdir, f"ceiling{_run_tag(k)}",
+                STAGE_TIMEOUT_S))]
         for kind in ("single", "batched"):
-            stage(f"bare_faust_{kind}", lambda k=0, kind=kind: run_stage("bare_faust", {
+            throughput.append((f"bare_faust_{kind}", lambda k, kind=kind: run_stage("bare_faust", {
                 "bootstrap": bootstrap, "topic": kinds[kind]["topic"], "group": f"bench{tag}-bare-{kind}{_run_tag(k)}",
                 "messages": kinds[kind]["messages"], "events": kinds[kind]["events"]},
-                workdir, f"bare_faust_{kind}{_run_tag(k)}", STAGE_TIMEOUT_S), reps)
+                workdir, f"bare_faust_{kind}{_run_tag(k)}", STAGE_TIMEOUT_S)))
 
         def pipeline(driver: str, kind: str, name: str, only: list[int] | None = None) -> dict[str, Any]:
             prefix = f"bench{tag}.{name}."
@@ -382,9 +412,10 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
         for driver in ("faust", "aiokafka"):
             for kind in ("batched", "single"):
                 name = f"pipeline_{driver}_{kind}"
-                stage(name, lambda k=0, name=name, driver=driver, kind=kind: run_stage(
+                throughput.append((name, lambda k, name=name, driver=driver, kind=kind: run_stage(
                     "pipeline_run", pipeline(driver, kind, f"{name}{_run_tag(k)}"), workdir, f"{name}{_run_tag(k)}",
-                    STAGE_TIMEOUT_S, env=_env()), reps)
+                    STAGE_TIMEOUT_S, env=_env())))
+        rounds(throughput, opts.repeat)
 
         def two_workers() -> dict[str, Any]:
             halves = [list(range(opts.partitions))[k::2] for k in range(2)]

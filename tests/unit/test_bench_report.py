@@ -37,8 +37,22 @@ def test_required_keys_and_ratios():
     assert doc["workers"]["scaling"] == 1.5
     assert doc["sink"]["rows_per_s_capacity"] == 200_000.0
     assert doc["replay_24h"]["rss_growth_second_12h_mb"] == 0.0
+    assert doc["single"]["ratio_to_bare_faust_by_round"] is None  # one run per stage: no rounds to pair
     assert doc["restore_at_assignment_s"] == {"faust_worker": 0.31, "aiokafka_driver": 0.24, "restored_channels": 1000}
     json.dumps(doc)  # serialisable as is
+
+
+def test_ratios_round_by_round_pair_the_runs_of_each_round():
+    stages = _stages()
+    stages["ceiling"]["batched"]["runs_events_per_s"] = [400_000.0, 500_000.0, 300_000.0]
+    stages["bare_faust_single"]["runs_events_per_s"] = [5_000.0, 4_000.0, 6_000.0]
+    stages["pipeline_faust_batched"]["runs_events_per_s"] = [100_000.0, 100_000.0, 90_000.0]
+    stages["pipeline_faust_single"]["runs_events_per_s"] = [4_500.0, 4_000.0, 4_200.0]
+    doc = report.build(stages, {}, {})
+    assert doc["batched"]["ratio_to_ceiling_by_round"] == [0.25, 0.2, 0.3]
+    assert doc["single"]["ratio_to_bare_faust_by_round"] == [0.9, 1.0, 0.7]
+    assert ("faust worker, round by round (stages interleaved): batched ÷ ceiling 0.25, 0.20, 0.30; "
+            "single ÷ bare faust 0.90, 1.00, 0.70") in report.table(doc)
 
 
 def test_targets_are_checked():
