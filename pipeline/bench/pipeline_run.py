@@ -23,8 +23,9 @@ Both start from the seeded state topic (1,000 channels with 24 h baselines,
 each record naming its channel's input partition, as a worker writes them):
 as after a restart, the channels of the assigned partitions are restored
 before the first batch (``reset_s``: reading the state topic + restoring), so
-the rate below is that of a worker that is ready. The clock runs from the first batch handed to the processor until every event's
-row is written to ClickHouse (``events_per_s``); ``processed_per_s`` stops
+the rate below is that of a worker that is ready. The clock runs from the
+first batch handed to the processor until every event's row is written to
+ClickHouse (``events_per_s``); ``processed_per_s`` stops
 at the last processed event. Without ``events`` (paced runs) a stage runs
 until the file ``<out>.stop`` appears; it writes ``<out>.ready`` after its
 first batch.

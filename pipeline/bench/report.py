@@ -230,6 +230,7 @@ def _stage_peaks(stage: Any) -> list[float]:
     if not isinstance(stage, Mapping):
         return []
     out = [stage["peak_rss_mb"]] if isinstance(stage.get("peak_rss_mb"), (int, float)) else []
+    out += list(stage.get("runs_peak_rss_mb") or [])  # every run of a repeated stage
     for sub in stage.get("per_worker") or []:
         out += _stage_peaks(sub)
     return out

@@ -125,6 +125,9 @@ def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
         return float(r["batched"]["events_per_s"] if "batched" in r else r["events_per_s"])
 
     kept = dict(sorted(results, key=rate)[(len(results) - 1) // 2])
+    peaks = [r["peak_rss_mb"] for r in results if isinstance(r.get("peak_rss_mb"), (int, float))]
+    if peaks:
+        kept["runs_peak_rss_mb"] = peaks  # the report's peak RSS is the largest of any run, not the median run's
     if "batched" in kept:
         for kind in ("batched", "single"):
             kept[kind] = {**kept[kind], "runs_events_per_s": [r[kind]["events_per_s"] for r in results]}

@@ -10,7 +10,7 @@ snapshot covers: JSON ``{"<partition>": <last offset included>}`` of the
 skips events its restored state already holds (:mod:`pipeline.stream.processor`).
 The header ``input_partition`` names the input partition the channel's events
 come from (SPEC §3: key = channel), so a worker restores the channels of its
-assigned partitions as soon as it starts (see :func:`partition_header`).
+assigned partitions as soon as it starts (see :func:`snapshot_headers`).
 """
 
 from __future__ import annotations

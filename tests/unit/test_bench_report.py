@@ -48,7 +48,9 @@ def test_ratios_round_by_round_pair_the_runs_of_each_round():
     stages["bare_faust_single"]["runs_events_per_s"] = [5_000.0, 4_000.0, 6_000.0]
     stages["pipeline_faust_batched"]["runs_events_per_s"] = [100_000.0, 100_000.0, 90_000.0]
     stages["pipeline_faust_single"]["runs_events_per_s"] = [4_500.0, 4_000.0, 4_200.0]
+    stages["pipeline_faust_batched"]["runs_peak_rss_mb"] = [400.0, 520.0, 410.0]
     doc = report.build(stages, {}, {})
+    assert doc["peak_rss_mb"] == 520.0  # the largest of any run, not only the median run's
     assert doc["batched"]["ratio_to_ceiling_by_round"] == [0.25, 0.2, 0.3]
     assert doc["single"]["ratio_to_bare_faust_by_round"] == [0.9, 1.0, 0.7]
     assert ("faust worker, round by round (stages interleaved): batched ÷ ceiling 0.25, 0.20, 0.30; "

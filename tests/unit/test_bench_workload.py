@@ -99,3 +99,9 @@ def test_median_run_of_the_ceiling_keeps_the_median_batched_run_and_every_rate()
     kept = median_run(runs)
     assert kept["batched"] == {"events_per_s": 7.0, "runs_events_per_s": [5.0, 9.0, 7.0]}
     assert kept["single"] == {"events_per_s": 3.5, "runs_events_per_s": [2.5, 4.5, 3.5]}
+
+
+def test_median_run_keeps_every_runs_peak_rss():
+    runs = [{"events_per_s": r, "peak_rss_mb": m} for r, m in ((5.0, 700.0), (9.0, 650.0), (7.0, 760.0))]
+    kept = median_run(runs)
+    assert (kept["events_per_s"], kept["peak_rss_mb"], kept["runs_peak_rss_mb"]) == (7.0, 760.0, [700.0, 650.0, 760.0])
