@@ -319,22 +319,9 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     def skipped(name: str) -> bool:
         return name.split("_")[0] in skip or name in skip
 
-    def stage(name: str, fn: Callable[..., Any]) -> Any:
+    def stage(name: str, fn: Callable[[], dict[str, Any]]) -> None:
         """Run stage ``name`` once."""
-        if skipped(name):
-            return None
-        t = time.monotonic()
-        echo(f"[{time.monotonic() - started:5.0f} s] {name} ...")
-        try:
-            stages[name] = fn()
-        except StageFailed as exc:
-            stages[name] = {"error": str(exc)[-2000:]}
-            echo(f"    FAILED: {str(exc)[:300]}")
-            return None
-        r = stages[name]
-        if isinstance(r, dict) and r.get("events_per_s"):
-            echo(f"    {r['events_per_s']:,.0f} events/s ({time.monotonic() - t:.0f} s)")
-        return r
+        rounds([(name, lambda k: fn())], 1)
 
     def rounds(named: list[tuple[str, Callable[[int], dict[str, Any]]]], repeat: int) -> None:
         """Run the throughput stages in ``repeat`` rounds, each stage once per round (``fn(k)`` in round k), and
@@ -358,8 +345,9 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
                 runs[name].append(r)
                 rates = {kind: r[kind]["events_per_s"] for kind in ("batched", "single")} if "batched" in r else {
                     "": r.get("events_per_s")}
-                echo("    " + ", ".join(f"{kind} {v:,.0f}".strip() for kind, v in rates.items() if v)
-                     + f" events/s ({time.monotonic() - t:.0f} s)")
+                if any(rates.values()):
+                    echo("    " + ", ".join(f"{kind} {v:,.0f}".strip() for kind, v in rates.items() if v)
+                         + f" events/s ({time.monotonic() - t:.0f} s)")
         for name, got in runs.items():
             if got and "error" not in stages.get(name, {}):
                 stages[name] = median_run(got) if len(got) > 1 else got[0]
