@@ -163,10 +163,33 @@ class Decoder:
         everything else (batch envelopes, anything that fails a check) goes
         through :meth:`decode`. Never raises on bad input.
         """
-        n = len(raws)
+        fast, fast_at, full = self._lean_singles(raws, now_ms)
+        if not full:
+            return fast, fast_at, []
+        results = {k: self.decode(raws[k], now_ms) for k in full}
+        events: list[RequestEvent] = []
+        owner: list[int] = []
+        dead: list[DeadLetter] = []
+        at = 0
+        for k in range(len(raws)):
+            res = results.get(k)
+            if res is None:
+                if at < len(fast_at) and fast_at[at] == k:
+                    events.append(fast[at])
+                    owner.append(k)
+                    at += 1
+                continue
+            events.extend(res.events)
+            owner.extend(repeat(k, len(res.events)))
+            dead.extend(res.dead_letters)
+        return events, owner, dead
+
+    def _lean_singles(self, raws: Sequence[Any], now_ms: int) -> tuple[list[RequestEvent], list[int], list[int]]:
+        """The lean path of :meth:`decode_many`: ``(events, their message indices, indices of the messages
+        left for the full path)``; counts the messages it accepted."""
         fast: list[RequestEvent] = []
         fast_at: list[int] = []
-        full: list[int] = []  # indices of messages taking the full path
+        full: list[int] = []
         decode_one = self._event_decoder.decode
         limit = self.max_message_bytes
         for k, raw in enumerate(raws):
@@ -179,48 +202,30 @@ class Decoder:
                 except Exception:  # noqa: BLE001 - the full path finds out what is wrong and dead-letters it
                     pass
             full.append(k)
+
+        def demote(keep: list[bool]) -> None:
+            """Leave the events not kept to the full path."""
+            nonlocal fast, fast_at, full
+            full = sorted(full + [k for k, ok in zip(fast_at, keep) if not ok])
+            fast, fast_at = list(compress(fast, keep)), list(compress(fast_at, keep))
+
         if fast:
             ts = list(map(_TS, fast))
             if self._time_problem(max(ts), now_ms) or self._time_problem(min(ts), now_ms):
-                keep = [self._time_problem(t, now_ms) is None for t in ts]
-                full = sorted(full + [k for k, ok in zip(fast_at, keep) if not ok])
-                fast = list(compress(fast, keep))
-                fast_at = list(compress(fast_at, keep))
-            if any(map(ne, map(_TEXTS, fast), repeat(_NO_TEXTS))):
-                failed = []
-                for i, event in enumerate(fast):
-                    if event.response_text is not None or event.prompt_text is not None:
-                        try:
-                            self._truncate(event)
-                        except Exception:  # noqa: BLE001 - decode() turns it into an internal_error dead letter
-                            failed.append(i)
-                if failed:
-                    full = sorted(full + [fast_at[i] for i in failed])
-                    keep = [True] * len(fast)
-                    for i in failed:
+                demote([self._time_problem(t, now_ms) is None for t in ts])
+        if any(map(ne, map(_TEXTS, fast), repeat(_NO_TEXTS))):
+            keep = [True] * len(fast)
+            for i, event in enumerate(fast):
+                if event.response_text is not None or event.prompt_text is not None:
+                    try:
+                        self._truncate(event)
+                    except Exception:  # noqa: BLE001 - decode() turns it into an internal_error dead letter
                         keep[i] = False
-                    fast, fast_at = list(compress(fast, keep)), list(compress(fast_at, keep))
-            self.counters.messages += len(fast)
-            self.counters.events += len(fast)
-        if not full:
-            return fast, fast_at, []
-        results = {k: self.decode(raws[k], now_ms) for k in full}
-        events: list[RequestEvent] = []
-        owner: list[int] = []
-        dead: list[DeadLetter] = []
-        at = 0
-        for k in range(n):
-            res = results.get(k)
-            if res is None:
-                if at < len(fast_at) and fast_at[at] == k:
-                    events.append(fast[at])
-                    owner.append(k)
-                    at += 1
-                continue
-            events.extend(res.events)
-            owner.extend(repeat(k, len(res.events)))
-            dead.extend(res.dead_letters)
-        return events, owner, dead
+            if not all(keep):
+                demote(keep)
+        self.counters.messages += len(fast)
+        self.counters.events += len(fast)
+        return fast, fast_at, full
 
     # ------------------------------------------------------------ internals
 
