@@ -211,18 +211,15 @@ class Decoder:
 
         if fast:
             ts = list(map(_TS, fast))
-            if self._time_problem(max(ts), now_ms) or self._time_problem(min(ts), now_ms):
+            if not self._all_in_window(ts, now_ms):
                 demote([self._time_problem(t, now_ms) is None for t in ts])
-        if any(map(ne, map(_TEXTS, fast), repeat(_NO_TEXTS))):
+        failed: list[int] = []  # decode() turns such a message into an internal_error dead letter
+        self._cut_long_texts(fast, failed)
+        if failed:
             keep = [True] * len(fast)
-            for i, event in enumerate(fast):
-                if event.response_text is not None or event.prompt_text is not None:
-                    try:
-                        self._truncate(event)
-                    except Exception:  # noqa: BLE001 - decode() turns it into an internal_error dead letter
-                        keep[i] = False
-            if not all(keep):
-                demote(keep)
+            for i in failed:
+                keep[i] = False
+            demote(keep)
         self.counters.messages += len(fast)
         self.counters.events += len(fast)
         return fast, fast_at, full
@@ -383,16 +380,34 @@ class Decoder:
         unique in the batch. Returns the result (long texts truncated), or None to take the per-event path."""
         if set(map(type, items)) != {RequestEvent}:  # a dead letter among them (C-level maps from here on)
             return None
-        ts = list(map(_TS, items))
-        if self._time_problem(max(ts), now_ms) or self._time_problem(min(ts), now_ms):
+        if not self._all_in_window(list(map(_TS, items)), now_ms):
             return None
         if len(set(map(_ID, items))) != len(items):
             return None
-        if any(map(ne, map(_TEXTS, items), repeat(_NO_TEXTS))):
-            for item in items:
-                if item.response_text is not None or item.prompt_text is not None:
-                    self._truncate(item)
+        self._cut_long_texts(items)
         return DecodeResult(items, [])
+
+    def _all_in_window(self, ts_ms: list[int], now_ms: int) -> bool:
+        """Whether every time of a non-empty list is inside the sanity window (its min and max are)."""
+        return not (self._time_problem(max(ts_ms), now_ms) or self._time_problem(min(ts_ms), now_ms))
+
+    def _cut_long_texts(self, events: list[RequestEvent], failed: list[int] | None = None) -> None:
+        """:meth:`_truncate` every event that carries a text (after one C-level scan for any).
+
+        An exception of the structure check propagates; with ``failed`` given, the event's index is
+        appended to it instead and the other events are still cut.
+        """
+        if not any(map(ne, map(_TEXTS, events), repeat(_NO_TEXTS))):
+            return
+        for i, event in enumerate(events):
+            if event.response_text is not None or event.prompt_text is not None:
+                if failed is None:
+                    self._truncate(event)
+                    continue
+                try:
+                    self._truncate(event)
+                except Exception:  # noqa: BLE001 - recorded for the caller
+                    failed.append(i)
 
     def _element_bytes(self, raw: bytes, expected: int) -> list[msgspec.Raw] | None:
         """Each batch element's original bytes, or None if they cannot be matched up."""
