@@ -221,6 +221,9 @@ def bench(
     skip: list[str] = typer.Option([], "--skip", help="Skip a stage: ceiling, bare, pipeline, workers, paced, profile "
                                                       "(or a full stage name, e.g. pipeline_aiokafka_single)."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Keep stage logs and results here."),
+    sink_in_process: bool = typer.Option(False, "--sink-in-process",
+                                         help="Write ClickHouse from the worker's own process "
+                                              "(as CHANNEL_HEALTH_SINK_PROCESS=off), not from a sink process."),
     quality: bool = typer.Option(False, "--quality", help="Instead: quality scorer vs bare SentenceTransformer.encode."),
     quality_texts: int = typer.Option(256, "--quality-texts", help="Texts for --quality."),
 ) -> None:
@@ -246,7 +249,8 @@ def bench(
     given = {k: v for k, v in dict(events=events, single_events=single_events, paced_seconds=paced_seconds).items()
              if v is not None}
     common = dict(channels=channels, partitions=partitions, batch_size=batch_size, rps_per_channel=rps_per_channel,
-                  repeat=repeat, skip=list(skip), workdir=str(workdir) if workdir else None, **given)
+                  repeat=repeat, skip=list(skip), workdir=str(workdir) if workdir else None,
+                  sink_process=not sink_in_process, **given)
     try:
         opts = BenchOptions.quick(**common) if quick else BenchOptions(**common)
         opts.validate()

@@ -23,6 +23,10 @@ Variables (SPEC §7):
     Bounds of the worker's ClickHouse buffer, per table (default 100 000 rows
     / 64 MiB). While ClickHouse is down the worker keeps publishing verdicts
     until a buffer is full, then stops taking input until it drains.
+``CHANNEL_HEALTH_SINK_PROCESS``
+    ``on`` (default): the worker writes ClickHouse from a child process
+    (:mod:`pipeline.sinks.process`), so column building, inserts and an
+    embedded chDB stay out of the detection process; ``off``: in-process.
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -197,6 +201,8 @@ class Settings:
     sink_max_bytes: int = 64 * 1024 * 1024
     #: Test hook: while this file exists, ClickHouse inserts fail (see module doc).
     fault_sink_down_file: str | None = None
+    #: Write ClickHouse from a child process (:mod:`pipeline.sinks.process`); False: in the worker's process.
+    sink_process: bool = True
 
     @property
     def topics(self) -> Topics:
@@ -253,6 +259,10 @@ def _read_secret(env: Mapping[str, str], name: str) -> Secret | None:
     return Secret(value) if value else None
 
 
+#: Accepted spellings of an on/off setting.
+_SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read :class:`Settings` from ``env`` (default ``os.environ``).
 
@@ -294,6 +304,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                 raise ValueError
         except ValueError:
             raise ConfigError(f"{ENV_PREFIX}{name} must be a positive integer, got {raw!r}") from None
+    sink_process_raw = env.get(f"{ENV_PREFIX}SINK_PROCESS", "on").strip().lower()
+    if sink_process_raw not in _SWITCH:
+        raise ConfigError(f"{ENV_PREFIX}SINK_PROCESS must be one of {sorted(_SWITCH)}, got {sink_process_raw!r}")
     security = KafkaSecurity(
         protocol=protocol,
         sasl_mechanism=env.get(f"{ENV_PREFIX}KAFKA_SASL_MECHANISM"),
@@ -310,5 +323,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         clickhouse_password=_read_secret(env, "CLICKHOUSE_PASSWORD"),
         partitions=partitions,
         fault_sink_down_file=env.get(f"{ENV_PREFIX}FAULT_SINK_DOWN_FILE") or None,
+        sink_process=_SWITCH[sink_process_raw],
         **bounds,  # type: ignore[arg-type]
     )

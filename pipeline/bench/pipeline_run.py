@@ -63,7 +63,8 @@ class BenchSettings(Settings):
 def bench_settings(args: dict[str, Any], chdb_dir: str) -> BenchSettings:
     return BenchSettings(kafka_bootstrap=args["bootstrap"], clickhouse_url=f"chdb://{chdb_dir}",
                          topic_prefix=args["prefix"], consumer_group=args["group"],
-                         partitions=int(args.get("partitions", 4)), requests_topic=args["topic"])
+                         partitions=int(args.get("partitions", 4)), requests_topic=args["topic"],
+                         sink_process=bool(args.get("sink_process", True)))
 
 
 class _Counters:
@@ -100,18 +101,32 @@ class _Counters:
             return out
 
         processor.process = process
-        table = sink.events
-        flush = table.flush
+        # request_events rows: a ProcessSink reports them per table, an in-process sink has the table's own flush
+        owner = sink if hasattr(sink, "written") else sink.events
+        flush = owner.flush
 
         def counted_flush() -> int:
             t = time.perf_counter()
+            before = sink.written["events"] if owner is sink else 0
             n = flush()
+            n = sink.written["events"] - before if owner is sink else n
             self.flush_s += time.perf_counter() - t
             self.rows_written += n
             self.flushes += 1 if n else 0
             return n
 
-        table.flush = counted_flush
+        owner.flush = counted_flush
+        pid = getattr(sink, "pid", None)
+        if pid is not None:  # the sink process's CPU counts in events_per_cpu_s
+            import psutil
+
+            child = psutil.Process(pid)
+
+            def cpu_s() -> float:
+                t = child.cpu_times()
+                return time.process_time() + t.user + t.system
+
+            self.clock.cpu_clock = cpu_s
 
     def result(self, extra: dict[str, Any]) -> dict[str, Any]:
         out = self.clock.result()
@@ -166,13 +181,14 @@ def _profiler(args: dict[str, Any]) -> Any:
 
 def run_faust(args: dict[str, Any]) -> None:
     from pipeline.bench.bare_faust import finish, run_worker
-    from pipeline.sinks.clickhouse import ClickHouseSink
+    from pipeline.sinks.process import open_sink
     from pipeline.stream.app import build_app
     from pipeline.stream.runtime import tune_gc
 
     sampler = RssSampler().start()
     settings = bench_settings(args, scratch_dir(args, "chdb-"))
-    sink = ClickHouseSink.from_settings(settings)
+    sink = open_sink(settings)  # as run_worker: ClickHouse from a sink process unless sink_process is off
+    sink_sampler = RssSampler(pid=sink.pid).start() if getattr(sink, "pid", None) else None
     app, state = build_app(settings, None, sink, datadir=scratch_dir(args, "faust-"))
     expected = args.get("events")
     expected = int(expected) if expected is not None else None
@@ -199,8 +215,13 @@ def run_faust(args: dict[str, Any]) -> None:
                 counters.clock.stop()
                 counters.clock.events = state.processor.events_in
                 sampler.stop()
+                sink_rss = {}
+                if sink_sampler is not None:
+                    sink_sampler.stop()
+                    sink_rss = {"sink_process_peak_rss_mb": round(peak_rss_mb(sink.pid), 1),
+                                "sink_process_rss_max_sampled_mb": round(sink_sampler.max_mb, 1)}
                 finish(args, counters.result({
-                    "driver": "faust", "rss_max_sampled_mb": round(sampler.max_mb, 1),
+                    "driver": "faust", "rss_max_sampled_mb": round(sampler.max_mb, 1), **sink_rss,
                     "rss_timeline": _timeline(sampler, counters),
                     "snapshots_written": getattr(state, "snapshots_written", None),
                     "agent_wall_s": {k: round(v, 3) for k, v in state.wall_s.items()}, **gc_clock.result(),
@@ -219,14 +240,14 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
     from pipeline.bench.consume import open_reader
     from pipeline.contracts import encode
     from pipeline.engine import Engine
-    from pipeline.sinks.clickhouse import ClickHouseSink
     from pipeline.sinks.errors import SinkBackpressure
+    from pipeline.sinks.process import open_sink
     from pipeline.stream.processor import BatchProcessor
     from pipeline.stream.state_topic import load_snapshot_records
 
     settings = bench_settings(args, scratch_dir(args, "chdb-"))
     topics = settings.topics
-    sink = ClickHouseSink.from_settings(settings)
+    sink = open_sink(settings)
     processor = BatchProcessor(Engine())
     parts = args.get("only_partitions")
     started = time.perf_counter()
@@ -293,7 +314,7 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
                     except SinkBackpressure:
                         kick.set()
                         await asyncio.sleep(0.01)
-            if sink.pending_rows * 2 >= sink.events.max_rows:
+            if sink.pending_rows * 2 >= sink.max_rows:
                 kick.set()
             add_s += time.perf_counter() - t2
         while sink.pending_rows:
@@ -307,7 +328,10 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
         await flush_task
         await consumer.stop()
         await producer.stop()
-    return counters.result({"driver": "aiokafka", "partitions": sorted(tp.partition for tp in tps),
+        sink_rss = {"sink_process_peak_rss_mb": round(peak_rss_mb(sink.pid), 1)} if getattr(sink, "pid", None) else {}
+        if hasattr(sink, "close"):
+            sink.close()
+    return counters.result({"driver": "aiokafka", **sink_rss, "partitions": sorted(tp.partition for tp in tps),
                             "rss_timeline": _timeline(sampler, counters),
                             "consumed_to_published_ms": delays if expected is None else None,
                             "publish_s": round(publish_s, 3), "sink_add_s": round(add_s, 3),

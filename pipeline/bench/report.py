@@ -10,6 +10,7 @@ JSON layout (``channel-health bench --json PATH``), nested objects::
     single.ratio_to_bare_faust    ... / bare faust agent, same topic, same run
     verdict_delay_p99_ms          paced run at half the batched rate
     peak_rss_mb                   largest peak RSS of a full-pipeline worker process
+    sink_process_peak_rss_mb      largest peak RSS of its ClickHouse sink process (None: sink in-process)
 
 plus every stage's raw figures (``stages``), the per-event CPU breakdown
 (``profile``), 1 vs 2 workers (``workers``), the 24 h replay RSS
@@ -138,6 +139,8 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
     pipeline_stages = [k for k in stages if k.startswith(("pipeline_", "paced", "workers_"))]
     peaks = [v for k in pipeline_stages for v in _stage_peaks(stages[k])]
     peak = max(peaks) if peaks else None
+    sink_peaks = [v for k in pipeline_stages for v in _stage_peaks(stages[k], "sink_process_peak_rss_mb")]
+    sink_peak = max(sink_peaks) if sink_peaks else None
     replay = stages.get("warm") or {}
     hours = [h["rss_mb"] for h in replay.get("hours", [])]
     growth = round(hours[-1] - hours[len(hours) // 2], 1) if len(hours) >= 4 else None
@@ -179,6 +182,8 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
             },
         },
         "peak_rss_mb": peak,
+        # the ClickHouse sink process beside each worker (embedded chDB lives there); None: in-process sink
+        "sink_process_peak_rss_mb": sink_peak,
         "replay_24h": {"rss_mb_by_hour": hours, "rss_growth_second_12h_mb": growth,
                        "events": replay.get("events"), "peak_rss_mb": replay.get("peak_rss_mb")},
         "workers": {"1": w1, "2": w2, "scaling": ratio(w2, w1),
@@ -226,13 +231,14 @@ def _by_round(runs: Mapping[str, list[float]], base: str) -> list[float] | None:
     return [ratio(a, b) for a, b in zip(num, den)]
 
 
-def _stage_peaks(stage: Any) -> list[float]:
+def _stage_peaks(stage: Any, key: str = "peak_rss_mb") -> list[float]:
+    """Every peak RSS (``key``: the worker's ``peak_rss_mb`` or ``sink_process_peak_rss_mb``) of a stage's runs."""
     if not isinstance(stage, Mapping):
         return []
-    out = [stage["peak_rss_mb"]] if isinstance(stage.get("peak_rss_mb"), (int, float)) else []
-    out += list(stage.get("runs_peak_rss_mb") or [])  # every run of a repeated stage
+    out = [stage[key]] if isinstance(stage.get(key), (int, float)) else []
+    out += list(stage.get(f"runs_{key}") or [])  # every run of a repeated stage
     for sub in stage.get("per_worker") or []:
-        out += _stage_peaks(sub)
+        out += _stage_peaks(sub, key)
     return out
 
 
@@ -294,6 +300,10 @@ def table(doc: Mapping[str, Any]) -> str:
         lines.append(f"verdict delay, aiokafka driver at {_fmt(va['load_events_per_s'])} ev/s: p50 "
                      f"{_fmt(va['p50_ms'])} ms, p99 {_fmt(va['p99_ms'])} ms; consumed → verdict produced: p50 "
                      f"{_fmt(va['consumed_to_published_p50_ms'])} ms, p99 {_fmt(va['consumed_to_published_p99_ms'])} ms")
+    if doc.get("sink_process_peak_rss_mb") is not None:
+        lines.append(f"peak RSS: worker process {_fmt(doc['peak_rss_mb'])} MB (1,000 channels' state; the target's "
+                     f"figure), its ClickHouse sink process {_fmt(doc['sink_process_peak_rss_mb'])} MB "
+                     "(embedded chDB, Arrow buffers)")
     rep = doc["replay_24h"]
     hours = rep["rss_mb_by_hour"]
     if hours:

@@ -24,8 +24,18 @@ def rss_mb() -> float:
     return psutil.Process().memory_info().rss / _MB
 
 
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, MiB (kernel high-water mark)."""
+def peak_rss_mb(pid: int | None = None) -> float:
+    """Peak resident set size so far, MiB (kernel high-water mark) of this process, or of process ``pid``.
+
+    Another process's peak is its ``VmHWM`` in ``/proc/PID/status`` (Linux);
+    raises ``OSError`` where that file cannot be read (another OS, process gone).
+    """
+    if pid is not None:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        raise OSError(f"no VmHWM in /proc/{pid}/status")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (_MB if sys.platform == "darwin" else 1024)
 
@@ -33,14 +43,16 @@ def peak_rss_mb() -> float:
 class RssSampler:
     """Background RSS sampling; use as a context manager or call :meth:`start` / :meth:`stop`.
 
-    ``interval_s`` > 0. ``samples``: ``(seconds since start, MiB)``;
+    ``interval_s`` > 0; ``pid``: the process to sample (default this one).
+    ``samples``: ``(seconds since start, MiB)``;
     ``marks``: ``(label, MiB)`` from :meth:`mark`.
     """
 
-    def __init__(self, interval_s: float = 0.2):
+    def __init__(self, interval_s: float = 0.2, pid: int | None = None):
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         self.interval_s = interval_s
+        self.pid = pid
         self.samples: list[tuple[float, float]] = []
         self.marks: list[tuple[str, float]] = []
         self._stop = threading.Event()
@@ -60,7 +72,7 @@ class RssSampler:
 
     def mark(self, label: str) -> float:
         """Take a labelled sample now; returns it (MiB)."""
-        v = rss_mb()
+        v = psutil.Process(self.pid).memory_info().rss / _MB
         self.marks.append((label, round(v, 1)))
         return v
 
@@ -71,9 +83,12 @@ class RssSampler:
         return max(values, default=0.0)
 
     def _run(self) -> None:
-        proc = psutil.Process()
+        proc = psutil.Process(self.pid)
         while not self._stop.is_set():
-            self.samples.append((round(time.monotonic() - self._t0, 2), round(proc.memory_info().rss / _MB, 1)))
+            try:
+                self.samples.append((round(time.monotonic() - self._t0, 2), round(proc.memory_info().rss / _MB, 1)))
+            except psutil.Error:  # the sampled process ended
+                return
             self._stop.wait(self.interval_s)
 
     def __enter__(self) -> "RssSampler":

@@ -87,6 +87,9 @@ class BenchOptions:
     repeat: int = 1
     skip: list[str] = field(default_factory=list)
     workdir: str | None = None
+    #: The pipeline stages write ClickHouse from a sink process, as the worker does by default
+    #: (``CHANNEL_HEALTH_SINK_PROCESS``); False: from the worker's own process.
+    sink_process: bool = True
 
     @classmethod
     def quick(cls, **overrides: Any) -> "BenchOptions":
@@ -125,9 +128,10 @@ def median_run(results: list[dict[str, Any]]) -> dict[str, Any]:
         return float(r["batched"]["events_per_s"] if "batched" in r else r["events_per_s"])
 
     kept = dict(sorted(results, key=rate)[(len(results) - 1) // 2])
-    peaks = [r["peak_rss_mb"] for r in results if isinstance(r.get("peak_rss_mb"), (int, float))]
-    if peaks:
-        kept["runs_peak_rss_mb"] = peaks  # the report's peak RSS is the largest of any run, not the median run's
+    for key in ("peak_rss_mb", "sink_process_peak_rss_mb"):
+        peaks = [r[key] for r in results if isinstance(r.get(key), (int, float))]
+        if peaks:
+            kept[f"runs_{key}"] = peaks  # the report's peak RSS is the largest of any run, not the median run's
     if "batched" in kept:
         for kind in ("batched", "single"):
             kept[kind] = {**kept[kind], "runs_events_per_s": [r[kind]["events_per_s"] for r in results]}
@@ -222,7 +226,8 @@ async def paced_run(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms
         p.unlink(missing_ok=True)
     proc = spawn("pipeline_run", {"driver": driver, "bootstrap": bootstrap, "prefix": prefix,
                                   "group": f"bench{tag}-{name}", "topic": topics.requests, "events": None,
-                                  "partitions": opts.partitions, "out": str(out)}, log_path, _env())
+                                  "partitions": opts.partitions, "out": str(out), "sink_process": opts.sink_process},
+                 log_path, _env())
     sub = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
                            auto_offset_reset="earliest", fetch_max_wait_ms=20)
     await sub.start()
@@ -396,7 +401,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
                 kinds[kind]["events_per_partition"][p] for p in only)
             return {"bootstrap": bootstrap, "driver": driver, "prefix": prefix, "group": f"bench{tag}-{name}",
                     "topic": kinds[kind]["topic"], "events": events, "partitions": opts.partitions,
-                    "only_partitions": only,
+                    "only_partitions": only, "sink_process": opts.sink_process,
                     # for digging: a cProfile stats file per stage when the variable is set (README "Throughput")
                     "cprofile": str(workdir / f"{name}.prof") if os.environ.get("CHANNEL_HEALTH_BENCH_CPROFILE") else None}
 

@@ -47,6 +47,9 @@ from pipeline.sinks.table import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TableSink
 
 log = logging.getLogger(__name__)
 
+#: The sink's tables by attribute name, in flush order.
+TABLE_NAMES = ("events", "verdicts", "quality_scores", "quality_labels")
+
 __all__ = [
     "ClickHouseSink",
     "TableSink",
@@ -110,6 +113,11 @@ class ClickHouseSink(FlushRetries):
         return cls(client, **bounds)
 
     @property
+    def max_rows(self) -> int:
+        """Buffer bound per table, rows."""
+        return self.events.max_rows
+
+    @property
     def pending_rows(self) -> int:
         """Rows buffered in all tables and not yet written."""
         return sum(t.pending_rows for t in self._tables)
@@ -152,4 +160,9 @@ class ClickHouseSink(FlushRetries):
         that table's rows and those of the tables after it buffered (tables
         before it were written and are not rewritten).
         """
-        return sum(t.flush() for t in self._tables)
+        return sum(self.flush_counts().values())
+
+    def flush_counts(self) -> dict[str, int]:
+        """:meth:`flush`, returning the rows written per table (``events``, ``verdicts``, ``quality_scores``,
+        ``quality_labels``); raises as :meth:`flush`."""
+        return {name: getattr(self, name).flush() for name in TABLE_NAMES}

@@ -11,12 +11,13 @@ from __future__ import annotations
 import time
 from itertools import compress, repeat
 from operator import attrgetter, is_
-from typing import Sequence
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Sequence
 
 from pipeline.contracts import RequestEvent, Verdict, encode
 from pipeline.storage import DATABASE
+
+if TYPE_CHECKING:  # pyarrow is imported where columns are built: the worker process itself never needs it
+    import pyarrow as pa
 
 EVENTS_TABLE = f"{DATABASE}.request_events"
 VERDICTS_TABLE = f"{DATABASE}.channel_verdicts"
@@ -118,14 +119,14 @@ def event_block(
     Raises ``ValueError`` like :func:`event_row`, and when a value does not
     fit its column (e.g. a negative count).
     """
+    import pyarrow as pa
+
+    from pipeline.sinks.arrow import column_array
+
     events = [s[0] for s in stored]
     parse_ok = [None if s[1] is None else int(bool(s[1])) for s in stored]
     missing = [s[2] or () for s in stored]  # shared empty tuple: no list per event
-    if any(compress(missing, map(is_, parse_ok, repeat(None)))):  # C-level scan: missing fields but unchecked
-        for e, ok, miss in stored:
-            if ok is None and miss:
-                event_row(e, ok, miss, ingested_ms)  # raises the explanatory ValueError
-    from pipeline.sinks.arrow import column_array
+    refuse_unchecked_missing(stored, parse_ok, missing)
 
     values = [list(map(g, events)) for g in _GETTERS]
     values += [parse_ok, missing, [ingested_ms] * len(events)]
@@ -134,6 +135,26 @@ def event_block(
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise ValueError(f"request_events batch does not fit the table's column types: {exc}") from exc
     return pa.table(arrays, names=list(EVENT_COLUMNS))
+
+
+def refuse_unchecked_missing(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str] | None]],
+                             parse_ok: Sequence[int | None] | None = None,
+                             missing: Sequence[Sequence[str]] | None = None) -> None:
+    """Raise :func:`event_row`'s ``ValueError`` if a triple has missing fields but ``parse_ok`` None.
+
+    ``parse_ok`` / ``missing``: the triples' second and third items when the
+    caller has them as lists already. One C-level scan per batch; rows
+    are only built again for the explanation.
+
+    >>> refuse_unchecked_missing([("e", True, ["a"]), ("e", None, None)])
+    """
+    if parse_ok is None or missing is None:
+        parse_ok = [s[1] for s in stored]
+        missing = [s[2] or () for s in stored]
+    if any(compress(missing, map(is_, parse_ok, repeat(None)))):  # missing fields but unchecked
+        for e, ok, miss in stored:
+            if ok is None and miss:
+                event_row(e, ok, miss, 0)  # raises the explanatory ValueError
 
 
 def verdict_row(v: Verdict, ingested_ms: int | None = None) -> tuple:

@@ -6,7 +6,8 @@ not stop the verdicts:
 1. the agent takes batches with ``noack_take`` (faust's plain ``take()`` acks
    even when the body raised -- a failed insert would be skipped for ever);
 2. a batch's verdicts and dead letters are sent and acknowledged by Kafka,
-   and its rows are put in the sink's bounded buffer; a background flusher
+   and its rows are put in the sink's bounded buffer (by default a child
+   process writes them: :mod:`pipeline.sinks.process`); a background flusher
    writes the buffer to ClickHouse about once a second, retrying with
    backoff (0.5 s doubling to ``FLUSH_BACKOFF_MAX_S``, 2 s) while ClickHouse is
    down. Verdicts keep flowing meanwhile; only when a buffer is full
@@ -220,7 +221,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                     await wait_flushed()
             pending = state.sink.pending_rows
             state.peak_pending_rows = max(state.peak_pending_rows, pending)
-            if pending * 4 >= getattr(getattr(state.sink, "events", None), "max_rows", 1 << 62):
+            if pending * 4 >= getattr(state.sink, "max_rows", 1 << 62):
                 state.flush_kick.set()  # type: ignore[union-attr]
 
     async def wait_flushed() -> None:
@@ -484,10 +485,20 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
 
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:
-    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores."""
-    from pipeline.sinks.clickhouse import ClickHouseSink
+    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores.
 
-    sink = ClickHouseSink.from_settings(settings)
+    The ClickHouse sink runs in a child process unless ``settings.sink_process``
+    is off (:func:`pipeline.sinks.process.open_sink`); it is stopped after the
+    worker's drain (its last flush), also when faust exits the interpreter.
+    """
+    import atexit
+
+    from pipeline.sinks.process import open_sink
+
+    sink = open_sink(settings)
+    close = getattr(sink, "close", None)
+    if close is not None:
+        atexit.register(close)  # faust's worker ends with sys.exit; atexit runs after the drain
     app, _state = build_app(settings, policy, sink)
     tune_gc()
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)

@@ -1,0 +1,165 @@
+"""The sink process's side of :class:`~pipeline.sinks.process.ProcessSink`: decode payloads, buffer, write.
+
+Started by the parent as ``python -m pipeline.sinks.child FD``; runs :func:`child_main`
+until the parent sends ``("close",)`` or its end of the pipe closes (the
+parent exited or was killed). A reader thread drains the pipe into a queue
+while the main thread builds Arrow columns and inserts, so the parent's
+``send`` never waits for an insert to finish.
+
+Messages (pickled over a socket pair with
+:class:`multiprocessing.connection.Connection`; payloads are msgpack bytes,
+see :mod:`pipeline.sinks.process`):
+
+- parent → child: the :class:`~pipeline.config.Settings` first, then
+  ``("add", seq, table, ingested_ms, payload)``,
+  ``("flush", seq)``, ``("close",)``;
+- child → parent: ``("ready", pid)`` or ``("setup_failed", class, message)``
+  once at start, then one ``("flushed", seq, {table: rows})`` or
+  ``("failed", seq, message)`` per flush, in order.
+
+A payload that cannot be buffered (a bug: the parent checked the rows) makes
+every later flush fail with its message, so nothing after it is reported as
+written and the parent keeps (and never acknowledges) the rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from typing import Any, Callable
+
+import msgspec
+
+log = logging.getLogger("channel_health.sink_process")
+
+
+class StoredEvent(msgspec.Struct, gc=False):
+    """The ``request_events`` columns of a :class:`~pipeline.contracts.RequestEvent`, decoded without re-validation.
+
+    The parent validated the event already (SPEC §3 contract); the other
+    fields of the encoded event (texts, expected fields) are skipped on
+    decode. Attribute names are ``RequestEvent``'s, so
+    :func:`pipeline.sinks.rows.event_block` reads both.
+    """
+
+    event_id: str
+    ts_ms: int
+    channel: str
+    route: str
+    status: str
+    latency_ms: float
+    gateway_id: str | None = None
+    trace_id: str | None = None
+    tier: str | None = None
+    http_status: int | None = None
+    error_type: str | None = None
+    ttft_ms: float | None = None
+    max_stream_gap_ms: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    quota_remaining: float | None = None
+
+
+def _adders() -> dict[str, Callable[[Any, bytes, int], None]]:
+    """Per table name: decode a payload and buffer its rows in a :class:`ClickHouseSink`."""
+    from pipeline.contracts import Verdict
+
+    events = msgspec.msgpack.Decoder(list[tuple[StoredEvent, bool | None, list[str] | None]])
+    verdicts = msgspec.msgpack.Decoder(list[Verdict])
+    rows = msgspec.msgpack.Decoder(list[tuple])
+    return {
+        "events": lambda sink, p, at: sink.add_events(events.decode(p), at),
+        "verdicts": lambda sink, p, at: sink.add_verdicts(verdicts.decode(p), at),
+        "quality_scores": lambda sink, p, at: sink.add_quality_scores(rows.decode(p)),
+        "quality_labels": lambda sink, p, at: sink.add_quality_labels(rows.decode(p)),
+    }
+
+
+def _register_secrets(settings: Any) -> None:
+    """Scrub the settings' secrets from this process's logs too (unpickling does not run ``Secret.__post_init__``)."""
+    from urllib.parse import unquote, urlsplit
+
+    from pipeline.config import register_secret
+
+    for secret in (settings.clickhouse_password, settings.kafka_security.sasl_password):
+        if secret is not None:
+            register_secret(secret.reveal())
+    try:
+        password = urlsplit(settings.clickhouse_url).password
+    except ValueError:
+        password = None
+    if password:
+        register_secret(password)
+        register_secret(unquote(password))
+
+
+def child_main(conn: Any) -> None:
+    """Entry point of the sink process: open ClickHouse, then serve the parent until closed.
+
+    ``conn``: this side of the socket pair; the first message is the
+    worker's :class:`~pipeline.config.Settings`. Buffers are unbounded here:
+    the parent bounds what it sends (it keeps a copy of every unwritten payload).
+    """
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [sink process] %(message)s")
+    try:
+        settings = conn.recv()
+    except (EOFError, OSError):
+        return
+    _register_secrets(settings)
+    try:
+        from pipeline.sinks.clickhouse import ClickHouseSink
+
+        sink = ClickHouseSink.from_settings(settings, max_rows=1 << 62, max_bytes=1 << 62)
+    except Exception as exc:  # reported to the parent, which raises it where the sink is opened
+        conn.send(("setup_failed", type(exc), str(exc)))
+        return
+    conn.send(("ready", os.getpid()))
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read() -> None:
+        try:
+            while True:
+                inbox.put(conn.recv())
+        except (EOFError, OSError):  # the parent closed the pipe or exited
+            inbox.put(None)
+
+    threading.Thread(target=read, name="sink-inbox", daemon=True).start()
+    serve(inbox.get, conn.send, sink, _adders())
+
+
+def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any,
+          adders: dict[str, Callable[[Any, bytes, int], None]]) -> None:
+    """The sink process's loop over parent messages (see the module doc); returns on ``close`` or None."""
+    broken: str | None = None
+    while True:
+        msg = receive()
+        if msg is None or msg[0] == "close":
+            return
+        if msg[0] == "add":
+            _, seq, table, at, payload = msg
+            if broken is not None:
+                continue
+            try:
+                adders[table](sink, payload, at)
+            except Exception as exc:  # a bug: stop reporting writes, so the parent never acks these rows
+                broken = f"sink process could not buffer {table} payload {seq}: {type(exc).__name__}: {exc}"
+                log.critical("%s; every later flush fails (offsets stay uncommitted)", broken)
+            continue
+        seq = msg[1]
+        if broken is not None:
+            reply(("failed", seq, broken))
+            continue
+        try:
+            reply(("flushed", seq, sink.flush_counts()))
+        except Exception as exc:  # SinkWriteError and transport errors: rows stay buffered here
+            reply(("failed", seq, f"{type(exc).__name__}: {exc}"))
+
+
+if __name__ == "__main__":
+    import sys
+    from multiprocessing.connection import Connection
+
+    child_main(Connection(int(sys.argv[1])))

@@ -1,0 +1,190 @@
+"""The ClickHouse sink in its own process (:mod:`pipeline.sinks.process`) against chDB.
+
+The sink process holds the chDB directory while it runs; each test closes it
+before reading the tables in this process (chDB: one process per directory).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+from pipeline.config import ConfigError, Settings, load_settings
+from pipeline.contracts import RequestEvent, Verdict
+from pipeline.sinks.child import serve
+from pipeline.sinks.errors import SinkBackpressure, SinkWriteError
+from pipeline.sinks.process import ProcessSink
+from pipeline.sinks.rows import event_row, label_row, now_ms, quality_row, verdict_row
+from pipeline.storage.client import close_clients, open_client
+from pipeline.storage.errors import StorageError
+
+pytest.importorskip("chdb", reason="chdb (embedded ClickHouse) not installed")
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+INGESTED_MS = now_ms()  # recent: rows ingested long ago fall to the tables' TTL
+
+
+def _settings(path: Path, **extra: object) -> Settings:
+    return Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{path}", **extra)
+
+
+def _event(i: int, **extra: object) -> RequestEvent:
+    return RequestEvent(event_id=f"e-{i:04d}", ts_ms=BASE_MS + i, channel="lepton/llama-70b@free", route="chat",
+                        status="ok", latency_ms=100.0 + i, **extra)
+
+
+def _read(path: Path, sql: str) -> list[tuple]:
+    """Rows of ``sql`` on the chDB directory (after the sink process closed it)."""
+    close_clients()
+    try:
+        return open_client(_settings(path)).query(sql).result_rows
+    finally:
+        close_clients()
+
+
+def _wait_for(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not reached within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def test_rows_written_by_the_sink_process_are_the_in_process_rows(tmp_path: Path) -> None:
+    full = dict(gateway_id="gw-1", trace_id="t-9", tier="free", http_status=503, error_type="upstream_5xx",
+                ttft_ms=120.0, max_stream_gap_ms=40.5, input_tokens=900, output_tokens=12, cost_usd=0.0021,
+                quota_remaining=0.25, response_text="not stored", expected_fields=["answer"])
+    stored = [(_event(1, **full), False, ["answer"]), (_event(2), None, None), (_event(3), True, [])]
+    verdict = Verdict(channel="lepton/llama-70b@free", route="chat", state="open", weight=0.0,
+                      reasons=["error_rate"], metrics={"error_rate_1m": 0.31, "n": 200}, ts_ms=BASE_MS, seq=7)
+    score = quality_row("e-0001", BASE_MS, "lepton/llama-70b@free", "chat", 0.42, "v1", "text", "prompt", INGESTED_MS)
+    label = label_row("l1", "p", "r", 1, "judged", INGESTED_MS)
+    with ProcessSink(_settings(tmp_path / "ch")) as sink:
+        sink.add_events(stored, ingested_ms=INGESTED_MS)
+        sink.add_verdicts([verdict], ingested_ms=INGESTED_MS)
+        sink.add_quality_scores([score])
+        sink.add_quality_labels([label])
+        assert sink.pending_rows == 6
+        assert sink.flush() == 6
+        assert sink.pending_rows == 0 and sink.written == {"events": 3, "verdicts": 1, "quality_scores": 1,
+                                                           "quality_labels": 1}
+    events = _read(tmp_path / "ch", "SELECT * EXCEPT (ts, ingested_at), toUnixTimestamp64Milli(ts), "
+                                    "toUnixTimestamp64Milli(ingested_at) FROM channel_health.request_events "
+                                    "ORDER BY event_id")
+    expected = [event_row(e, ok, miss or [], INGESTED_MS) for e, ok, miss in stored]
+    # the query moves ts (column 2) and ingested_at (last) to the end, as epoch ms
+    assert events == [(*r[:1], *r[2:-1], r[1], r[-1]) for r in expected]
+    verdicts = _read(tmp_path / "ch", "SELECT channel, state, weight, reasons, metrics, seq, "
+                                      "toUnixTimestamp64Milli(ts) FROM channel_health.channel_verdicts")
+    row = verdict_row(verdict, INGESTED_MS)
+    assert verdicts == [(row[0], row[2], row[3], row[4], row[5], row[7], BASE_MS)]
+    [(score_value, text)] = _read(tmp_path / "ch", "SELECT score, response_text FROM channel_health.quality_scores")
+    assert text == "text" and score_value == pytest.approx(0.42, abs=1e-6)  # a Float32 column
+    assert _read(tmp_path / "ch", "SELECT label_id, label FROM channel_health.quality_labels") == [("l1", 1)]
+
+
+def test_a_killed_sink_process_is_restarted_with_every_unwritten_row(tmp_path: Path) -> None:
+    with ProcessSink(_settings(tmp_path / "ch")) as sink:
+        sink.add_events([(_event(i), None, None) for i in range(100)], ingested_ms=INGESTED_MS)
+        assert sink.flush() == 100
+        sink.add_events([(_event(i), None, None) for i in range(100, 130)], ingested_ms=INGESTED_MS)
+        first = sink.pid
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: psutil.Process(first).status() == psutil.STATUS_ZOMBIE)  # dead, not reaped
+        with pytest.raises(SinkWriteError, match=r"exited \(code -9\) before writing; restarted it with the 30"):
+            sink.flush()
+        assert sink.restarts == 1 and sink.pid != first and sink.pending_rows == 30
+        assert sink.flush() == 30 and sink.pending_rows == 0
+        assert sink.written["events"] == 130
+    assert _read(tmp_path / "ch", "SELECT count() FROM channel_health.request_events FINAL") == [(130,)]
+
+
+def test_backpressure_and_refused_rows_leave_nothing_pending(tmp_path: Path) -> None:
+    with ProcessSink(_settings(tmp_path / "ch"), max_rows=10) as sink:
+        sink.add_events([(_event(i), None, None) for i in range(8)])
+        with pytest.raises(SinkBackpressure, match="8 rows"):
+            sink.add_events([(_event(i), None, None) for i in range(8, 13)])
+        with pytest.raises(ValueError, match="parse_ok=None"):
+            sink.add_events([(_event(20), None, ["answer"])])
+        assert sink.pending_rows == 8
+        assert sink.flush() == 8
+        sink.add_events([(_event(i), None, None) for i in range(8, 13)])  # accepted once drained
+        assert sink.flush() == 5
+
+
+def test_a_clickhouse_outage_keeps_the_rows_until_a_flush_succeeds(tmp_path: Path) -> None:
+    down = tmp_path / "down"
+    down.touch()
+    with ProcessSink(_settings(tmp_path / "ch", fault_sink_down_file=str(down))) as sink:
+        sink.add_events([(_event(i), None, None) for i in range(5)])
+        for _ in range(2):
+            with pytest.raises(SinkWriteError, match="request_events"):
+                sink.flush()
+        assert sink.pending_rows == 5
+        down.unlink()
+        assert sink.flush() == 5 and sink.written["events"] == 5
+    assert _read(tmp_path / "ch", "SELECT count() FROM channel_health.request_events") == [(5,)]
+
+
+def test_a_storage_error_of_the_sink_process_is_raised_where_the_sink_is_opened(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StorageError, match="file"):
+        ProcessSink(_settings(tmp_path / "file" / "ch"))
+
+
+def test_the_sink_process_exits_with_its_parent(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import os
+        from pipeline.config import Settings
+        from pipeline.sinks.process import ProcessSink
+        sink = ProcessSink(Settings(kafka_bootstrap=None, clickhouse_url="chdb://{tmp_path / 'ch'}"))
+        print(sink.pid, flush=True)
+        os._exit(0)  # no close(), no atexit: as if the worker was killed
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    pid = int(out.stdout.split()[0])
+    _wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
+    assert _read(tmp_path / "ch", "SELECT count() FROM channel_health.request_events") == [(0,)]  # directory free
+
+
+class _RecordingSink:
+    def __init__(self) -> None:
+        self.added: list[bytes] = []
+
+    def flush_counts(self) -> dict[str, int]:
+        return {"events": len(self.added)}
+
+
+def test_after_a_payload_it_cannot_buffer_the_sink_process_reports_no_write() -> None:
+    """A bug in buffering must never let the parent acknowledge rows: every later flush fails."""
+    def add(sink: _RecordingSink, payload: bytes, at: int) -> None:
+        if payload == b"bad":
+            raise TypeError("boom")
+        sink.added.append(payload)
+
+    inbox = [("add", 1, "events", 0, b"ok"), ("flush", 1), ("add", 2, "events", 0, b"bad"),
+             ("add", 3, "events", 0, b"ok"), ("flush", 3), ("close",)]
+    replies: list[tuple] = []
+    sink = _RecordingSink()
+    serve(iter(inbox).__next__, replies.append, sink, {"events": add})
+    assert replies[0] == ("flushed", 1, {"events": 1})
+    assert replies[1][:2] == ("failed", 3) and "events payload 2: TypeError: boom" in replies[1][2]
+    assert sink.added == [b"ok"]
+
+
+def test_sink_process_setting() -> None:
+    assert load_settings({}).sink_process is True
+    assert load_settings({"CHANNEL_HEALTH_SINK_PROCESS": "off"}).sink_process is False
+    assert load_settings({"CHANNEL_HEALTH_SINK_PROCESS": " ON "}).sink_process is True
+    with pytest.raises(ConfigError, match="SINK_PROCESS must be one of"):
+        load_settings({"CHANNEL_HEALTH_SINK_PROCESS": "sometimes"})
