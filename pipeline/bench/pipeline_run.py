@@ -81,6 +81,8 @@ class _Counters:
         self.flushes = 0
         self.verdicts = 0
         self.dead_letters = 0
+        #: CPU seconds of the sink process at the clock's reads (a ProcessSink only).
+        self.sink_cpu_s: list[float] = []
 
     def wrap(self, processor: Any, sink: Any, expected: int | None) -> None:
         original = processor.process
@@ -124,6 +126,7 @@ class _Counters:
 
             def cpu_s() -> float:
                 t = child.cpu_times()
+                self.sink_cpu_s.append(t.user + t.system)  # read at the clock's start and stop
                 return time.process_time() + t.user + t.system
 
             self.clock.cpu_clock = cpu_s
@@ -138,7 +141,8 @@ class _Counters:
                     "process_s": round(self.process_s, 3), "process_cpu_s": round(self.process_cpu_s, 3),
                     "flush_s": round(self.flush_s, 3),
                     "flushes": self.flushes,
-                    "sink_rows_per_flush_s": round(self.rows_written / self.flush_s, 1) if self.flush_s else None})
+                    "sink_rows_per_flush_s": round(self.rows_written / self.flush_s, 1) if self.flush_s else None,
+                    "sink_process_cpu_s": round(self.sink_cpu_s[-1] - self.sink_cpu_s[0], 3) if self.sink_cpu_s else None})
         out.update(extra)
         return out
 

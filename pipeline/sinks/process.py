@@ -29,6 +29,7 @@ sink process holding the chDB directory.
 from __future__ import annotations
 
 import logging
+import queue
 import socket
 import subprocess
 import sys
@@ -80,7 +81,7 @@ class ProcessSink(FlushRetries):
         self._rows = dict.fromkeys(TABLES, 0)
         self._bytes = dict.fromkeys(TABLES, 0)
         self._seq = 0
-        self._lock = threading.Lock()  # _kept, the counters, the pipe's send side
+        self._lock = threading.Lock()  # _kept, the counters, the outbox
         self._flush_lock = threading.Lock()  # one flush at a time (the pipe's receive side)
         #: Rows written per table since the start (as reported by the sink process).
         self.written = dict.fromkeys(TABLES, 0)
@@ -88,6 +89,9 @@ class ProcessSink(FlushRetries):
         self.restarts = 0
         self._proc: Any = None
         self._conn: Any = None
+        #: Messages for the sender thread (sends never block the caller, e.g. the worker's event loop).
+        self._outbox: queue.SimpleQueue | None = None
+        self._sender: threading.Thread | None = None
         self._start()
 
     # -- the child ------------------------------------------------------------------------------------------
@@ -104,6 +108,10 @@ class ProcessSink(FlushRetries):
                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         self._conn = Connection(ours.detach())
         self._conn.send(_plain(self.settings))
+        self._outbox = queue.SimpleQueue()
+        self._sender = threading.Thread(target=_send_loop, args=(self._conn, self._outbox), name="sink-outbox",
+                                        daemon=True)
+        self._sender.start()
         if not self._conn.poll(self.start_timeout_s):
             self._stop_child()
             raise SinkSetupError(f"the sink process did not open ClickHouse within {self.start_timeout_s:.0f} s")
@@ -124,6 +132,10 @@ class ProcessSink(FlushRetries):
 
     def _stop_child(self, timeout_s: float = 10.0) -> int | None:
         """Close the pipe and end the sink process (terminate it after ``timeout_s``); returns its exit code."""
+        if self._outbox is not None:
+            self._outbox.put(None)  # the sender thread stops after what is queued (sent, or refused by a dead process)
+            self._outbox = None
+            self._sender.join(max(timeout_s, 5.0))  # never close the socket under a send in progress
         try:
             self._conn.close()
         except OSError:
@@ -145,7 +157,7 @@ class ProcessSink(FlushRetries):
             self._start()
             self.restarts += 1
             for seq, table, at, payload, _rows in self._kept:
-                self._conn.send(("add", seq, table, at, payload))
+                self._outbox.put(("add", seq, table, at, payload))
         log.warning("sink process exited (code %s); started a new one and sent it the %d unwritten rows again",
                     code, sum(self._rows.values()))
         return code
@@ -174,10 +186,7 @@ class ProcessSink(FlushRetries):
             self._kept.append((self._seq, table, ingested_ms, payload, rows))
             self._rows[table] += rows
             self._bytes[table] += len(payload)
-            try:
-                self._conn.send(("add", self._seq, table, ingested_ms, payload))
-            except OSError:  # the sink process died: the next flush restarts it and sends what is kept
-                pass
+            self._outbox.put(("add", self._seq, table, ingested_ms, payload))
 
     def add_events(self, stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]],
                    ingested_ms: int | None = None) -> None:
@@ -217,10 +226,7 @@ class ProcessSink(FlushRetries):
                 if not self._kept:
                     return 0
                 target = self._seq
-                try:
-                    self._conn.send(("flush", target))
-                except OSError:
-                    pass  # noticed below: the process is gone
+                self._outbox.put(("flush", target))
             reply = self._wait_reply()
             if reply is None:
                 code = self._restart()
@@ -254,10 +260,7 @@ class ProcessSink(FlushRetries):
         with self._lock:
             if self._proc is None:
                 return
-            try:
-                self._conn.send(("close",))
-            except OSError:
-                pass
+            self._outbox.put(("close",))
             started = time.monotonic()
             self._stop_child(timeout_s)
             log.info("sink process stopped in %.1f s", time.monotonic() - started)
@@ -268,6 +271,18 @@ class ProcessSink(FlushRetries):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:
+    """Send the outbox's messages in order until None; a dead sink process is noticed by the next flush."""
+    while True:
+        msg = outbox.get()
+        if msg is None:
+            return
+        try:
+            conn.send(msg)
+        except OSError:  # the sink process died or the pipe closed: drain the queue, the kept payloads stay
+            pass
 
 
 def _plain(settings: Any) -> Any:
