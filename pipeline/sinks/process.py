@@ -42,7 +42,7 @@ from typing import Any, Iterable, Sequence
 import msgspec
 
 from pipeline.contracts import RequestEvent, Verdict
-from pipeline.sinks.errors import SinkBackpressure, SinkSetupError, SinkWriteError
+from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkSetupError, SinkWriteError
 from pipeline.sinks.retry import FlushRetries
 from pipeline.sinks.rows import now_ms, refuse_unchecked_missing
 
@@ -89,6 +89,7 @@ class ProcessSink(FlushRetries):
         self.restarts = 0
         self._proc: Any = None
         self._conn: Any = None
+        self._closed = False
         #: Messages for the sender thread (sends never block the caller, e.g. the worker's event loop).
         self._outbox: queue.SimpleQueue | None = None
         self._sender: threading.Thread | None = None
@@ -150,22 +151,32 @@ class ProcessSink(FlushRetries):
                 self._proc.kill()
                 return self._proc.wait()
 
-    def _restart(self) -> int | None:
-        """Replace a dead sink process and send it every kept payload again; returns the old one's exit code."""
+    def _restart(self) -> SinkWriteError:
+        """Replace a dead sink process and send it every kept payload again; returns the error for the caller.
+
+        When the new process cannot start either, none runs until the next
+        call (payloads added meanwhile are only kept).
+        """
         with self._lock:
-            code = self._stop_child(0.0)
-            self._start()
+            code = self._stop_child(0.0) if self._outbox is not None else None
+            try:
+                self._start()
+            except Exception as exc:
+                self._outbox = None
+                return SinkWriteError(f"the sink process exited (code {code}) and a new one could not start: "
+                                      f"{type(exc).__name__}: {exc}", table="*", rows=self.pending_rows)
             self.restarts += 1
             for seq, table, at, payload, _rows in self._kept:
                 self._outbox.put(("add", seq, table, at, payload))
         log.warning("sink process exited (code %s); started a new one and sent it the %d unwritten rows again",
-                    code, sum(self._rows.values()))
-        return code
+                    code, self.pending_rows)
+        return SinkWriteError(f"the sink process exited (code {code}) before writing; restarted it with "
+                              f"the {self.pending_rows} unwritten rows", table="*", rows=self.pending_rows)
 
     @property
     def pid(self) -> int | None:
-        """Process id of the running sink process (None after :meth:`close`)."""
-        return self._proc.pid if self._proc is not None else None
+        """Process id of the running sink process (None after :meth:`close` or while none runs)."""
+        return self._proc.pid if self._outbox is not None else None
 
     # -- the sink contract ----------------------------------------------------------------------------------
     @property
@@ -174,11 +185,16 @@ class ProcessSink(FlushRetries):
         return sum(self._rows.values())
 
     def _add(self, table: str, obj: Any, rows: int, ingested_ms: int) -> None:
-        """Encode ``obj`` (``rows`` rows of ``table``) and send it, or raise ``SinkBackpressure`` (nothing sent)."""
+        """Encode ``obj`` (``rows`` rows of ``table``) and send it, or raise ``SinkBackpressure`` (nothing sent).
+
+        Raises :class:`SinkError` after :meth:`close`.
+        """
         if rows == 0:
             return
         payload = self._encode(obj)
         with self._lock:
+            if self._closed:
+                raise SinkError("the sink is closed")
             have, size = self._rows[table], self._bytes[table]
             if have and (have + rows > self.max_rows or size + len(payload) > self.max_bytes):
                 raise SinkBackpressure(table, have, size, self.max_rows, self.max_bytes)
@@ -186,7 +202,8 @@ class ProcessSink(FlushRetries):
             self._kept.append((self._seq, table, ingested_ms, payload, rows))
             self._rows[table] += rows
             self._bytes[table] += len(payload)
-            self._outbox.put(("add", self._seq, table, ingested_ms, payload))
+            if self._outbox is not None:  # else no sink process runs (a restart failed): the next flush starts one
+                self._outbox.put(("add", self._seq, table, ingested_ms, payload))
 
     def add_events(self, stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]],
                    ingested_ms: int | None = None) -> None:
@@ -226,12 +243,12 @@ class ProcessSink(FlushRetries):
                 if not self._kept:
                     return 0
                 target = self._seq
-                self._outbox.put(("flush", target))
-            reply = self._wait_reply()
+                running = self._outbox is not None
+                if running:
+                    self._outbox.put(("flush", target))
+            reply = self._wait_reply() if running else None
             if reply is None:
-                code = self._restart()
-                raise SinkWriteError(f"the sink process exited (code {code}) before writing; restarted it with "
-                                     f"the {self.pending_rows} unwritten rows", table="*", rows=self.pending_rows)
+                raise self._restart()
             if reply[0] == "failed":
                 raise SinkWriteError(reply[2], table="*", rows=self.pending_rows)
             counts = reply[2]
@@ -258,13 +275,15 @@ class ProcessSink(FlushRetries):
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the sink process (rows not yet flushed are not written: flush first). Idempotent."""
         with self._lock:
-            if self._proc is None:
+            if self._closed:
+                return
+            self._closed = True
+            if self._outbox is None:
                 return
             self._outbox.put(("close",))
             started = time.monotonic()
             self._stop_child(timeout_s)
             log.info("sink process stopped in %.1f s", time.monotonic() - started)
-            self._proc = None
 
     def __enter__(self) -> "ProcessSink":
         return self

@@ -21,7 +21,7 @@ import pytest
 from pipeline.config import ConfigError, Settings, load_settings
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.child import serve
-from pipeline.sinks.errors import SinkBackpressure, SinkWriteError
+from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkWriteError
 from pipeline.sinks.process import ProcessSink
 from pipeline.sinks.rows import event_row, label_row, now_ms, quality_row, verdict_row
 from pipeline.storage.client import close_clients, open_client
@@ -109,6 +109,27 @@ def test_a_killed_sink_process_is_restarted_with_every_unwritten_row(tmp_path: P
     assert _read(tmp_path / "ch", "SELECT count() FROM channel_health.request_events FINAL") == [(130,)]
 
 
+def test_rows_are_kept_while_a_sink_process_cannot_start_again(tmp_path: Path) -> None:
+    data, aside = tmp_path / "ch", tmp_path / "aside"
+    with ProcessSink(_settings(data)) as sink:
+        sink.add_events([(_event(i), None, None) for i in range(10)], ingested_ms=INGESTED_MS)
+        first = sink.pid
+        os.kill(first, signal.SIGKILL)
+        _wait_for(lambda: psutil.Process(first).status() == psutil.STATUS_ZOMBIE)
+        data.rename(aside)
+        data.write_text("a file where the chDB directory was")
+        with pytest.raises(SinkWriteError, match="a new one could not start: StorageConnectError"):
+            sink.flush()
+        assert sink.pid is None and sink.pending_rows == 10
+        sink.add_events([(_event(i), None, None) for i in range(10, 15)], ingested_ms=INGESTED_MS)  # kept only
+        data.unlink()
+        aside.rename(data)
+        with pytest.raises(SinkWriteError, match="restarted it with the 15 unwritten rows"):
+            sink.flush()
+        assert sink.flush() == 15 and sink.restarts == 1
+    assert _read(data, "SELECT count() FROM channel_health.request_events FINAL") == [(15,)]
+
+
 def test_backpressure_and_refused_rows_leave_nothing_pending(tmp_path: Path) -> None:
     with ProcessSink(_settings(tmp_path / "ch"), max_rows=10) as sink:
         sink.add_events([(_event(i), None, None) for i in range(8)])
@@ -120,6 +141,8 @@ def test_backpressure_and_refused_rows_leave_nothing_pending(tmp_path: Path) -> 
         assert sink.flush() == 8
         sink.add_events([(_event(i), None, None) for i in range(8, 13)])  # accepted once drained
         assert sink.flush() == 5
+    with pytest.raises(SinkError, match="closed"):
+        sink.add_events([(_event(30), None, None)])
 
 
 def test_a_clickhouse_outage_keeps_the_rows_until_a_flush_succeeds(tmp_path: Path) -> None:
