@@ -116,3 +116,30 @@ def test_clickhouse_outage_verdicts_flow_memory_bounded_nothing_lost(stack, tmp_
     # Caught up, nothing lost, nothing doubled.
     assert first_write_s < 10
     assert rows["final"] == sent and rows["distinct"] == sent
+
+
+def test_a_killed_sink_process_is_replaced_and_no_row_is_lost(stack):
+    """The worker's ClickHouse writer (a child process) is SIGKILLed mid-backlog: the worker keeps running,
+    starts a new one with the rows not yet written, and every event is stored exactly once."""
+    import psutil
+
+    now = int(time.time() * 1000)
+    start = now - now % 30_000 - 3 * 3_600_000
+    events = steady_events(CHANNELS, start, 3600, per_s=1, seed=5)  # 28,800 events
+    half = len(events) // 2
+    w = stack.worker("w1")
+    w.start()
+    publish(stack.settings, events[:half])
+    w.wait_status(lambda st: st["written"] > 0, 90, "rows written")
+    [sink] = [c for c in psutil.Process(w.proc.pid).children() if "pipeline.sinks.child" in c.cmdline()]
+    publish(stack.settings, events[half:])
+    sink.kill()
+    w.wait_drained(events[-1]["ts_ms"], 90)
+    assert w.alive, w.log_tail()
+    restarted = w.wait_for_log(r"sink process exited \(code -9\); started a new one and sent it the (\d+) unwritten", 5)
+    [replacement] = [c for c in psutil.Process(w.proc.pid).children() if "pipeline.sinks.child" in c.cmdline()]
+    assert replacement.pid != sink.pid
+    assert w.stop() == 0, w.log_tail()
+    rows = count_rows(w.chdb_dir)
+    print(f"\nMEASURED sink process kill: {restarted.group(1)} rows re-sent to the new sink process; stored {rows}")
+    assert rows["final"] == rows["distinct"] == len(events)
