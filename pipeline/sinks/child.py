@@ -13,13 +13,17 @@ see :mod:`pipeline.sinks.process`):
 - parent → child: the :class:`~pipeline.config.Settings` first, then
   ``("add", seq, table, ingested_ms, payload)``,
   ``("flush", seq)``, ``("close",)``;
-- child → parent: ``("ready", pid)`` or ``("setup_failed", class, message)``
-  once at start, then one ``("flushed", seq, {table: rows})`` or
-  ``("failed", seq, message)`` per flush, in order.
+- child → parent: ``("ready", pid)`` or ``("setup_failed", "module.Class",
+  message)`` once at start, then per flush, in order, one
+  ``("flushed", seq, {table: rows}, rejected)`` or
+  ``("failed", seq, message, rejected)``.
 
-A payload that cannot be buffered (a bug: the parent checked the rows) makes
-every later flush fail with its message, so nothing after it is reported as
-written and the parent keeps (and never acknowledges) the rows.
+``rejected`` lists ``(seq, table, reason)`` of the payloads since the last
+reply that could not be buffered (a bug: the parent checked the rows); they
+are reported instead of stalling every later flush. SIGINT and SIGTERM are
+ignored: the process ends when the parent closes the socket (or with
+SIGKILL), so a Ctrl-C or a process-group SIGTERM meant for the worker does
+not take the sink away in the middle of the worker's drain.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import threading
 from typing import Any, Callable
 
@@ -104,6 +109,8 @@ def child_main(conn: Any) -> None:
     the parent bounds what it sends (it keeps a copy of every unwritten payload).
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [sink process] %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         settings = conn.recv()
     except (EOFError, OSError):
@@ -114,7 +121,7 @@ def child_main(conn: Any) -> None:
 
         sink = ClickHouseSink.from_settings(settings, max_rows=1 << 62, max_bytes=1 << 62)
     except Exception as exc:  # reported to the parent, which raises it where the sink is opened
-        conn.send(("setup_failed", type(exc), str(exc)))
+        conn.send(("setup_failed", f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)))
         return
     conn.send(("ready", os.getpid()))
     inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -123,7 +130,9 @@ def child_main(conn: Any) -> None:
         try:
             while True:
                 inbox.put(conn.recv())
-        except (EOFError, OSError):  # the parent closed the pipe or exited
+        except BaseException as exc:  # the parent closed the socket or exited (EOFError), or a broken message
+            if not isinstance(exc, (EOFError, OSError)):
+                log.critical("cannot read from the worker (%s: %s); exiting", type(exc).__name__, exc)
             inbox.put(None)
 
     threading.Thread(target=read, name="sink-inbox", daemon=True).start()
@@ -133,29 +142,27 @@ def child_main(conn: Any) -> None:
 def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any,
           adders: dict[str, Callable[[Any, bytes, int], None]]) -> None:
     """The sink process's loop over parent messages (see the module doc); returns on ``close`` or None."""
-    broken: str | None = None
+    rejected: list[tuple[int, str, str]] = []
     while True:
         msg = receive()
         if msg is None or msg[0] == "close":
             return
         if msg[0] == "add":
             _, seq, table, at, payload = msg
-            if broken is not None:
-                continue
             try:
                 adders[table](sink, payload, at)
-            except Exception as exc:  # a bug: stop reporting writes, so the parent never acks these rows
-                broken = f"sink process could not buffer {table} payload {seq}: {type(exc).__name__}: {exc}"
-                log.critical("%s; every later flush fails (offsets stay uncommitted)", broken)
+            except Exception as exc:  # a bug: report it (the parent logs and drops the payload), keep going
+                reason = f"{type(exc).__name__}: {exc}"
+                log.error("cannot buffer %s payload %d: %s", table, seq, reason)
+                rejected.append((seq, table, reason))
             continue
         seq = msg[1]
-        if broken is not None:
-            reply(("failed", seq, broken))
-            continue
         try:
-            reply(("flushed", seq, sink.flush_counts()))
+            out: tuple = ("flushed", seq, sink.flush_counts(), rejected)
         except Exception as exc:  # SinkWriteError and transport errors: rows stay buffered here
-            reply(("failed", seq, f"{type(exc).__name__}: {exc}"))
+            out = ("failed", seq, f"{type(exc).__name__}: {exc}", rejected)
+        reply(out)
+        rejected = []
 
 
 if __name__ == "__main__":

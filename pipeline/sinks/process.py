@@ -21,28 +21,29 @@ a new one, sends it every kept payload again and raises
 :class:`~pipeline.sinks.errors.SinkWriteError` (the caller retries, as for a
 ClickHouse outage); rows written twice collapse (ReplacingMergeTree, read
 with ``FINAL``). The buffer bounds (``max_rows`` per table, ``max_bytes`` of
-kept payload per table) therefore bound both processes' buffers. The child
-exits when the parent's end of the pipe closes, so a killed worker leaves no
-sink process holding the chDB directory.
+kept payload per table) therefore bound both processes' buffers. A payload
+the child cannot buffer (a bug: the rows passed the parent's checks) is
+reported back, logged at ERROR, counted in ``rejected`` and dropped, so one
+bad batch cannot stall the worker. The child exits when the parent's end of
+the socket closes, so a killed worker leaves no sink process holding the
+chDB directory (:mod:`pipeline.sinks.link`).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections import deque
-from multiprocessing.connection import Connection
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter, ne
 from typing import Any, Iterable, Sequence
 
 import msgspec
 
 from pipeline.contracts import RequestEvent, Verdict
-from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkSetupError, SinkWriteError
+from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkWriteError
+from pipeline.sinks.link import SinkChild, describe_exit
 from pipeline.sinks.retry import FlushRetries
 from pipeline.sinks.rows import now_ms, refuse_unchecked_missing
 
@@ -52,8 +53,13 @@ log = logging.getLogger(__name__)
 TABLES = ("events", "verdicts", "quality_scores", "quality_labels")
 #: Longest wait for the sink process to open ClickHouse and apply the DDL (s).
 START_TIMEOUT_S = 120.0
-#: How often a waiting flush checks that the sink process is still alive (s).
-ALIVE_CHECK_S = 1.0
+#: Longest wait for a flush's reply (s); then the sink process is replaced. Above the ClickHouse client's
+#: own insert timeout (clickhouse-connect: send_receive_timeout, 300 s by default).
+FLUSH_REPLY_TIMEOUT_S = 600.0
+#: ``RequestEvent`` fields that are not stored in ``request_events`` and can be long (cut before encoding).
+_UNSTORED = attrgetter("response_text", "prompt_text", "expected_fields")
+_NONE3 = (None, None, None)
+_FIRST = itemgetter(0)
 
 
 class ProcessSink(FlushRetries):
@@ -81,102 +87,51 @@ class ProcessSink(FlushRetries):
         self._rows = dict.fromkeys(TABLES, 0)
         self._bytes = dict.fromkeys(TABLES, 0)
         self._seq = 0
-        self._lock = threading.Lock()  # _kept, the counters, the outbox
+        self._lock = threading.Lock()  # _kept, the counters, _child
         self._flush_lock = threading.Lock()  # one flush at a time (the pipe's receive side)
         #: Rows written per table since the start (as reported by the sink process).
         self.written = dict.fromkeys(TABLES, 0)
+        #: Rows per table the sink process could not buffer (logged at ERROR, not stored).
+        self.rejected = dict.fromkeys(TABLES, 0)
         #: Times the sink process was started again after it died.
         self.restarts = 0
-        self._proc: Any = None
-        self._conn: Any = None
         self._closed = False
-        #: Messages for the sender thread (sends never block the caller, e.g. the worker's event loop).
-        self._outbox: queue.SimpleQueue | None = None
-        self._sender: threading.Thread | None = None
-        self._start()
+        #: The running sink process; None while none runs (a restart failed: adds are only kept meanwhile).
+        self._child: SinkChild | None = SinkChild(settings, start_timeout_s)
 
     # -- the child ------------------------------------------------------------------------------------------
-    def _start(self) -> None:
-        """Start a sink process and wait until it opened ClickHouse (call with ``_lock`` held or before use).
-
-        The child is ``python -m pipeline.sinks.child FD`` speaking over a
-        socket pair (not ``multiprocessing``'s spawn, which would import the
-        worker's ``__main__`` again; never fork a process with threads).
-        """
-        ours, theirs = socket.socketpair()
-        with theirs:
-            self._proc = subprocess.Popen([sys.executable, "-m", "pipeline.sinks.child", str(theirs.fileno())],
-                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        self._conn = Connection(ours.detach())
-        self._conn.send(_plain(self.settings))
-        self._outbox = queue.SimpleQueue()
-        self._sender = threading.Thread(target=_send_loop, args=(self._conn, self._outbox), name="sink-outbox",
-                                        daemon=True)
-        self._sender.start()
-        if not self._conn.poll(self.start_timeout_s):
-            self._stop_child()
-            raise SinkSetupError(f"the sink process did not open ClickHouse within {self.start_timeout_s:.0f} s")
-        try:
-            reply = self._conn.recv()
-        except (EOFError, OSError):
-            code = self._stop_child()
-            raise SinkSetupError(f"the sink process exited at start (exit code {code}); see its log lines above")
-        if reply[0] == "setup_failed":
-            self._stop_child()
-            _, cls, message = reply
-            try:
-                error = cls(message)
-            except Exception:  # an exception type that needs more arguments
-                error = SinkSetupError(f"{cls.__name__}: {message}")
-            raise error
-        log.info("sink process %d writes to %s", reply[1], self.settings.clickhouse_url_redacted)
-
-    def _stop_child(self, timeout_s: float = 10.0) -> int | None:
-        """Close the pipe and end the sink process (terminate it after ``timeout_s``); returns its exit code."""
-        if self._outbox is not None:
-            self._outbox.put(None)  # the sender thread stops after what is queued (sent, or refused by a dead process)
-            self._outbox = None
-            self._sender.join(max(timeout_s, 5.0))  # never close the socket under a send in progress
-        try:
-            self._conn.close()
-        except OSError:
-            pass
-        try:
-            return self._proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self._proc.terminate()
-            try:
-                return self._proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                return self._proc.wait()
-
-    def _restart(self) -> SinkWriteError:
-        """Replace a dead sink process and send it every kept payload again; returns the error for the caller.
-
-        When the new process cannot start either, none runs until the next
-        call (payloads added meanwhile are only kept).
-        """
-        with self._lock:
-            code = self._stop_child(0.0) if self._outbox is not None else None
-            try:
-                self._start()
-            except Exception as exc:
-                self._outbox = None
-                return SinkWriteError(f"the sink process exited (code {code}) and a new one could not start: "
-                                      f"{type(exc).__name__}: {exc}", table="*", rows=self.pending_rows)
-            self.restarts += 1
-            for seq, table, at, payload, _rows in self._kept:
-                self._outbox.put(("add", seq, table, at, payload))
-        log.warning("sink process exited (code %s); started a new one and sent it the %d unwritten rows again",
-                    code, self.pending_rows)
-        return SinkWriteError(f"the sink process exited (code {code}) before writing; restarted it with "
-                              f"the {self.pending_rows} unwritten rows", table="*", rows=self.pending_rows)
-
     @property
     def pid(self) -> int | None:
         """Process id of the running sink process (None after :meth:`close` or while none runs)."""
-        return self._proc.pid if self._outbox is not None else None
+        return self._child.pid if self._child is not None and not self._closed else None
+
+    def _restart(self, why: str) -> SinkWriteError:
+        """Replace the sink process and send it every kept payload again; returns the error for the flush to raise.
+
+        The new process starts without ``_lock`` held (adds only keep their
+        payloads meanwhile, so the caller's event loop never waits for a
+        start); when it cannot start, none runs until the next flush tries again.
+        """
+        with self._lock:
+            old, self._child = self._child, None
+        if old is not None:
+            old.stop(0.0)
+        try:
+            new = SinkChild(self.settings, self.start_timeout_s)
+        except Exception as exc:
+            return SinkWriteError(f"{why}; a new sink process could not start: {type(exc).__name__}: {exc}",
+                                  table="*", rows=self.pending_rows)
+        with self._lock:
+            if self._closed:
+                new.stop(0.0)
+                return SinkWriteError(f"{why}; the sink is closed", table="*", rows=self.pending_rows)
+            self._child = new
+            self.restarts += 1
+            for seq, table, at, payload, _rows in self._kept:
+                new.send(("add", seq, table, at, payload))
+            pending = self.pending_rows
+        log.warning("%s; started a new sink process (%d) and sent it the %d unwritten rows again", why, new.pid, pending)
+        return SinkWriteError(f"{why}; started a new one with the {pending} unwritten rows", table="*", rows=pending)
 
     # -- the sink contract ----------------------------------------------------------------------------------
     @property
@@ -202,8 +157,8 @@ class ProcessSink(FlushRetries):
             self._kept.append((self._seq, table, ingested_ms, payload, rows))
             self._rows[table] += rows
             self._bytes[table] += len(payload)
-            if self._outbox is not None:  # else no sink process runs (a restart failed): the next flush starts one
-                self._outbox.put(("add", self._seq, table, ingested_ms, payload))
+            if self._child is not None:  # else none runs (a start failed): the next flush starts one and sends it
+                self._child.send(("add", self._seq, table, ingested_ms, payload))
 
     def add_events(self, stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]],
                    ingested_ms: int | None = None) -> None:
@@ -214,6 +169,13 @@ class ProcessSink(FlushRetries):
         """
         stored = stored if isinstance(stored, list) else list(stored)
         refuse_unchecked_missing(stored)
+        cut = list(compress(range(len(stored)), map(ne, map(_UNSTORED, map(_FIRST, stored)), repeat(_NONE3))))
+        if cut:  # texts and expected fields are not stored: do not ship them (and count them against max_bytes)
+            stored = list(stored)
+            for i in cut:
+                e, ok, missing = stored[i]
+                stored[i] = (msgspec.structs.replace(e, response_text=None, prompt_text=None, expected_fields=None),
+                             ok, missing)
         self._add("events", stored, len(stored), now_ms() if ingested_ms is None else ingested_ms)
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
@@ -236,19 +198,29 @@ class ProcessSink(FlushRetries):
 
         Returns only after ClickHouse accepted them. Raises
         :class:`SinkWriteError` (rows kept, do not commit) when a write failed
-        or the sink process died (it is restarted with the kept rows first).
+        or the sink process died or did not answer (it is replaced, with the
+        kept rows, first), :class:`SinkError` after :meth:`close`.
         """
         with self._flush_lock:
             with self._lock:
+                if self._closed:
+                    raise SinkError("the sink is closed")
                 if not self._kept:
                     return 0
-                target = self._seq
-                running = self._outbox is not None
-                if running:
-                    self._outbox.put(("flush", target))
-            reply = self._wait_reply() if running else None
-            if reply is None:
-                raise self._restart()
+                target, child = self._seq, self._child
+                if child is not None:
+                    child.send(("flush", target))
+            if child is None:
+                raise self._restart("no sink process was running (the last start failed)")
+            try:
+                reply = child.reply(FLUSH_REPLY_TIMEOUT_S)
+            except TimeoutError:
+                raise self._restart(f"the sink process did not answer a flush within {FLUSH_REPLY_TIMEOUT_S:.0f} s")
+            if reply is None:  # its socket closed: wait for the exit status (a process with many threads takes a moment)
+                raise self._restart(f"the sink process {describe_exit(child.exit_code(5.0))} before writing")
+            if reply[0] not in ("flushed", "failed") or reply[1] != target:
+                raise self._restart(f"the sink process answered {reply[:2]!r} to flush {target}")
+            self._drop_rejected(reply[3])
             if reply[0] == "failed":
                 raise SinkWriteError(reply[2], table="*", rows=self.pending_rows)
             counts = reply[2]
@@ -261,57 +233,52 @@ class ProcessSink(FlushRetries):
                     self.written[table] += n
             return sum(counts.values())
 
-    def _wait_reply(self) -> tuple | None:
-        """The sink process's reply to a flush, or None when it died first."""
-        while True:
-            try:
-                if self._conn.poll(ALIVE_CHECK_S):
-                    return self._conn.recv()
-            except (EOFError, OSError):
-                return None
-            if self._proc.poll() is not None and not self._conn.poll(0):
-                return None
+    def _drop_rejected(self, rejected: list[tuple[int, str, str]]) -> None:
+        """Forget payloads the sink process could not buffer (``(seq, table, reason)``), logging each at ERROR."""
+        if not rejected:
+            return
+        by_seq = {seq: reason for seq, _table, reason in rejected}
+        with self._lock:
+            kept = deque()
+            for entry in self._kept:
+                seq, table, _, payload, rows = entry
+                if seq not in by_seq:
+                    kept.append(entry)
+                    continue
+                self._rows[table] -= rows
+                self._bytes[table] -= len(payload)
+                self.rejected[table] += rows
+                log.error("the sink process could not buffer %d %s rows (payload %d), they are not stored: %s",
+                          rows, table, seq, by_seq[seq])
+            self._kept = kept
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stop the sink process (rows not yet flushed are not written: flush first). Idempotent."""
-        with self._lock:
-            if self._closed:
+        """Stop the sink process (rows not yet flushed are not written: flush first). Idempotent.
+
+        Waits up to ``timeout_s`` for a flush in progress to end first.
+        """
+        got = self._flush_lock.acquire(timeout=timeout_s)
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
+                child, self._child = self._child, None
+            if child is None:
                 return
-            self._closed = True
-            if self._outbox is None:
-                return
-            self._outbox.put(("close",))
+            child.send(("close",))
             started = time.monotonic()
-            self._stop_child(timeout_s)
-            log.info("sink process stopped in %.1f s", time.monotonic() - started)
+            code = child.stop(timeout_s)
+            log.info("sink process stopped in %.1f s (%s)", time.monotonic() - started, describe_exit(code))
+        finally:
+            if got:
+                self._flush_lock.release()
 
     def __enter__(self) -> "ProcessSink":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _send_loop(conn: Connection, outbox: queue.SimpleQueue) -> None:
-    """Send the outbox's messages in order until None; a dead sink process is noticed by the next flush."""
-    while True:
-        msg = outbox.get()
-        if msg is None:
-            return
-        try:
-            conn.send(msg)
-        except OSError:  # the sink process died or the pipe closed: drain the queue, the kept payloads stay
-            pass
-
-
-def _plain(settings: Any) -> Any:
-    """``settings`` as a plain :class:`~pipeline.config.Settings` (a subclass may live in ``__main__``,
-    which the sink process cannot unpickle)."""
-    from dataclasses import fields
-
-    from pipeline.config import Settings
-
-    return Settings(**{f.name: getattr(settings, f.name) for f in fields(Settings)})
 
 
 def open_sink(settings: Any) -> Any:

@@ -136,7 +136,8 @@ def test_a_killed_sink_process_is_replaced_and_no_row_is_lost(stack):
     sink.kill()
     w.wait_drained(events[-1]["ts_ms"], 90)
     assert w.alive, w.log_tail()
-    restarted = w.wait_for_log(r"sink process exited \(code -9\); started a new one and sent it the (\d+) unwritten", 5)
+    restarted = w.wait_for_log(r"sink process was killed by SIGKILL before writing; started a new sink process "
+                               r"\(\d+\) and sent it the (\d+) unwritten rows", 5)
     [replacement] = [c for c in psutil.Process(w.proc.pid).children() if "pipeline.sinks.child" in c.cmdline()]
     assert replacement.pid != sink.pid
     assert w.stop() == 0, w.log_tail()

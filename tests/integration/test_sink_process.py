@@ -101,7 +101,7 @@ def test_a_killed_sink_process_is_restarted_with_every_unwritten_row(tmp_path: P
         first = sink.pid
         os.kill(first, signal.SIGKILL)
         _wait_for(lambda: psutil.Process(first).status() == psutil.STATUS_ZOMBIE)  # dead, not reaped
-        with pytest.raises(SinkWriteError, match=r"exited \(code -9\) before writing; restarted it with the 30"):
+        with pytest.raises(SinkWriteError, match=r"was killed by SIGKILL before writing; started a new one with the 30 "):
             sink.flush()
         assert sink.restarts == 1 and sink.pid != first and sink.pending_rows == 30
         assert sink.flush() == 30 and sink.pending_rows == 0
@@ -118,13 +118,13 @@ def test_rows_are_kept_while_a_sink_process_cannot_start_again(tmp_path: Path) -
         _wait_for(lambda: psutil.Process(first).status() == psutil.STATUS_ZOMBIE)
         data.rename(aside)
         data.write_text("a file where the chDB directory was")
-        with pytest.raises(SinkWriteError, match="a new one could not start: StorageConnectError"):
+        with pytest.raises(SinkWriteError, match="a new sink process could not start: StorageConnectError"):
             sink.flush()
         assert sink.pid is None and sink.pending_rows == 10
         sink.add_events([(_event(i), None, None) for i in range(10, 15)], ingested_ms=INGESTED_MS)  # kept only
         data.unlink()
         aside.rename(data)
-        with pytest.raises(SinkWriteError, match="restarted it with the 15 unwritten rows"):
+        with pytest.raises(SinkWriteError, match="no sink process was running .* started a new one with the 15 unwritten"):
             sink.flush()
         assert sink.flush() == 15 and sink.restarts == 1
     assert _read(data, "SELECT count() FROM channel_health.request_events FINAL") == [(15,)]
@@ -185,24 +185,45 @@ class _RecordingSink:
         self.added: list[bytes] = []
 
     def flush_counts(self) -> dict[str, int]:
-        return {"events": len(self.added)}
+        n, self.added = len(self.added), []
+        return {"events": n}
 
 
-def test_after_a_payload_it_cannot_buffer_the_sink_process_reports_no_write() -> None:
-    """A bug in buffering must never let the parent acknowledge rows: every later flush fails."""
+def test_a_payload_the_sink_process_cannot_buffer_is_reported_once_and_the_rest_is_written() -> None:
     def add(sink: _RecordingSink, payload: bytes, at: int) -> None:
         if payload == b"bad":
             raise TypeError("boom")
         sink.added.append(payload)
 
     inbox = [("add", 1, "events", 0, b"ok"), ("flush", 1), ("add", 2, "events", 0, b"bad"),
-             ("add", 3, "events", 0, b"ok"), ("flush", 3), ("close",)]
+             ("add", 3, "events", 0, b"ok"), ("flush", 3), ("flush", 3), ("close",)]
     replies: list[tuple] = []
-    sink = _RecordingSink()
-    serve(iter(inbox).__next__, replies.append, sink, {"events": add})
-    assert replies[0] == ("flushed", 1, {"events": 1})
-    assert replies[1][:2] == ("failed", 3) and "events payload 2: TypeError: boom" in replies[1][2]
-    assert sink.added == [b"ok"]
+    serve(iter(inbox).__next__, replies.append, _RecordingSink(), {"events": add})
+    assert replies == [("flushed", 1, {"events": 1}, []),
+                       ("flushed", 3, {"events": 1}, [(2, "events", "TypeError: boom")]),
+                       ("flushed", 3, {"events": 0}, [])]
+
+
+def test_rows_the_sink_process_refuses_are_logged_counted_and_dropped(tmp_path: Path, caplog) -> None:
+    good = quality_row("e-0001", BASE_MS, "c", "chat", 0.5, "v1", "a", "q", INGESTED_MS)
+    with ProcessSink(_settings(tmp_path / "ch")) as sink:
+        sink.add_quality_scores([("e-0002", BASE_MS)])  # two values for a nine-column table
+        sink.add_quality_scores([good])
+        assert sink.pending_rows == 2
+        assert sink.flush() == 1
+        assert sink.pending_rows == 0 and sink.rejected["quality_scores"] == 1 and sink.written["quality_scores"] == 1
+    assert "could not buffer 1 quality_scores rows (payload 1), they are not stored: ValueError" in caplog.text
+    assert _read(tmp_path / "ch", "SELECT event_id FROM channel_health.quality_scores") == [("e-0001",)]
+
+
+def test_texts_are_not_shipped_to_the_sink_process(tmp_path: Path) -> None:
+    long = dict(response_text="x" * 50_000, prompt_text="y" * 50_000, expected_fields=["answer"])
+    with ProcessSink(_settings(tmp_path / "ch"), max_bytes=20_000) as sink:
+        stored = [(_event(1, **long), True, [])]
+        sink.add_events(stored)
+        sink.add_events([(_event(2, **long), True, [])])  # would exceed 20,000 bytes with the texts
+        assert stored[0][0].response_text == "x" * 50_000  # the caller's events are not changed
+        assert sink.flush() == 2
 
 
 def test_sink_process_setting() -> None:
@@ -211,3 +232,32 @@ def test_sink_process_setting() -> None:
     assert load_settings({"CHANNEL_HEALTH_SINK_PROCESS": " ON "}).sink_process is True
     with pytest.raises(ConfigError, match="SINK_PROCESS must be one of"):
         load_settings({"CHANNEL_HEALTH_SINK_PROCESS": "sometimes"})
+
+
+def test_the_sink_process_gets_the_clickhouse_settings_only() -> None:
+    from dataclasses import dataclass
+
+    from pipeline.config import KafkaSecurity, Secret
+    from pipeline.sinks.link import clickhouse_part
+
+    @dataclass(frozen=True)
+    class Local(Settings):  # e.g. defined in a script's __main__, which the sink process cannot import
+        extra: int = 1
+
+    s = Local(kafka_bootstrap="broker:9092", clickhouse_url="chdb:///x", sink_max_rows=7,
+              kafka_security=KafkaSecurity(protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_username="u",
+                                           sasl_password=Secret("kafka-secret")))
+    part = clickhouse_part(s)
+    assert type(part) is Settings and part.kafka_security == KafkaSecurity() and part.kafka_bootstrap is None
+    assert (part.clickhouse_url, part.sink_max_rows) == ("chdb:///x", 7)
+
+
+def test_start_errors_keep_their_class_when_it_is_ours() -> None:
+    from pipeline.sinks.errors import SinkSetupError
+    from pipeline.sinks.link import _setup_error
+    from pipeline.storage.errors import StorageConnectError
+
+    err = _setup_error("pipeline.storage.errors.StorageConnectError", "cannot open /x")
+    assert type(err) is StorageConnectError and str(err) == "cannot open /x"
+    other = _setup_error("chdb.SomethingElse", "boom")
+    assert type(other) is SinkSetupError and str(other) == "SomethingElse: boom"
