@@ -40,39 +40,11 @@ import msgspec
 log = logging.getLogger("channel_health.sink_process")
 
 
-class StoredEvent(msgspec.Struct, gc=False):
-    """The ``request_events`` columns of a :class:`~pipeline.contracts.RequestEvent`, decoded without re-validation.
-
-    The parent validated the event already (SPEC §3 contract); the other
-    fields of the encoded event (texts, expected fields) are skipped on
-    decode. Attribute names are ``RequestEvent``'s, so
-    :func:`pipeline.sinks.rows.event_block` reads both.
-    """
-
-    event_id: str
-    ts_ms: int
-    channel: str
-    route: str
-    status: str
-    latency_ms: float
-    gateway_id: str | None = None
-    trace_id: str | None = None
-    tier: str | None = None
-    http_status: int | None = None
-    error_type: str | None = None
-    ttft_ms: float | None = None
-    max_stream_gap_ms: float | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_usd: float | None = None
-    quota_remaining: float | None = None
-
-
 def _adders() -> dict[str, Callable[[Any, bytes, int], None]]:
     """Per table name: decode a payload and buffer its rows in a :class:`ClickHouseSink`."""
-    from pipeline.contracts import Verdict
+    from pipeline.contracts import RequestEvent, Verdict
 
-    events = msgspec.msgpack.Decoder(list[tuple[StoredEvent, bool | None, list[str] | None]])
+    events = msgspec.msgpack.Decoder(list[tuple[RequestEvent, bool | None, list[str] | None]])
     verdicts = msgspec.msgpack.Decoder(list[Verdict])
     rows = msgspec.msgpack.Decoder(list[tuple])
     return {
