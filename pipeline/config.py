@@ -259,6 +259,17 @@ def _read_secret(env: Mapping[str, str], name: str) -> Secret | None:
     return Secret(value) if value else None
 
 
+def register_url_password(url: str) -> None:
+    """:func:`register_secret` for the password in ``url``'s user-info, as given and URL-decoded (if any)."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        register_secret(password)
+        register_secret(unquote(password))
+
+
 #: Accepted spellings of an on/off setting.
 _SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
 
@@ -271,13 +282,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """
     env = os.environ if env is None else env
     url = env.get(f"{ENV_PREFIX}CLICKHOUSE_URL", "chdb://./data/chdb")
-    try:
-        url_password = urlsplit(url).password
-    except ValueError:
-        url_password = None
-    if url_password:
-        register_secret(url_password)
-        register_secret(unquote(url_password))
+    register_url_password(url)
     scheme = urlsplit(url).scheme
     if scheme not in {"chdb", "http", "https"}:
         raise ConfigError(

@@ -56,21 +56,12 @@ def _adders() -> dict[str, Callable[[Any, bytes, int], None]]:
 
 
 def _register_secrets(settings: Any) -> None:
-    """Scrub the settings' secrets from this process's logs too (unpickling does not run ``Secret.__post_init__``)."""
-    from urllib.parse import unquote, urlsplit
+    """Scrub the ClickHouse password from this process's logs too (unpickling does not run ``Secret.__post_init__``)."""
+    from pipeline.config import register_secret, register_url_password
 
-    from pipeline.config import register_secret
-
-    for secret in (settings.clickhouse_password, settings.kafka_security.sasl_password):
-        if secret is not None:
-            register_secret(secret.reveal())
-    try:
-        password = urlsplit(settings.clickhouse_url).password
-    except ValueError:
-        password = None
-    if password:
-        register_secret(password)
-        register_secret(unquote(password))
+    if settings.clickhouse_password is not None:
+        register_secret(settings.clickhouse_password.reveal())
+    register_url_password(settings.clickhouse_url)
 
 
 def child_main(conn: Any) -> None:

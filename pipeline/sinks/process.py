@@ -31,6 +31,7 @@ chDB directory (:mod:`pipeline.sinks.link`).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -226,9 +227,7 @@ class ProcessSink(FlushRetries):
             counts = reply[2]
             with self._lock:
                 while self._kept and self._kept[0][0] <= target:
-                    _, table, _, payload, rows = self._kept.popleft()
-                    self._rows[table] -= rows
-                    self._bytes[table] -= len(payload)
+                    self._release(self._kept.popleft())
                 for table, n in counts.items():
                     self.written[table] += n
             return sum(counts.values())
@@ -239,18 +238,23 @@ class ProcessSink(FlushRetries):
             return
         by_seq = {seq: reason for seq, _table, reason in rejected}
         with self._lock:
-            kept = deque()
+            kept: deque[tuple[int, str, int, bytes, int]] = deque()
             for entry in self._kept:
-                seq, table, _, payload, rows = entry
+                seq, table, _, _, rows = entry
                 if seq not in by_seq:
                     kept.append(entry)
                     continue
-                self._rows[table] -= rows
-                self._bytes[table] -= len(payload)
+                self._release(entry)
                 self.rejected[table] += rows
                 log.error("the sink process could not buffer %d %s rows (payload %d), they are not stored: %s",
                           rows, table, seq, by_seq[seq])
             self._kept = kept
+
+    def _release(self, entry: tuple[int, str, int, bytes, int]) -> None:
+        """Take a payload that left ``_kept`` off the per-table counters (call with ``_lock`` held)."""
+        _, table, _, payload, rows = entry
+        self._rows[table] -= rows
+        self._bytes[table] -= len(payload)
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the sink process (rows not yet flushed are not written: flush first). Idempotent.
@@ -283,9 +287,15 @@ class ProcessSink(FlushRetries):
 
 def open_sink(settings: Any) -> Any:
     """The worker's sink for ``settings``: a :class:`ProcessSink` when ``settings.sink_process`` (the default),
-    else an in-process :class:`~pipeline.sinks.clickhouse.ClickHouseSink`. Raises as their constructors."""
+    else an in-process :class:`~pipeline.sinks.clickhouse.ClickHouseSink`. Raises as their constructors.
+
+    A ProcessSink is closed when the interpreter exits (``atexit``: faust's
+    worker ends with ``sys.exit``, after the drain whose last flush it serves).
+    """
     if getattr(settings, "sink_process", True):
-        return ProcessSink(settings)
+        sink = ProcessSink(settings)
+        atexit.register(sink.close)
+        return sink
     from pipeline.sinks.clickhouse import ClickHouseSink
 
     return ClickHouseSink.from_settings(settings)

@@ -485,20 +485,10 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
 
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:
-    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores.
-
-    The ClickHouse sink runs in a child process unless ``settings.sink_process``
-    is off (:func:`pipeline.sinks.process.open_sink`); it is stopped after the
-    worker's drain (its last flush), also when faust exits the interpreter.
-    """
-    import atexit
-
+    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
     from pipeline.sinks.process import open_sink
 
     sink = open_sink(settings)
-    close = getattr(sink, "close", None)
-    if close is not None:
-        atexit.register(close)  # faust's worker ends with sys.exit; atexit runs after the drain
     app, _state = build_app(settings, policy, sink)
     tune_gc()
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
