@@ -34,6 +34,7 @@ from pipeline.sinks.rows import (
     QUALITY_LABELS_TABLE,
     QUALITY_SCORE_COLUMNS,
     QUALITY_SCORES_TABLE,
+    TABLE_NAMES,
     VERDICT_COLUMNS,
     VERDICTS_TABLE,
     event_block,
@@ -46,9 +47,6 @@ from pipeline.sinks.rows import (
 from pipeline.sinks.table import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TableSink
 
 log = logging.getLogger(__name__)
-
-#: The sink's tables by attribute name, in flush order.
-TABLE_NAMES = ("events", "verdicts", "quality_scores", "quality_labels")
 
 __all__ = [
     "ClickHouseSink",

@@ -46,12 +46,10 @@ from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkWriteError
 from pipeline.sinks.link import SinkChild, describe_exit
 from pipeline.sinks.retry import FlushRetries
-from pipeline.sinks.rows import now_ms, refuse_unchecked_missing
+from pipeline.sinks.rows import TABLE_NAMES, now_ms, refuse_unchecked_missing
 
 log = logging.getLogger(__name__)
 
-#: Table names (as in :data:`pipeline.sinks.clickhouse.TABLE_NAMES`, not imported: that module needs pyarrow).
-TABLES = ("events", "verdicts", "quality_scores", "quality_labels")
 #: Longest wait for the sink process to open ClickHouse and apply the DDL (s).
 START_TIMEOUT_S = 120.0
 #: Longest wait for a flush's reply (s); then the sink process is replaced. Above the ClickHouse client's
@@ -85,15 +83,15 @@ class ProcessSink(FlushRetries):
         self._encode = msgspec.msgpack.Encoder().encode
         #: Payloads sent and not yet reported written: ``(seq, table, ingested_ms, payload, rows)``.
         self._kept: deque[tuple[int, str, int, bytes, int]] = deque()
-        self._rows = dict.fromkeys(TABLES, 0)
-        self._bytes = dict.fromkeys(TABLES, 0)
+        self._rows = dict.fromkeys(TABLE_NAMES, 0)
+        self._bytes = dict.fromkeys(TABLE_NAMES, 0)
         self._seq = 0
         self._lock = threading.Lock()  # _kept, the counters, _child
         self._flush_lock = threading.Lock()  # one flush at a time (the pipe's receive side)
         #: Rows written per table since the start (as reported by the sink process).
-        self.written = dict.fromkeys(TABLES, 0)
+        self.written = dict.fromkeys(TABLE_NAMES, 0)
         #: Rows per table the sink process could not buffer (logged at ERROR, not stored).
-        self.rejected = dict.fromkeys(TABLES, 0)
+        self.rejected = dict.fromkeys(TABLE_NAMES, 0)
         #: Times the sink process was started again after it died.
         self.restarts = 0
         self._closed = False

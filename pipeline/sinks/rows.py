@@ -23,6 +23,8 @@ EVENTS_TABLE = f"{DATABASE}.request_events"
 VERDICTS_TABLE = f"{DATABASE}.channel_verdicts"
 QUALITY_SCORES_TABLE = f"{DATABASE}.quality_scores"
 QUALITY_LABELS_TABLE = f"{DATABASE}.quality_labels"
+#: The sinks' tables by short name, in flush order (``ClickHouseSink`` attributes; ``ProcessSink`` counters).
+TABLE_NAMES = ("events", "verdicts", "quality_scores", "quality_labels")
 
 EVENT_COLUMNS: tuple[str, ...] = (
     "event_id", "ts", "channel", "route", "tier", "status", "latency_ms", "ttft_ms",
