@@ -3,15 +3,18 @@
 Started by the parent as ``python -m pipeline.sinks.child FD``; runs :func:`child_main`
 until the parent sends ``("close",)`` or its end of the pipe closes (the
 parent exited or was killed). A reader thread drains the pipe into a queue
-while the main thread builds Arrow columns and inserts, so the parent's
-``send`` never waits for an insert to finish.
+while the main thread buffers and inserts, so the parent's ``send`` never
+waits for an insert to finish. ``request_events`` payloads are JSON rows
+that ClickHouse parses itself (:class:`~pipeline.sinks.json_table.JsonTableSink`):
+they are buffered as they come, with no Python per row; the other tables'
+payloads are msgpack, decoded into Arrow columns here.
 
 Messages (pickled over a socket pair with
-:class:`multiprocessing.connection.Connection`; payloads are msgpack bytes,
-see :mod:`pipeline.sinks.process`):
+:class:`multiprocessing.connection.Connection`; payloads are bytes, see
+:mod:`pipeline.sinks.process`):
 
 - parent → child: the :class:`~pipeline.config.Settings` first, then
-  ``("add", seq, table, ingested_ms, payload)``,
+  ``("add", seq, table, ingested_ms, rows, payload)``,
   ``("flush", seq)``, ``("close",)``;
 - child → parent: ``("ready", pid)`` or ``("setup_failed", "module.Class",
   message)`` once at start, then per flush, in order, one
@@ -19,8 +22,9 @@ see :mod:`pipeline.sinks.process`):
   ``("failed", seq, message, rejected)``.
 
 ``rejected`` lists ``(seq, table, reason)`` of the payloads since the last
-reply that could not be buffered (a bug: the parent checked the rows); they
-are reported instead of stalling every later flush. SIGINT and SIGTERM are
+reply that could not be buffered, or that ClickHouse could not read in this
+flush (a bug: the parent checked the rows); they are reported instead of
+stalling every later flush. SIGINT and SIGTERM are
 ignored: the process ends when the parent closes the socket (or with
 SIGKILL), so a Ctrl-C or a process-group SIGTERM meant for the worker does
 not take the sink away in the middle of the worker's drain.
@@ -40,18 +44,21 @@ import msgspec
 log = logging.getLogger("channel_health.sink_process")
 
 
-def _adders() -> dict[str, Callable[[Any, bytes, int], None]]:
-    """Per table name: decode a payload and buffer its rows in a :class:`ClickHouseSink`."""
-    from pipeline.contracts import RequestEvent, Verdict
+#: An adder's arguments: the sink, the payload, its ``ingested_ms``, its row count and its seq.
+Adder = Callable[[Any, bytes, int, int, int], None]
 
-    events = msgspec.msgpack.Decoder(list[tuple[RequestEvent, bool | None, list[str] | None]])
+
+def _adders() -> dict[str, Adder]:
+    """Per table name: buffer a payload's rows in a :class:`ClickHouseSink` (decoding msgpack ones)."""
+    from pipeline.contracts import Verdict
+
     verdicts = msgspec.msgpack.Decoder(list[Verdict])
     rows = msgspec.msgpack.Decoder(list[tuple])
     return {
-        "events": lambda sink, p, at: sink.add_events(events.decode(p), at),
-        "verdicts": lambda sink, p, at: sink.add_verdicts(verdicts.decode(p), at),
-        "quality_scores": lambda sink, p, at: sink.add_quality_scores(rows.decode(p)),
-        "quality_labels": lambda sink, p, at: sink.add_quality_labels(rows.decode(p)),
+        "events": lambda sink, p, at, n, seq: sink.add_event_payload(p, n, seq),
+        "verdicts": lambda sink, p, at, n, seq: sink.add_verdicts(verdicts.decode(p), at),
+        "quality_scores": lambda sink, p, at, n, seq: sink.add_quality_scores(rows.decode(p)),
+        "quality_labels": lambda sink, p, at, n, seq: sink.add_quality_labels(rows.decode(p)),
     }
 
 
@@ -102,8 +109,7 @@ def child_main(conn: Any) -> None:
     serve(inbox.get, conn.send, sink, _adders())
 
 
-def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any,
-          adders: dict[str, Callable[[Any, bytes, int], None]]) -> None:
+def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any, adders: dict[str, Adder]) -> None:
     """The sink process's loop over parent messages (see the module doc); returns on ``close`` or None."""
     rejected: list[tuple[int, str, str]] = []
     while True:
@@ -111,9 +117,9 @@ def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any,
         if msg is None or msg[0] == "close":
             return
         if msg[0] == "add":
-            _, seq, table, at, payload = msg
+            _, seq, table, at, rows, payload = msg
             try:
-                adders[table](sink, payload, at)
+                adders[table](sink, payload, at, rows, seq)
             except Exception as exc:  # a bug: report it (the parent logs and drops the payload), keep going
                 reason = f"{type(exc).__name__}: {exc}"
                 log.error("cannot buffer %s payload %d: %s", table, seq, reason)
@@ -121,10 +127,11 @@ def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any,
             continue
         seq = msg[1]
         try:
-            out: tuple = ("flushed", seq, sink.flush_counts(), rejected)
+            out: tuple = ("flushed", seq, sink.flush_counts())
         except Exception as exc:  # SinkWriteError and transport errors: rows stay buffered here
-            out = ("failed", seq, f"{type(exc).__name__}: {exc}", rejected)
-        reply(out)
+            out = ("failed", seq, f"{type(exc).__name__}: {exc}")
+        rejected += [(tag, table, reason) for tag, table, _rows, reason in sink.take_rejected()]
+        reply(out + (rejected,))
         rejected = []
 
 

@@ -1,9 +1,9 @@
-"""The pipeline's ClickHouse sink: one buffered :class:`TableSink` per table.
+"""The pipeline's ClickHouse sink: one buffered sink per table.
 
 :class:`ClickHouseSink` is what the stream worker holds::
 
     sink = ClickHouseSink.from_settings(settings)   # opens the client, applies the DDL
-    sink.add_events(batch.stored)                   # [(RequestEvent, parse_ok, missing_fields)]
+    sink.add_events(batch.stored)                   # [(RequestEvent, parse_ok, missing_fields)]: one JSON payload
     sink.add_verdicts(batch.verdicts)               # [Verdict]
     await asyncio.to_thread(sink.flush)             # then commit offsets
 
@@ -13,6 +13,10 @@ buffer is full, ``flush`` returns only after every buffered row was written
 and raises :class:`SinkWriteError` otherwise (unwritten rows stay buffered;
 do not commit offsets). Rows are written with UTC epoch-millisecond
 timestamps; re-writing is idempotent (ReplacingMergeTree, read with FINAL).
+``request_events`` rows go through :class:`~pipeline.sinks.json_table.JsonTableSink`
+(JSON payloads that ClickHouse parses itself; a payload it cannot read is
+dropped, logged at ERROR and counted in ``rejected``), the other tables
+through Arrow :class:`TableSink` buffers.
 
 Row builders (:func:`event_row`, :func:`verdict_row`, :func:`quality_row`,
 :func:`label_row`) live in :mod:`pipeline.sinks.rows` and are re-exported here.
@@ -26,9 +30,10 @@ from typing import Any, Iterable, Sequence
 from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkSetupError, SinkWriteError
+from pipeline.sinks.json_table import JsonTableSink
 from pipeline.sinks.retry import FlushRetries
 from pipeline.sinks.rows import (
-    EVENT_COLUMNS,
+    EVENTS_INPUT_TABLE,
     EVENTS_TABLE,
     QUALITY_LABEL_COLUMNS,
     QUALITY_LABELS_TABLE,
@@ -37,7 +42,7 @@ from pipeline.sinks.rows import (
     TABLE_NAMES,
     VERDICT_COLUMNS,
     VERDICTS_TABLE,
-    event_block,
+    event_payload,
     event_row,
     label_row,
     now_ms,
@@ -75,14 +80,14 @@ class ClickHouseSink(FlushRetries):
     def __init__(self, client: Any, *, max_rows: int = DEFAULT_MAX_ROWS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         bounds = {"max_rows": max_rows, "max_bytes": max_bytes}
         self.client = client
-        self.events = TableSink(client, EVENTS_TABLE, EVENT_COLUMNS, **bounds)
+        self.events = JsonTableSink(client, EVENTS_TABLE, via=EVENTS_INPUT_TABLE, **bounds)
         self.verdicts = TableSink(client, VERDICTS_TABLE, VERDICT_COLUMNS, **bounds)
         self.quality_scores = TableSink(client, QUALITY_SCORES_TABLE, QUALITY_SCORE_COLUMNS, **bounds)
         self.quality_labels = TableSink(client, QUALITY_LABELS_TABLE, QUALITY_LABEL_COLUMNS, **bounds)
         self._tables = (self.events, self.verdicts, self.quality_scores, self.quality_labels)
         # The first conversion of Python values makes pyarrow import pandas (~0.25 s, 400 modules): pay it
         # here, at start-up, rather than on the first batch of the stream.
-        event_block([], 0, self.events.arrow_types)
+        self.verdicts.add([])
 
     @classmethod
     def from_settings(cls, settings: Settings, **bounds: int) -> "ClickHouseSink":
@@ -116,6 +121,11 @@ class ClickHouseSink(FlushRetries):
         return self.events.max_rows
 
     @property
+    def rejected(self) -> dict[str, int]:
+        """Rows per table that ClickHouse could not read and that were dropped (logged at ERROR) since the start."""
+        return {name: self.events.rejected_rows if name == "events" else 0 for name in TABLE_NAMES}
+
+    @property
     def pending_rows(self) -> int:
         """Rows buffered in all tables and not yet written."""
         return sum(t.pending_rows for t in self._tables)
@@ -132,10 +142,22 @@ class ClickHouseSink(FlushRetries):
         event with missing fields (see :func:`event_row`) and
         :class:`SinkBackpressure`; in both cases nothing is buffered.
         """
-        at = now_ms() if ingested_ms is None else ingested_ms
         stored = stored if isinstance(stored, list) else list(stored)
         if stored:
-            self.events.add_block(event_block(stored, at, self.events.arrow_types))
+            self.events.add_payload(event_payload(stored, now_ms() if ingested_ms is None else ingested_ms), len(stored))
+
+    def add_event_payload(self, payload: bytes, rows: int, tag: Any = None) -> None:
+        """Buffer ``rows`` ``request_events`` rows encoded by :func:`~pipeline.sinks.rows.event_payload`.
+
+        ``tag`` names the payload in :meth:`take_rejected`. Raises as
+        :meth:`JsonTableSink.add_payload <pipeline.sinks.json_table.JsonTableSink.add_payload>`.
+        """
+        self.events.add_payload(payload, rows, tag)
+
+    def take_rejected(self) -> list[tuple[Any, str, int, str]]:
+        """Payloads dropped by flushes since the last call (ClickHouse could not read them), as
+        ``(tag, table, rows, reason)``; they stay counted in :attr:`rejected`."""
+        return [(tag, "events", rows, reason) for tag, rows, reason in self.events.take_rejected()]
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Buffer ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing buffered)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 
 class OutageSwitchClient:
-    """Wrap a clickhouse-connect ``client``: ``insert`` and ``insert_arrow`` fail while ``down_file`` exists.
+    """Wrap a clickhouse-connect ``client``: ``insert``, ``insert_arrow`` and ``raw_insert`` fail while ``down_file`` exists.
 
     >>> class Fake:
     ...     def insert(self, *a, **k): return "ok"
@@ -57,6 +57,10 @@ class OutageSwitchClient:
     def insert_arrow(self, *args: Any, **kwargs: Any) -> Any:
         self._check()
         return self._client.insert_arrow(*args, **kwargs)
+
+    def raw_insert(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return self._client.raw_insert(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)

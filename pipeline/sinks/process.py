@@ -1,13 +1,13 @@
 """The ClickHouse sink in its own process: the worker's interpreter keeps detection only.
 
-In one process, building the Arrow columns of ``request_events``
-(~1.7 µs of GIL-holding Python per event) and chDB's insert compete with
-decoding and detection for one interpreter, and an embedded chDB adds
-~400 MB to the worker's memory. :class:`ProcessSink` keeps the
+In one process, chDB's inserts compete with decoding and detection for
+one interpreter, and an embedded chDB adds ~400 MB to the worker's memory.
+:class:`ProcessSink` keeps the
 :class:`~pipeline.sinks.clickhouse.ClickHouseSink` contract, but sends each
-batch's rows as one msgpack payload (~0.4 µs per event to encode) to a child
-process (:mod:`pipeline.sinks.child`) that decodes them, builds the columns
-and writes them::
+batch's rows as one payload to a child process (:mod:`pipeline.sinks.child`)
+that writes them: ``request_events`` rows as the JSON that ClickHouse parses
+itself (:func:`~pipeline.sinks.rows.event_payload`, ~0.6 µs per event to
+encode; the child does not look inside), the other tables' rows as msgpack::
 
     sink = ProcessSink(settings)        # starts the sink process; raises its set-up error here
     sink.add_events(batch.stored)       # may raise SinkBackpressure (nothing added)
@@ -24,7 +24,8 @@ with ``FINAL``). The buffer bounds (``max_rows`` per table, ``max_bytes`` of
 kept payload per table) therefore bound both processes' buffers. A payload
 the child cannot buffer (a bug: the rows passed the parent's checks) is
 reported back, logged at ERROR, counted in ``rejected`` and dropped, so one
-bad batch cannot stall the worker. The child exits when the parent's end of
+bad batch cannot stall the worker; so is a ``request_events`` payload that
+ClickHouse cannot read. The child exits when the parent's end of
 the socket closes, so a killed worker leaves no sink process holding the
 chDB directory (:mod:`pipeline.sinks.link`).
 """
@@ -36,8 +37,6 @@ import logging
 import threading
 import time
 from collections import deque
-from itertools import compress, repeat
-from operator import attrgetter, itemgetter, ne
 from typing import Any, Iterable, Sequence
 
 import msgspec
@@ -46,7 +45,7 @@ from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkWriteError
 from pipeline.sinks.link import SinkChild, describe_exit
 from pipeline.sinks.retry import FlushRetries
-from pipeline.sinks.rows import TABLE_NAMES, now_ms, refuse_unchecked_missing
+from pipeline.sinks.rows import TABLE_NAMES, event_payload, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +54,6 @@ START_TIMEOUT_S = 120.0
 #: Longest wait for a flush's reply (s); then the sink process is replaced. Above the ClickHouse client's
 #: own insert timeout (clickhouse-connect: send_receive_timeout, 300 s by default).
 FLUSH_REPLY_TIMEOUT_S = 600.0
-#: ``RequestEvent`` fields that are not stored in ``request_events`` and can be long (cut before encoding).
-_UNSTORED = attrgetter("response_text", "prompt_text", "expected_fields")
-_NONE3 = (None, None, None)
-_FIRST = itemgetter(0)
 
 
 class ProcessSink(FlushRetries):
@@ -66,8 +61,8 @@ class ProcessSink(FlushRetries):
 
     ``settings``: the worker's :class:`~pipeline.config.Settings` (the child
     opens ``settings.clickhouse_url``). ``max_rows`` / ``max_bytes``: bounds
-    per table of the rows not yet written (bytes: msgpack payload size,
-    ~240 bytes per event). Raises :class:`~pipeline.sinks.errors.SinkSetupError`
+    per table of the rows not yet written (bytes: payload size, ~300 bytes
+    per event). Raises :class:`~pipeline.sinks.errors.SinkSetupError`
     or the child's storage error (:class:`~pipeline.storage.errors.StorageError`
     subclasses, same message) when the sink process cannot start.
     """
@@ -90,7 +85,7 @@ class ProcessSink(FlushRetries):
         self._flush_lock = threading.Lock()  # one flush at a time (the pipe's receive side)
         #: Rows written per table since the start (as reported by the sink process).
         self.written = dict.fromkeys(TABLE_NAMES, 0)
-        #: Rows per table the sink process could not buffer (logged at ERROR, not stored).
+        #: Rows per table the sink process could not buffer or ClickHouse could not read (logged at ERROR, not stored).
         self.rejected = dict.fromkeys(TABLE_NAMES, 0)
         #: Times the sink process was started again after it died.
         self.restarts = 0
@@ -126,8 +121,8 @@ class ProcessSink(FlushRetries):
                 return SinkWriteError(f"{why}; the sink is closed", table="*", rows=self.pending_rows)
             self._child = new
             self.restarts += 1
-            for seq, table, at, payload, _rows in self._kept:
-                new.send(("add", seq, table, at, payload))
+            for seq, table, at, payload, rows in self._kept:
+                new.send(("add", seq, table, at, rows, payload))
             pending = self.pending_rows
         log.warning("%s; started a new sink process (%d) and sent it the %d unwritten rows again", why, new.pid, pending)
         return SinkWriteError(f"{why}; started a new one with the {pending} unwritten rows", table="*", rows=pending)
@@ -138,14 +133,13 @@ class ProcessSink(FlushRetries):
         """Rows added and not yet reported written, all tables."""
         return sum(self._rows.values())
 
-    def _add(self, table: str, obj: Any, rows: int, ingested_ms: int) -> None:
-        """Encode ``obj`` (``rows`` rows of ``table``) and send it, or raise ``SinkBackpressure`` (nothing sent).
+    def _add(self, table: str, payload: bytes, rows: int, ingested_ms: int) -> None:
+        """Send ``payload`` (``rows`` rows of ``table``), or raise ``SinkBackpressure`` (nothing sent).
 
         Raises :class:`SinkError` after :meth:`close`.
         """
         if rows == 0:
             return
-        payload = self._encode(obj)
         with self._lock:
             if self._closed:
                 raise SinkError("the sink is closed")
@@ -157,7 +151,7 @@ class ProcessSink(FlushRetries):
             self._rows[table] += rows
             self._bytes[table] += len(payload)
             if self._child is not None:  # else none runs (a start failed): the next flush starts one and sends it
-                self._child.send(("add", self._seq, table, ingested_ms, payload))
+                self._child.send(("add", self._seq, table, ingested_ms, rows, payload))
 
     def add_events(self, stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]],
                    ingested_ms: int | None = None) -> None:
@@ -167,30 +161,24 @@ class ProcessSink(FlushRetries):
         :class:`SinkBackpressure`; in both cases nothing is added.
         """
         stored = stored if isinstance(stored, list) else list(stored)
-        refuse_unchecked_missing(stored)
-        cut = list(compress(range(len(stored)), map(ne, map(_UNSTORED, map(_FIRST, stored)), repeat(_NONE3))))
-        if cut:  # texts and expected fields are not stored: do not ship them (and count them against max_bytes)
-            stored = list(stored)
-            for i in cut:
-                e, ok, missing = stored[i]
-                stored[i] = (msgspec.structs.replace(e, response_text=None, prompt_text=None, expected_fields=None),
-                             ok, missing)
-        self._add("events", stored, len(stored), now_ms() if ingested_ms is None else ingested_ms)
+        if stored:
+            at = now_ms() if ingested_ms is None else ingested_ms
+            self._add("events", event_payload(stored, at), len(stored), at)
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Add ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing added)."""
         verdicts = list(verdicts)
-        self._add("verdicts", verdicts, len(verdicts), now_ms() if ingested_ms is None else ingested_ms)
+        self._add("verdicts", self._encode(verdicts), len(verdicts), now_ms() if ingested_ms is None else ingested_ms)
 
     def add_quality_scores(self, rows: Iterable[tuple]) -> None:
         """Add ``quality_scores`` rows built with :func:`~pipeline.sinks.rows.quality_row`."""
         rows = list(rows)
-        self._add("quality_scores", rows, len(rows), 0)
+        self._add("quality_scores", self._encode(rows), len(rows), 0)
 
     def add_quality_labels(self, rows: Iterable[tuple]) -> None:
         """Add ``quality_labels`` rows built with :func:`~pipeline.sinks.rows.label_row`."""
         rows = list(rows)
-        self._add("quality_labels", rows, len(rows), 0)
+        self._add("quality_labels", self._encode(rows), len(rows), 0)
 
     def flush(self) -> int:
         """Have the sink process write every row added before this call; return the rows written.
@@ -231,7 +219,7 @@ class ProcessSink(FlushRetries):
             return sum(counts.values())
 
     def _drop_rejected(self, rejected: list[tuple[int, str, str]]) -> None:
-        """Forget payloads the sink process could not buffer (``(seq, table, reason)``), logging each at ERROR."""
+        """Forget payloads the sink process could not buffer or write (``(seq, table, reason)``), logging each at ERROR."""
         if not rejected:
             return
         by_seq = {seq: reason for seq, _table, reason in rejected}
@@ -244,7 +232,7 @@ class ProcessSink(FlushRetries):
                     continue
                 self._release(entry)
                 self.rejected[table] += rows
-                log.error("the sink process could not buffer %d %s rows (payload %d), they are not stored: %s",
+                log.error("the sink process could not buffer or write %d %s rows (payload %d), they are not stored: %s",
                           rows, table, seq, by_seq[seq])
             self._kept = kept
 

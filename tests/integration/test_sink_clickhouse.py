@@ -43,7 +43,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 #: 2026-01-01T00:00:00Z, minute aligned.
 BASE_MS = 1_767_225_600_000
-TABLES = {"request_events", "channel_minute_stats", "channel_verdicts", "quality_scores", "quality_labels"}
+TABLES = {"request_events", "channel_minute_stats", "channel_verdicts", "quality_scores", "quality_labels",
+          "request_events_input", "request_events_input_mv"}
 
 
 def _settings(url: str, password: str | None = None) -> Settings:
@@ -76,13 +77,15 @@ def _scalar(client, sql: str):
 
 def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
     assert apply_ddl(ch) == ["001_database.sql", "002_request_events.sql", "003_channel_minute_stats.sql",
-                             "004_channel_verdicts.sql", "005_quality.sql"]
+                             "004_channel_verdicts.sql", "005_quality.sql", "006_request_events_input.sql"]
     tables = {r[0] for r in ch.query("SHOW TABLES FROM channel_health").result_rows}
     assert tables == TABLES
     engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = 'channel_health'").result_rows)
     assert engines["request_events"] == "ReplacingMergeTree"
     assert engines["channel_verdicts"] == "ReplacingMergeTree"
     assert engines["channel_minute_stats"] == "View"
+    assert engines["request_events_input"] == "Null"
+    assert engines["request_events_input_mv"] == "MaterializedView"
 
 
 # -- idempotent events --------------------------------------------------------------------------
@@ -134,7 +137,7 @@ def test_event_row_holds_every_analyst_field(ch) -> None:
     }
 
 
-def test_columnar_event_block_stores_exactly_what_event_row_stores(ch) -> None:
+def test_json_event_payload_stores_exactly_what_event_row_stores(ch) -> None:
     full = dict(gateway_id="gw-1", trace_id="t-9", tier="free", http_status=503, error_type="upstream_5xx",
                 ttft_ms=120.0, max_stream_gap_ms=40.5, input_tokens=900, output_tokens=12, cost_usd=0.0021,
                 quota_remaining=0.25)
@@ -345,6 +348,10 @@ class FlakyClient:
     def insert_arrow(self, *args, **kwargs):
         self._attempt()
         return self.client.insert_arrow(*args, **kwargs)
+
+    def raw_insert(self, *args, **kwargs):
+        self._attempt()
+        return self.client.raw_insert(*args, **kwargs)
 
     def query(self, *args, **kwargs):
         return self.client.query(*args, **kwargs)

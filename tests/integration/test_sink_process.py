@@ -181,27 +181,37 @@ def test_the_sink_process_exits_with_its_parent(tmp_path: Path) -> None:
 
 
 class _RecordingSink:
+    """Buffers payloads; at a flush, one that is b"unreadable" is dropped as ClickHouse would (take_rejected)."""
+
     def __init__(self) -> None:
-        self.added: list[bytes] = []
+        self.added: list[tuple[int, bytes]] = []
+        self.dropped: list[tuple[int, str, int, str]] = []
 
     def flush_counts(self) -> dict[str, int]:
-        n, self.added = len(self.added), []
+        self.dropped += [(seq, "events", 1, "bad data") for seq, p in self.added if p == b"unreadable"]
+        n = sum(p != b"unreadable" for _, p in self.added)
+        self.added = []
         return {"events": n}
 
+    def take_rejected(self) -> list[tuple[int, str, int, str]]:
+        out, self.dropped = self.dropped, []
+        return out
 
-def test_a_payload_the_sink_process_cannot_buffer_is_reported_once_and_the_rest_is_written() -> None:
-    def add(sink: _RecordingSink, payload: bytes, at: int) -> None:
+
+def test_a_payload_the_sink_process_cannot_buffer_or_write_is_reported_once_and_the_rest_is_written() -> None:
+    def add(sink: _RecordingSink, payload: bytes, at: int, rows: int, seq: int) -> None:
         if payload == b"bad":
             raise TypeError("boom")
-        sink.added.append(payload)
+        sink.added.append((seq, payload))
 
-    inbox = [("add", 1, "events", 0, b"ok"), ("flush", 1), ("add", 2, "events", 0, b"bad"),
-             ("add", 3, "events", 0, b"ok"), ("flush", 3), ("flush", 3), ("close",)]
+    inbox = [("add", 1, "events", 0, 1, b"ok"), ("flush", 1), ("add", 2, "events", 0, 1, b"bad"),
+             ("add", 3, "events", 0, 1, b"ok"), ("add", 4, "events", 0, 1, b"unreadable"), ("flush", 4),
+             ("flush", 4), ("close",)]
     replies: list[tuple] = []
     serve(iter(inbox).__next__, replies.append, _RecordingSink(), {"events": add})
     assert replies == [("flushed", 1, {"events": 1}, []),
-                       ("flushed", 3, {"events": 1}, [(2, "events", "TypeError: boom")]),
-                       ("flushed", 3, {"events": 0}, [])]
+                       ("flushed", 4, {"events": 1}, [(2, "events", "TypeError: boom"), (4, "events", "bad data")]),
+                       ("flushed", 4, {"events": 0}, [])]
 
 
 def test_rows_the_sink_process_refuses_are_logged_counted_and_dropped(tmp_path: Path, caplog) -> None:
@@ -212,7 +222,7 @@ def test_rows_the_sink_process_refuses_are_logged_counted_and_dropped(tmp_path: 
         assert sink.pending_rows == 2
         assert sink.flush() == 1
         assert sink.pending_rows == 0 and sink.rejected["quality_scores"] == 1 and sink.written["quality_scores"] == 1
-    assert "could not buffer 1 quality_scores rows (payload 1), they are not stored: ValueError" in caplog.text
+    assert "could not buffer or write 1 quality_scores rows (payload 1), they are not stored: ValueError" in caplog.text
     assert _read(tmp_path / "ch", "SELECT event_id FROM channel_health.quality_scores") == [("e-0001",)]
 
 
