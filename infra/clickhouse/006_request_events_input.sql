@@ -1,13 +1,14 @@
 -- The writers' way into request_events: rows as the pipeline holds them, turned
 -- into request_events rows by ClickHouse itself (pipeline.sinks.json_table).
 --
--- The sink inserts JSONCompactEachRow rows [event, parse_ok, missing_fields,
--- ingested_ms] into request_events_input: `event` is the gateway event as
--- msgspec encodes pipeline.contracts.RequestEvent (a JSON object; keys not
--- listed here, such as response_text, are ignored and absent keys are NULL),
--- the other three are what pipeline.sinks.rows.event_row stores. The Null
--- engine keeps nothing; the materialized view writes each inserted block into
--- request_events, in the same insert (a failed view insert fails the insert).
+-- The sink inserts JSONCompactEachRow rows [event, parse_ok, missing_fields]
+-- into request_events_input: `event` is the gateway event as msgspec encodes
+-- pipeline.contracts.RequestEvent (a JSON object; keys not listed here, such
+-- as expected_fields, are ignored and absent keys are NULL), the other two are
+-- what pipeline.sinks.rows.event_row stores. ingested_at is the time of the
+-- insert (now64(3): one value per insert). The Null engine keeps nothing; the
+-- materialized view writes each inserted block into request_events, in the
+-- same insert (a failed view insert fails the insert).
 -- ClickHouse parses and converts the values natively, so the writer spends no
 -- Python per value (README "Throughput"). Analysts read request_events;
 -- request_events_input always reads empty.
@@ -33,8 +34,7 @@ CREATE TABLE IF NOT EXISTS channel_health.request_events_input
         quota_remaining   Nullable(Float32)
     ),
     parse_ok       Nullable(UInt8),
-    missing_fields Array(String),
-    ingested_ms    Int64
+    missing_fields Array(String)
 )
 ENGINE = Null;
 
@@ -60,5 +60,5 @@ AS SELECT
     event.trace_id                                 AS trace_id,
     parse_ok                                       AS parse_ok,
     missing_fields                                 AS missing_fields,
-    fromUnixTimestamp64Milli(ingested_ms, 'UTC')   AS ingested_at
+    now64(3, 'UTC')                                AS ingested_at
 FROM channel_health.request_events_input;

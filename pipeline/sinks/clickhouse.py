@@ -130,21 +130,17 @@ class ClickHouseSink(FlushRetries):
         """Rows buffered in all tables and not yet written."""
         return sum(t.pending_rows for t in self._tables)
 
-    def add_events(
-        self,
-        stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]],
-        ingested_ms: int | None = None,
-    ) -> None:
-        """Buffer ``request_events`` rows from ``(event, parse_ok, missing_fields)`` triples.
+    def add_events(self, stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]]) -> None:
+        """Buffer ``request_events`` rows from ``(event, parse_ok, missing_fields)`` tuples.
 
-        ``missing_fields`` None is stored as an empty list. ``ingested_ms``
-        (UTC epoch ms) defaults to now. Raises ``ValueError`` for an unchecked
-        event with missing fields (see :func:`event_row`) and
+        ``missing_fields`` None is stored as an empty list; ``ingested_at`` is
+        the time of the insert. Raises ``ValueError`` for an unchecked event
+        with missing fields (see :func:`event_row`) and
         :class:`SinkBackpressure`; in both cases nothing is buffered.
         """
         stored = stored if isinstance(stored, list) else list(stored)
         if stored:
-            self.events.add_payload(event_payload(stored, now_ms() if ingested_ms is None else ingested_ms), len(stored))
+            self.events.add_payload(event_payload(stored), len(stored))
 
     def add_event_payload(self, payload: bytes, rows: int, tag: Any = None) -> None:
         """Buffer ``rows`` ``request_events`` rows encoded by :func:`~pipeline.sinks.rows.event_payload`.

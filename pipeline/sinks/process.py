@@ -153,17 +153,15 @@ class ProcessSink(FlushRetries):
             if self._child is not None:  # else none runs (a start failed): the next flush starts one and sends it
                 self._child.send(("add", self._seq, table, ingested_ms, rows, payload))
 
-    def add_events(self, stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]],
-                   ingested_ms: int | None = None) -> None:
-        """Add ``request_events`` rows from ``(event, parse_ok, missing_fields)`` triples (as ``ClickHouseSink``).
+    def add_events(self, stored: Iterable[tuple[RequestEvent, bool | None, Sequence[str] | None]]) -> None:
+        """Add ``request_events`` rows from ``(event, parse_ok, missing_fields)`` tuples (as ``ClickHouseSink``).
 
         Raises ``ValueError`` for an unchecked event with missing fields and
         :class:`SinkBackpressure`; in both cases nothing is added.
         """
         stored = stored if isinstance(stored, list) else list(stored)
         if stored:
-            at = now_ms() if ingested_ms is None else ingested_ms
-            self._add("events", event_payload(stored, at), len(stored), at)
+            self._add("events", event_payload(stored), len(stored), 0)
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Add ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing added)."""

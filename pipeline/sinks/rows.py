@@ -97,41 +97,40 @@ def event_row(
     )
 
 
-#: ``RequestEvent`` fields that are not stored in ``request_events`` and can be long (left out of payloads).
-_UNSTORED = attrgetter("response_text", "prompt_text", "expected_fields")
-_NONE3 = (None, None, None)
+#: ``RequestEvent`` fields that are not stored and can be long (left out of payloads; a short
+#: ``expected_fields`` list is cheaper to encode and skip than to copy the event without it).
+_TEXTS = attrgetter("response_text", "prompt_text")
+_NO_TEXTS = (None, None)
 _FIRST = itemgetter(0)
 _JSON = msgspec.json.Encoder()
 
 
-def event_payload(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str] | None]], ingested_ms: int) -> bytes:
+def event_payload(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str] | None]]) -> bytes:
     """``request_events`` rows of a whole batch as one JSON array for ``request_events_input``.
 
-    ``stored``: ``(event, parse_ok, missing_fields)`` triples as in
-    :func:`event_row` (``missing_fields`` None = none); ``ingested_ms``: UTC
-    epoch ms, the same for every row. Each row is ``[event, parse_ok,
-    missing_fields, ingested_ms]`` with the event as msgspec encodes it,
-    minus its texts and expected fields (not stored); ClickHouse turns them
-    into the values :func:`event_row` gives (the view in
-    ``infra/clickhouse/006_request_events_input.sql``). ~0.6 µs per event,
-    no Python per value (:class:`pipeline.sinks.json_table.JsonTableSink`).
+    ``stored``: ``(event, parse_ok, missing_fields)`` tuples as in
+    :func:`event_row` (``missing_fields`` None = none). Each row is
+    ``[event, parse_ok, missing_fields]`` with the event as msgspec encodes
+    it, minus its texts (not stored); ClickHouse turns them into the values
+    :func:`event_row` gives, with ``ingested_at`` the time of the insert (the
+    view in ``infra/clickhouse/006_request_events_input.sql``). ~0.4 µs per
+    event, no Python per value (:class:`pipeline.sinks.json_table.JsonTableSink`).
 
     Raises ``ValueError`` like :func:`event_row` (nothing encoded).
 
     >>> e = RequestEvent(event_id="e1", ts_ms=5, channel="c", route="r", status="ok", latency_ms=1.5,
     ...                  response_text="long text")
-    >>> event_payload([(e, True, [])], 7)
-    b'[[{"event_id":"e1","ts_ms":5,"channel":"c","route":"r","status":"ok","latency_ms":1.5},true,[],7]]'
+    >>> event_payload([(e, True, [])])
+    b'[[{"event_id":"e1","ts_ms":5,"channel":"c","route":"r","status":"ok","latency_ms":1.5},true,[]]]'
     """
     refuse_unchecked_missing(stored)
-    cut = list(compress(range(len(stored)), map(ne, map(_UNSTORED, map(_FIRST, stored)), repeat(_NONE3))))
-    if cut:  # texts and expected fields are not stored: do not encode, ship and parse them
+    cut = list(compress(range(len(stored)), map(ne, map(_TEXTS, map(_FIRST, stored)), repeat(_NO_TEXTS))))
+    if cut:  # texts are not stored: do not encode, ship and parse them
         stored = list(stored)
         for i in cut:
             e, ok, missing = stored[i]
-            stored[i] = (msgspec.structs.replace(e, response_text=None, prompt_text=None, expected_fields=None),
-                         ok, missing)
-    return _JSON.encode(list(map(tuple.__add__, stored, repeat((ingested_ms,)))))
+            stored[i] = (msgspec.structs.replace(e, response_text=None, prompt_text=None), ok, missing)
+    return _JSON.encode(stored)
 
 
 def refuse_unchecked_missing(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str] | None]],

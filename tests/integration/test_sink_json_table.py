@@ -17,7 +17,7 @@ from pipeline.contracts import RequestEvent
 from pipeline.sinks.errors import SinkBackpressure, SinkWriteError
 from pipeline.sinks.json_table import JsonTableSink, is_data_error
 from pipeline.sinks.process import ProcessSink
-from pipeline.sinks.rows import EVENTS_INPUT_TABLE, EVENTS_TABLE, event_payload, now_ms
+from pipeline.sinks.rows import EVENTS_INPUT_TABLE, EVENTS_TABLE, event_payload
 from pipeline.storage.client import close_clients, open_client
 from pipeline.storage.schema import apply_ddl
 
@@ -25,10 +25,9 @@ pytest.importorskip("chdb", reason="chdb (embedded ClickHouse) not installed")
 pytestmark = pytest.mark.integration
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-NOW_MS = now_ms()  # recent: rows ingested long ago fall to the table's TTL
 #: A row whose ts_ms is not a number: ClickHouse refuses the insert (Code: 27).
 UNREADABLE = b'[[{"event_id":"bad","ts_ms":"yesterday","channel":"c","route":"r","status":"ok","latency_ms":1},' \
-             b'null,null,1]]'
+             b'null,null]]'
 
 
 def _settings(path: Path) -> Settings:
@@ -47,7 +46,7 @@ def ch(tmp_path: Path) -> Iterator[object]:
 def _payload(first: int, n: int) -> bytes:
     events = [RequestEvent(event_id=f"e-{i:04d}", ts_ms=BASE_MS + i, channel="c", route="r", status="ok",
                            latency_ms=float(i)) for i in range(first, first + n)]
-    return event_payload([(e, None, None) for e in events], NOW_MS)
+    return event_payload([(e, None, None) for e in events])
 
 
 def _ids(client) -> list[str]:
@@ -130,8 +129,8 @@ def test_data_error_codes() -> None:
 def test_the_sink_process_reports_an_unreadable_payload_and_writes_the_rest(tmp_path: Path, caplog) -> None:
     with ProcessSink(_settings(tmp_path / "chdb")) as sink:
         sink.add_events([(RequestEvent(event_id="e-0000", ts_ms=BASE_MS, channel="c", route="r", status="ok",
-                                       latency_ms=1.0), None, None)], ingested_ms=NOW_MS)
-        sink._add("events", UNREADABLE, 1, NOW_MS)  # as if the worker had encoded a row ClickHouse cannot read
+                                       latency_ms=1.0), None, None)])
+        sink._add("events", UNREADABLE, 1, 0)  # as if the worker had encoded a row ClickHouse cannot read
         assert sink.flush() == 1
         assert sink.pending_rows == 0 and sink.rejected["events"] == 1 and sink.written["events"] == 1
     assert "could not buffer or write 1 events rows (payload 2), they are not stored: " in caplog.text

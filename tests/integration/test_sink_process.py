@@ -70,8 +70,8 @@ def test_rows_written_by_the_sink_process_are_the_in_process_rows(tmp_path: Path
     score = quality_row("e-0001", BASE_MS, "lepton/llama-70b@free", "chat", 0.42, "v1", "text", "prompt", INGESTED_MS)
     label = label_row("l1", "p", "r", 1, "judged", INGESTED_MS)
     with ProcessSink(_settings(tmp_path / "ch")) as sink:
-        sink.add_events(stored, ingested_ms=INGESTED_MS)
-        sink.add_verdicts([verdict], ingested_ms=INGESTED_MS)
+        sink.add_events(stored)
+        sink.add_verdicts([verdict])
         sink.add_quality_scores([score])
         sink.add_quality_labels([label])
         assert sink.pending_rows == 6
@@ -81,9 +81,10 @@ def test_rows_written_by_the_sink_process_are_the_in_process_rows(tmp_path: Path
     events = _read(tmp_path / "ch", "SELECT * EXCEPT (ts, ingested_at), toUnixTimestamp64Milli(ts), "
                                     "toUnixTimestamp64Milli(ingested_at) FROM channel_health.request_events "
                                     "ORDER BY event_id")
-    expected = [event_row(e, ok, miss or [], INGESTED_MS) for e, ok, miss in stored]
+    expected = [event_row(e, ok, miss or [], 0) for e, ok, miss in stored]
     # the query moves ts (column 2) and ingested_at (last) to the end, as epoch ms
-    assert events == [(*r[:1], *r[2:-1], r[1], r[-1]) for r in expected]
+    assert [r[:-1] for r in events] == [(*r[:1], *r[2:-1], r[1]) for r in expected]
+    assert all(INGESTED_MS <= r[-1] <= now_ms() for r in events)  # ingested_at: the time of the insert
     verdicts = _read(tmp_path / "ch", "SELECT channel, state, weight, reasons, metrics, seq, "
                                       "toUnixTimestamp64Milli(ts) FROM channel_health.channel_verdicts")
     row = verdict_row(verdict, INGESTED_MS)
@@ -95,9 +96,9 @@ def test_rows_written_by_the_sink_process_are_the_in_process_rows(tmp_path: Path
 
 def test_a_killed_sink_process_is_restarted_with_every_unwritten_row(tmp_path: Path) -> None:
     with ProcessSink(_settings(tmp_path / "ch")) as sink:
-        sink.add_events([(_event(i), None, None) for i in range(100)], ingested_ms=INGESTED_MS)
+        sink.add_events([(_event(i), None, None) for i in range(100)])
         assert sink.flush() == 100
-        sink.add_events([(_event(i), None, None) for i in range(100, 130)], ingested_ms=INGESTED_MS)
+        sink.add_events([(_event(i), None, None) for i in range(100, 130)])
         first = sink.pid
         os.kill(first, signal.SIGKILL)
         _wait_for(lambda: psutil.Process(first).status() == psutil.STATUS_ZOMBIE)  # dead, not reaped
@@ -112,7 +113,7 @@ def test_a_killed_sink_process_is_restarted_with_every_unwritten_row(tmp_path: P
 def test_rows_are_kept_while_a_sink_process_cannot_start_again(tmp_path: Path) -> None:
     data, aside = tmp_path / "ch", tmp_path / "aside"
     with ProcessSink(_settings(data)) as sink:
-        sink.add_events([(_event(i), None, None) for i in range(10)], ingested_ms=INGESTED_MS)
+        sink.add_events([(_event(i), None, None) for i in range(10)])
         first = sink.pid
         os.kill(first, signal.SIGKILL)
         _wait_for(lambda: psutil.Process(first).status() == psutil.STATUS_ZOMBIE)
@@ -121,7 +122,7 @@ def test_rows_are_kept_while_a_sink_process_cannot_start_again(tmp_path: Path) -
         with pytest.raises(SinkWriteError, match="a new sink process could not start: StorageConnectError"):
             sink.flush()
         assert sink.pid is None and sink.pending_rows == 10
-        sink.add_events([(_event(i), None, None) for i in range(10, 15)], ingested_ms=INGESTED_MS)  # kept only
+        sink.add_events([(_event(i), None, None) for i in range(10, 15)])  # kept only
         data.unlink()
         aside.rename(data)
         with pytest.raises(SinkWriteError, match="no sink process was running .* started a new one with the 15 unwritten"):
