@@ -43,6 +43,10 @@ import msgspec
 
 log = logging.getLogger("channel_health.sink_process")
 
+#: The sink process writes on its own once it holds 1/AUTOFLUSH_SHARE of the worker's buffer bound
+#: (``sink_max_rows``), the share at which the worker asks for a flush (``pipeline.stream.app``).
+AUTOFLUSH_SHARE = 4
+
 
 #: An adder's arguments: the sink, the payload, its ``ingested_ms``, its row count and its seq.
 Adder = Callable[[Any, bytes, int, int, int], None]
@@ -106,12 +110,26 @@ def child_main(conn: Any) -> None:
             inbox.put(None)
 
     threading.Thread(target=read, name="sink-inbox", daemon=True).start()
-    serve(inbox.get, conn.send, sink, _adders())
+    serve(inbox.get, conn.send, sink, _adders(), autoflush_rows=max(1, settings.sink_max_rows // AUTOFLUSH_SHARE))
 
 
-def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any, adders: dict[str, Adder]) -> None:
-    """The sink process's loop over parent messages (see the module doc); returns on ``close`` or None."""
+def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any, adders: dict[str, Adder],
+          autoflush_rows: int | None = None) -> None:
+    """The sink process's loop over parent messages (see the module doc); returns on ``close`` or None.
+
+    ``autoflush_rows``: once this many rows are buffered, write them without
+    waiting for the parent's flush (None: only on request). The rows
+    written so are reported with the next ``flushed`` reply, which still
+    comes only once every row added before the flush request is written, so
+    the parent's at-least-once bookkeeping is unchanged; the worker's flush
+    then waits for the rest only, not for a whole buffer (whose insert used
+    to start only when the worker's event loop got round to asking). After a
+    failed automatic write the process waits for the parent's next flush
+    (which retries and reports the failure) before writing on its own again.
+    """
     rejected: list[tuple[int, str, str]] = []
+    early: dict[str, int] = {}  # rows per table written by automatic flushes since the last "flushed" reply
+    autoflush = autoflush_rows
     while True:
         msg = receive()
         if msg is None or msg[0] == "close":
@@ -124,15 +142,30 @@ def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any, a
                 reason = f"{type(exc).__name__}: {exc}"
                 log.error("cannot buffer %s payload %d: %s", table, seq, reason)
                 rejected.append((seq, table, reason))
+            if autoflush is not None and sink.pending_rows >= autoflush:
+                try:
+                    _count(early, sink.flush_counts())
+                except Exception as exc:  # rows stay buffered; the parent's flush retries and reports it
+                    log.warning("automatic flush failed (%s: %s); waiting for the worker's flush", type(exc).__name__,
+                                exc)
+                    autoflush = None
             continue
         seq = msg[1]
         try:
-            out: tuple = ("flushed", seq, sink.flush_counts())
+            out: tuple = ("flushed", seq, _count(sink.flush_counts(), early))
+            early, autoflush = {}, autoflush_rows
         except Exception as exc:  # SinkWriteError and transport errors: rows stay buffered here
             out = ("failed", seq, f"{type(exc).__name__}: {exc}")
         rejected += [(tag, table, reason) for tag, table, _rows, reason in sink.take_rejected()]
         reply(out + (rejected,))
         rejected = []
+
+
+def _count(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    """Add ``more``'s rows per table to ``total``; returns ``total``."""
+    for table, rows in more.items():
+        total[table] = total.get(table, 0) + rows
+    return total
 
 
 if __name__ == "__main__":

@@ -182,13 +182,25 @@ def test_the_sink_process_exits_with_its_parent(tmp_path: Path) -> None:
 
 
 class _RecordingSink:
-    """Buffers payloads; at a flush, one that is b"unreadable" is dropped as ClickHouse would (take_rejected)."""
+    """Buffers payloads; at a flush, one that is b"unreadable" is dropped as ClickHouse would (take_rejected).
 
-    def __init__(self) -> None:
+    ``failures``: that many flushes raise first; ``flushes`` counts the flush calls.
+    """
+
+    def __init__(self, failures: int = 0) -> None:
         self.added: list[tuple[int, bytes]] = []
         self.dropped: list[tuple[int, str, int, str]] = []
+        self.failures, self.flushes = failures, 0
+
+    @property
+    def pending_rows(self) -> int:
+        return len(self.added)
 
     def flush_counts(self) -> dict[str, int]:
+        self.flushes += 1
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("ClickHouse unreachable")
         self.dropped += [(seq, "events", 1, "bad data") for seq, p in self.added if p == b"unreadable"]
         n = sum(p != b"unreadable" for _, p in self.added)
         self.added = []
@@ -199,20 +211,44 @@ class _RecordingSink:
         return out
 
 
-def test_a_payload_the_sink_process_cannot_buffer_or_write_is_reported_once_and_the_rest_is_written() -> None:
-    def add(sink: _RecordingSink, payload: bytes, at: int, rows: int, seq: int) -> None:
-        if payload == b"bad":
-            raise TypeError("boom")
-        sink.added.append((seq, payload))
+def _record(sink: _RecordingSink, payload: bytes, at: int, rows: int, seq: int) -> None:
+    if payload == b"bad":
+        raise TypeError("boom")
+    sink.added.append((seq, payload))
 
+
+def test_a_payload_the_sink_process_cannot_buffer_or_write_is_reported_once_and_the_rest_is_written() -> None:
     inbox = [("add", 1, "events", 0, 1, b"ok"), ("flush", 1), ("add", 2, "events", 0, 1, b"bad"),
              ("add", 3, "events", 0, 1, b"ok"), ("add", 4, "events", 0, 1, b"unreadable"), ("flush", 4),
              ("flush", 4), ("close",)]
     replies: list[tuple] = []
-    serve(iter(inbox).__next__, replies.append, _RecordingSink(), {"events": add})
+    serve(iter(inbox).__next__, replies.append, _RecordingSink(), {"events": _record})
     assert replies == [("flushed", 1, {"events": 1}, []),
                        ("flushed", 4, {"events": 1}, [(2, "events", "TypeError: boom"), (4, "events", "bad data")]),
                        ("flushed", 4, {"events": 0}, [])]
+
+
+def test_the_sink_process_writes_on_its_own_and_reports_those_rows_with_the_next_flush() -> None:
+    adds = [("add", seq, "events", 0, 1, b"ok") for seq in range(1, 6)]
+    inbox = adds + [("flush", 5), ("close",)]
+    replies: list[tuple] = []
+    sink = _RecordingSink()
+    serve(iter(inbox).__next__, replies.append, sink, {"events": _record}, autoflush_rows=2)
+    assert sink.flushes == 3  # after the 2nd and the 4th add, then the 5th row on request
+    assert replies == [("flushed", 5, {"events": 5}, [])]
+
+
+def test_after_a_failed_automatic_write_the_sink_process_waits_for_the_flush_request() -> None:
+    adds = [("add", seq, "events", 0, 1, b"ok") for seq in range(1, 5)]
+    inbox = adds + [("flush", 4), ("add", 5, "events", 0, 1, b"ok"), ("add", 6, "events", 0, 1, b"ok"),
+                    ("flush", 6), ("close",)]
+    replies: list[tuple] = []
+    sink = _RecordingSink(failures=1)
+    serve(iter(inbox).__next__, replies.append, sink, {"events": _record}, autoflush_rows=2)
+    # 2nd add: automatic write fails -> none until the request at seq 4, which writes all four; then
+    # automatic again after the 6th add, and the request at seq 6 finds nothing left
+    assert sink.flushes == 4
+    assert replies == [("flushed", 4, {"events": 4}, []), ("flushed", 6, {"events": 2}, [])]
 
 
 def test_rows_the_sink_process_refuses_are_logged_counted_and_dropped(tmp_path: Path, caplog) -> None:
