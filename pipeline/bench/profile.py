@@ -8,8 +8,8 @@ messages), with an engine already holding the 1,000 channels' 24 h state
 - ``validate_decode``: :class:`pipeline.ingest.decode.Decoder` (decode + checks);
 - ``engine``: :meth:`pipeline.engine.Engine.process` on decoded events;
 - ``processor``: :meth:`BatchProcessor.process` (decode + engine + outputs);
-- ``sink_rows``: :meth:`ClickHouseSink.add_events` (row tuples + size estimate);
-- ``sink_insert``: :meth:`ClickHouseSink.flush` (columnar insert into chDB).
+- ``sink_rows``: :meth:`ClickHouseSink.add_events` (the batch's ``request_events`` rows as one JSON payload);
+- ``sink_insert_wall``: :meth:`ClickHouseSink.flush` (chDB parses the JSON and inserts; wall time).
 
 Figures are microseconds of CPU per event (``time.process_time``), so they
 hold on a busy machine too. The collector is tuned as in the worker

@@ -303,7 +303,7 @@ def table(doc: Mapping[str, Any]) -> str:
     if doc.get("sink_process_peak_rss_mb") is not None:
         lines.append(f"peak RSS: worker process {_fmt(doc['peak_rss_mb'])} MB (1,000 channels' state; the target's "
                      f"figure), its ClickHouse sink process {_fmt(doc['sink_process_peak_rss_mb'])} MB "
-                     "(embedded chDB, Arrow buffers)")
+                     "(embedded chDB, row buffers)")
     rep = doc["replay_24h"]
     hours = rep["rss_mb_by_hour"]
     if hours:

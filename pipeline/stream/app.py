@@ -296,7 +296,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 t1 = time.perf_counter()
                 await publish(out)
                 t2, waited = time.perf_counter(), state.wall_s["backpressure"]
-                await store(out)  # rows leave as Arrow columns: the decoded events die with ``out``
+                await store(out)  # rows leave as one encoded payload: the decoded events die with ``out``
                 wall = state.wall_s
                 wall["process"] += t1 - t0
                 wall["publish"] += t2 - t1
