@@ -18,7 +18,8 @@ from typing import Any
 
 
 class OutageSwitchClient:
-    """Wrap a clickhouse-connect ``client``: ``insert``, ``insert_arrow`` and ``raw_insert`` fail while ``down_file`` exists.
+    """Wrap a clickhouse-connect ``client``: its inserts (``insert``, ``insert_arrow``, ``raw_insert``) fail
+    while ``down_file`` exists.
 
     >>> class Fake:
     ...     def insert(self, *a, **k): return "ok"

@@ -6,8 +6,8 @@ one interpreter, and an embedded chDB adds ~400 MB to the worker's memory.
 :class:`~pipeline.sinks.clickhouse.ClickHouseSink` contract, but sends each
 batch's rows as one payload to a child process (:mod:`pipeline.sinks.child`)
 that writes them: ``request_events`` rows as the JSON that ClickHouse parses
-itself (:func:`~pipeline.sinks.rows.event_payload`, ~0.6 µs per event to
-encode; the child does not look inside), the other tables' rows as msgpack::
+itself (:func:`~pipeline.sinks.rows.event_payload`, 0.4–0.7 µs per event
+to encode; the child does not look inside), the other tables' rows as msgpack::
 
     sink = ProcessSink(settings)        # starts the sink process; raises its set-up error here
     sink.add_events(batch.stored)       # may raise SinkBackpressure (nothing added)
@@ -85,7 +85,7 @@ class ProcessSink(FlushRetries):
         self._flush_lock = threading.Lock()  # one flush at a time (the pipe's receive side)
         #: Rows written per table since the start (as reported by the sink process).
         self.written = dict.fromkeys(TABLE_NAMES, 0)
-        #: Rows per table the sink process could not buffer or ClickHouse could not read (logged at ERROR, not stored).
+        #: Rows per table the sink process could not buffer or ClickHouse could not read (logged at ERROR).
         self.rejected = dict.fromkeys(TABLE_NAMES, 0)
         #: Times the sink process was started again after it died.
         self.restarts = 0
@@ -217,7 +217,8 @@ class ProcessSink(FlushRetries):
             return sum(counts.values())
 
     def _drop_rejected(self, rejected: list[tuple[int, str, str]]) -> None:
-        """Forget payloads the sink process could not buffer or write (``(seq, table, reason)``), logging each at ERROR."""
+        """Forget payloads the sink process could not buffer or write (``(seq, table, reason)``), logging each
+        at ERROR."""
         if not rejected:
             return
         by_seq = {seq: reason for seq, _table, reason in rejected}

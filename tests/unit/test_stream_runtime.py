@@ -1,9 +1,11 @@
-"""Worker runtime options (pipeline.stream.runtime): faust fetch wait, byte chunks."""
+"""Worker runtime options (pipeline.stream.runtime): faust fetch wait, byte chunks, sends awaited later."""
+
+import asyncio
 
 import pytest
 
-from pipeline.stream.runtime import cap_fetch_wait, disable_read_offset_filter
-from pipeline.stream.worker_state import byte_chunks
+from pipeline.stream.runtime import await_acks, cap_fetch_wait, disable_read_offset_filter, send_all
+from pipeline.stream.worker_state import PRUNE_SENDS_AT, WorkerState, byte_chunks
 
 
 def test_cap_fetch_wait_sets_aiokafkas_wait_once_however_often_called(monkeypatch):
@@ -44,3 +46,58 @@ def test_read_offset_filter_off_every_partition_reads_as_unknown():
     c._read_offset.update({"tp2": 3})
     assert c._read_offset["tp"] is None and c._read_offset["tp2"] is None  # ... but never drops by it
     assert c._read_offset.pop("tp") == 11
+
+
+class FakeProducer:
+    """Records sends; each returns a future the test resolves (Kafka's ack) or fails."""
+
+    def __init__(self):
+        self.sent, self.futures = [], []
+
+    async def send(self, topic, key, value, partition, timestamp, headers):
+        self.sent.append((topic, key, value))
+        fut = asyncio.get_running_loop().create_future()
+        self.futures.append(fut)
+        return fut
+
+
+def test_sends_are_handed_over_at_once_and_their_acks_awaited_later():
+    async def run():
+        producer, crashed = FakeProducer(), []
+
+        async def crash(exc):
+            crashed.append(exc)
+
+        futs = await send_all(producer, "channel.health", [(b"a", b"v1", None), (b"b", b"v2", None)])
+        assert producer.sent == [("channel.health", b"a", b"v1"), ("channel.health", b"b", b"v2")]
+        assert [f.done() for f in futs] == [False, False]  # nothing waited for the broker
+        waiting = asyncio.ensure_future(await_acks(futs, crash))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # the flush waits until Kafka acked every one
+        futs[0].set_result("meta")
+        futs[1].set_result("meta")
+        await waiting
+        failed = await send_all(producer, "channel.health", [(b"c", b"v3", None)])
+        failed[0].set_exception(ConnectionError("broker gone"))
+        with pytest.raises(ConnectionError, match="broker gone"):
+            await await_acks(failed, crash)
+        assert [str(e) for e in crashed] == ["broker gone"]  # the worker stops: offsets not committed
+    asyncio.run(run())
+
+
+def test_acknowledged_sends_are_pruned_only_past_the_bound_and_taken_in_order():
+    async def run():
+        loop = asyncio.get_running_loop()
+        state = WorkerState(processor=None)
+        acked = [loop.create_future() for _ in range(PRUNE_SENDS_AT)]
+        for f in acked:
+            f.set_result(None)
+        open_ = loop.create_future()
+        state.add_sends(acked)
+        assert len(state.sends) == PRUNE_SENDS_AT  # at the bound: kept as they are
+        state.add_sends([open_])
+        assert state.sends == [open_]  # past it: the acknowledged ones are dropped, the open one kept
+        later = [loop.create_future(), loop.create_future()]
+        state.add_sends(later)
+        assert state.take_sends(1) == [open_] and state.sends == later
+    asyncio.run(run())
