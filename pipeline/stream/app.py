@@ -66,11 +66,9 @@ from pipeline.stream.runtime import (
     STREAM_BUFFER_MAX,
     TAKE_MAX,
     TAKE_WITHIN_S,
-    await_acks,
     cap_fetch_wait,
     disable_read_offset_filter,
     faust_broker_kwargs,
-    send_all,
     send_and_wait,
     tune_gc,
 )
@@ -192,11 +190,10 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
     # -- output -------------------------------------------------------------------------
     async def publish(out: ProcessedBatch) -> None:
-        """Hand the batch's verdicts and dead letters to the producer; the next flush awaits their acks."""
-        state.add_sends(await send_all(app.producer, topics.health, [(v.channel.encode(), encode(v), None)
-                                                                     for v in out.verdicts]))
-        state.add_sends(await send_all(app.producer, topics.dlq, [((d.event_id or "").encode() or None,
-                                                                   d.to_kafka_value(), None) for d in out.dead_letters]))
+        """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them."""
+        await send_and_wait(app.producer, topics.health, [(v.channel.encode(), encode(v), None) for v in out.verdicts])
+        await send_and_wait(app.producer, topics.dlq, [((d.event_id or "").encode() or None, d.to_kafka_value(), None)
+                                                       for d in out.dead_letters])
 
     async def store(out: ProcessedBatch) -> None:
         """Put the batch's rows in the sink's buffer (written by the flusher).
@@ -302,7 +299,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 t2, waited = time.perf_counter(), state.wall_s["backpressure"]
                 await store(out)  # rows leave as one encoded payload: the decoded events die with ``out``
                 wall = state.wall_s
-                wall["process"], wall["publish"] = wall["process"] + t1 - t0, wall["publish"] + t2 - t1
+                wall["process"] += t1 - t0
+                wall["publish"] += t2 - t1
                 wall["rows"] += time.perf_counter() - t2 - (wall["backpressure"] - waited)
                 for e in chunk:  # never read again (an ack needs only partition and offset): free the bytes
                     e.value = e.message.value = None
@@ -335,9 +333,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     async def flush_once() -> bool:
         """Write what is buffered; True if everything buffered before the call is written."""
         assert state.flushed is not None
-        target, sent = state.ledger.added, len(state.sends)  # the sends of batches <= target
+        target = state.ledger.added
         if state.sink is None or state.sink.pending_rows == 0:
-            await await_acks(state.take_sends(sent), app.crash)
             state.ledger.flushed_up_to(target)
             state.flushed.set()
             return True
@@ -360,7 +357,6 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                         time.monotonic() - state.sink_down_since, state.sink_failures, written)
         state.sink_failures = 0
         state.sink_down_since = None
-        await await_acks(state.take_sends(sent), app.crash)
         state.ledger.flushed_up_to(target)
         state.flushed.set()
         return True

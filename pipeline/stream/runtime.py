@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import faust
 
 from pipeline.config import Settings
 
-log = logging.getLogger(__name__)
-
 #: Bytes per producer batch and partition (faust ``producer_max_batch_size``, default 16,384). aiokafka's
 #: ``send`` waits for the broker whenever a partition's batch is full (``MessageAccumulator.add_message``):
-#: with 16 KiB a round's 1,000 verdicts (~350 KB) waited for ~20 round trips, 0.1 s of the agent's time per
-#: round in ``channel-health bench``. 256 KiB holds a round per partition; below the 1 MB request limit.
+#: with 16 KiB a round's 1,000 verdicts (~720 bytes each) waited for ~45 round trips, 0.1 s of the agent's time
+#: per round in ``channel-health bench``. 256 KiB holds a round's verdicts of a partition at 4 partitions (~180 KB
+#: each); below the producer's 1 MB request limit.
 PRODUCER_BATCH_BYTES = 256 * 1024
 #: Batch size and wait of the agent (messages, seconds).
 TAKE_MAX = 256
@@ -96,7 +94,8 @@ def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
     Timeouts are short so that a new or restarted member joins the group in
     seconds and a dead member's partitions move within ~10 s on the embedded
     broker (a join takes about session_timeout / 2 on Tansu; below 1 s the
-    group rebalances forever). Session 6 s, heartbeat 0.5 s.
+    group rebalances forever). Session 6 s, heartbeat 0.5 s. Producer batches:
+    :data:`PRODUCER_BATCH_BYTES`.
     """
     if not settings.kafka_bootstrap:
         raise ValueError("no Kafka bootstrap configured (CHANNEL_HEALTH_KAFKA_BOOTSTRAP)")
@@ -153,31 +152,7 @@ async def send_and_wait(producer: Any, topic: str, records: Iterable[Record]) ->
     0.36-0.48 s to 0.10-0.18 s. Raises the first send error (e.g.
     ``KafkaError``) after all sends were handed over.
     """
-    futures = await send_all(producer, topic, records)
+    futures = [await producer.send(topic, key, value, None, None, headers) for key, value, headers in records]
     if futures:
         await asyncio.gather(*futures)
     return len(futures)
-
-
-async def send_all(producer: Any, topic: str, records: Iterable[Record]) -> list[asyncio.Future]:
-    """Hand ``records`` to ``producer`` (as :func:`send_and_wait`) and return one future per record, not waiting
-    for Kafka's acks: the caller awaits them (:func:`await_acks`) before it commits the input they came from."""
-    return [await producer.send(topic, key, value, None, None, headers) for key, value, headers in records]
-
-
-async def await_acks(futures: list[asyncio.Future], crash: Callable[[BaseException], Awaitable[Any]]) -> None:
-    """Wait until Kafka acknowledged every send of ``futures`` (from :func:`send_all`).
-
-    A send that failed (aiokafka gave up, e.g. ``KafkaError``) cannot be
-    retried from here: ``crash(exc)`` (the app's ``crash``) is awaited and the
-    error raised, so the input the records came from is never committed and
-    is processed again after the restart (at-least-once).
-    """
-    if not futures:
-        return
-    try:
-        await asyncio.gather(*futures)
-    except Exception as exc:
-        log.critical("publishing verdicts or dead letters failed (%r); stopping the worker, offsets not committed", exc)
-        await crash(exc)
-        raise

@@ -57,34 +57,11 @@ class WorkerState:
     intake_paused: bool = False
     flush_kick: asyncio.Event | None = None
     flushed: asyncio.Event | None = None
-    #: Verdicts and dead letters handed to the producer whose acks were not awaited yet, in order; a flush
-    #: awaits those of the batches it covers before it marks them written (no offset is committed before
-    #: Kafka has their outputs). See :meth:`add_sends`.
-    sends: list[asyncio.Future] = field(default_factory=list)
-
-    def add_sends(self, futures: list[asyncio.Future]) -> None:
-        """Keep ``futures`` (one per record handed to the producer) until a flush awaits them.
-
-        While ClickHouse is down no flush completes: past :data:`PRUNE_SENDS_AT` kept futures, those
-        already acknowledged are forgotten, so an outage does not grow the list without bound.
-        """
-        self.sends += futures
-        if len(self.sends) > PRUNE_SENDS_AT:
-            self.sends = [f for f in self.sends if not f.done() or f.cancelled() or f.exception() is not None]
-
-    def take_sends(self, n: int) -> list[asyncio.Future]:
-        """Remove and return the first ``n`` kept futures (those of the batches a flush covered)."""
-        out, self.sends = self.sends[:n], self.sends[n:]
-        return out
 
     @property
     def unacked(self) -> int:
         """Input messages processed and not yet acked."""
         return self.ledger.unacked_messages
-
-
-#: Kept send futures above which the acknowledged ones are dropped (:meth:`WorkerState.add_sends`).
-PRUNE_SENDS_AT = 20_000
 
 
 def byte_chunks(messages: list, max_bytes: int) -> list[list]:

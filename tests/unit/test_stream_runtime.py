@@ -1,11 +1,10 @@
-"""Worker runtime options (pipeline.stream.runtime): faust fetch wait, byte chunks, sends awaited later."""
-
-import asyncio
+"""Worker runtime options (pipeline.stream.runtime): faust fetch wait, byte chunks."""
 
 import pytest
 
-from pipeline.stream.runtime import await_acks, cap_fetch_wait, disable_read_offset_filter, send_all
-from pipeline.stream.worker_state import PRUNE_SENDS_AT, WorkerState, byte_chunks
+from pipeline.config import Settings
+from pipeline.stream.runtime import PRODUCER_BATCH_BYTES, cap_fetch_wait, disable_read_offset_filter, faust_broker_kwargs
+from pipeline.stream.worker_state import byte_chunks
 
 
 def test_cap_fetch_wait_sets_aiokafkas_wait_once_however_often_called(monkeypatch):
@@ -48,56 +47,10 @@ def test_read_offset_filter_off_every_partition_reads_as_unknown():
     assert c._read_offset.pop("tp") == 11
 
 
-class FakeProducer:
-    """Records sends; each returns a future the test resolves (Kafka's ack) or fails."""
+def test_the_worker_app_gets_producer_batches_that_hold_a_rounds_verdicts_per_partition():
+    import faust
 
-    def __init__(self):
-        self.sent, self.futures = [], []
-
-    async def send(self, topic, key, value, partition, timestamp, headers):
-        self.sent.append((topic, key, value))
-        fut = asyncio.get_running_loop().create_future()
-        self.futures.append(fut)
-        return fut
-
-
-def test_sends_are_handed_over_at_once_and_their_acks_awaited_later():
-    async def run():
-        producer, crashed = FakeProducer(), []
-
-        async def crash(exc):
-            crashed.append(exc)
-
-        futs = await send_all(producer, "channel.health", [(b"a", b"v1", None), (b"b", b"v2", None)])
-        assert producer.sent == [("channel.health", b"a", b"v1"), ("channel.health", b"b", b"v2")]
-        assert [f.done() for f in futs] == [False, False]  # nothing waited for the broker
-        waiting = asyncio.ensure_future(await_acks(futs, crash))
-        await asyncio.sleep(0)
-        assert not waiting.done()  # the flush waits until Kafka acked every one
-        futs[0].set_result("meta")
-        futs[1].set_result("meta")
-        await waiting
-        failed = await send_all(producer, "channel.health", [(b"c", b"v3", None)])
-        failed[0].set_exception(ConnectionError("broker gone"))
-        with pytest.raises(ConnectionError, match="broker gone"):
-            await await_acks(failed, crash)
-        assert [str(e) for e in crashed] == ["broker gone"]  # the worker stops: offsets not committed
-    asyncio.run(run())
-
-
-def test_acknowledged_sends_are_pruned_only_past_the_bound_and_taken_in_order():
-    async def run():
-        loop = asyncio.get_running_loop()
-        state = WorkerState(processor=None)
-        acked = [loop.create_future() for _ in range(PRUNE_SENDS_AT)]
-        for f in acked:
-            f.set_result(None)
-        open_ = loop.create_future()
-        state.add_sends(acked)
-        assert len(state.sends) == PRUNE_SENDS_AT  # at the bound: kept as they are
-        state.add_sends([open_])
-        assert state.sends == [open_]  # past it: the acknowledged ones are dropped, the open one kept
-        later = [loop.create_future(), loop.create_future()]
-        state.add_sends(later)
-        assert state.take_sends(1) == [open_] and state.sends == later
-    asyncio.run(run())
+    settings = Settings(kafka_bootstrap="localhost:9092", clickhouse_url="chdb:///tmp/unused")
+    app = faust.App("t-batch", **faust_broker_kwargs(settings))
+    assert app.conf.producer_max_batch_size == PRODUCER_BATCH_BYTES == 262_144
+    assert 1_000 * 734 / settings.partitions < PRODUCER_BATCH_BYTES  # 734 B: the largest bench verdict
