@@ -49,7 +49,8 @@ from pipeline.sinks.rows import (
     quality_row,
     verdict_row,
 )
-from pipeline.sinks.table import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, TableSink
+from pipeline.sinks.buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
+from pipeline.sinks.table import TableSink
 
 log = logging.getLogger(__name__)
 

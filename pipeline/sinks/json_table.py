@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 from typing import Any, Hashable
 
-from pipeline.sinks.errors import SinkBackpressure, SinkWriteError
-from pipeline.sinks.retry import FlushRetries
-from pipeline.sinks.table import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS
+from pipeline.sinks.buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, BoundedBuffer
+from pipeline.sinks.errors import SinkWriteError
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ def is_data_error(exc: BaseException) -> bool:
     return m is not None and int(m.group(1)) in DATA_ERROR_CODES
 
 
-class JsonTableSink(FlushRetries):
+class JsonTableSink(BoundedBuffer):
     """Buffer JSON row payloads for one input table and write them in one ``JSONCompactEachRow`` insert per flush.
 
     ``client``: a clickhouse-connect client (HTTP or chDB: ``raw_insert``).
@@ -87,32 +85,15 @@ class JsonTableSink(FlushRetries):
 
     def __init__(self, client: Any, table: str, *, via: str | None = None, max_rows: int = DEFAULT_MAX_ROWS,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        if max_rows < 1 or max_bytes < 1:
-            raise ValueError(f"sink bounds must be positive, got max_rows={max_rows}, max_bytes={max_bytes}")
+        super().__init__(table, max_rows, max_bytes)
         self.client = client
-        self.table = table
         self.via = via or table
-        self.max_rows = max_rows
-        self.max_bytes = max_bytes
         #: Buffered ``(payload, rows, tag)``; ``tag`` is the caller's name for the payload in rejections.
+        #: Bytes counted: the payloads' sizes.
         self._items: list[tuple[bytes, int, Hashable]] = []
-        self._rows = 0
-        self._bytes = 0
         self._rejected: list[tuple[Hashable, int, str]] = []
         #: Rows of payloads dropped since the start (ClickHouse could not read them).
         self.rejected_rows = 0
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-
-    @property
-    def pending_rows(self) -> int:
-        """Rows buffered and not yet written."""
-        return self._rows
-
-    @property
-    def pending_bytes(self) -> int:
-        """Payload bytes buffered and not yet written."""
-        return self._bytes
 
     def add_payload(self, payload: bytes, rows: int, tag: Hashable = None) -> None:
         """Buffer one payload: a JSON array of ``rows`` rows (``rows`` >= 0; an empty one is ignored).
@@ -127,11 +108,8 @@ class JsonTableSink(FlushRetries):
         if payload[:1] != b"[" or payload[-1:] != b"]":
             raise ValueError(f"{self.table}: a payload must be a JSON array of rows, got {payload[:40]!r}...")
         with self._lock:
-            if self._rows and (self._rows + rows > self.max_rows or self._bytes + len(payload) > self.max_bytes):
-                raise SinkBackpressure(self.table, self._rows, self._bytes, self.max_rows, self.max_bytes)
+            self._take_room(rows, len(payload))
             self._items.append((payload, rows, tag))
-            self._rows += rows
-            self._bytes += len(payload)
 
     def take_rejected(self) -> list[tuple[Hashable, int, str]]:
         """The payloads dropped since the last call, as ``(tag, rows, reason)``, and forget them."""
@@ -198,8 +176,7 @@ class JsonTableSink(FlushRetries):
         """Take ``items`` (the buffer's first ``len(items)``: adds only append) off the buffer."""
         with self._lock:
             del self._items[: len(items)]
-            self._rows -= sum(rows for _, rows, _ in items)
-            self._bytes -= sum(len(payload) for payload, _, _ in items)
+            self._give_back(sum(rows for _, rows, _ in items), sum(len(payload) for payload, _, _ in items))
 
     def _write_error(self, items: list[tuple[bytes, int, Hashable]], exc: Exception) -> SinkWriteError:
         rows = sum(r for _, r, _ in items)

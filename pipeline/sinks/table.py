@@ -27,21 +27,18 @@ during a flush stay buffered for the next one.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
 from pipeline.sinks.arrow import arrow_type, rows_to_table, schema_of
-from pipeline.sinks.errors import SinkBackpressure, SinkSetupError, SinkWriteError
-from pipeline.sinks.retry import FlushRetries
+from pipeline.sinks.buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, BoundedBuffer
+from pipeline.sinks.errors import SinkSetupError, SinkWriteError
 
 log = logging.getLogger(__name__)
 
-#: Default buffer bounds: rows, and estimated bytes (64 MiB).
-DEFAULT_MAX_ROWS = 100_000
-DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+__all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_ROWS", "INSERT_SETTINGS", "TableSink", "describe"]
 
 
 #: Settings of every insert. ``optimize_on_insert=0``: ClickHouse does not merge duplicate keys inside
@@ -51,7 +48,7 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 INSERT_SETTINGS = {"optimize_on_insert": 0}
 
 
-class TableSink(FlushRetries):
+class TableSink(BoundedBuffer):
     """Buffer rows for one table and write them in columnar (Arrow) batches.
 
     ``client``: a clickhouse-connect client (:func:`pipeline.storage.client.open_client`).
@@ -73,33 +70,15 @@ class TableSink(FlushRetries):
         max_rows: int = DEFAULT_MAX_ROWS,
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
-        if max_rows < 1 or max_bytes < 1:
-            raise ValueError(f"sink bounds must be positive, got max_rows={max_rows}, max_bytes={max_bytes}")
+        super().__init__(table, max_rows, max_bytes)
         self.client = client
-        self.table = table
         self.columns = tuple(columns)
         self.column_types = tuple(column_types) if column_types is not None else describe(client, table, self.columns)
         if len(self.column_types) != len(self.columns):
             raise ValueError(f"{len(self.columns)} columns but {len(self.column_types)} column types")
         self.arrow_types = tuple(arrow_type(t) for t in self.column_types)
         self.schema = schema_of(self.columns, self.arrow_types)
-        self.max_rows = max_rows
-        self.max_bytes = max_bytes
-        self._blocks: list[pa.Table] = []
-        self._rows = 0
-        self._bytes = 0
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-
-    @property
-    def pending_rows(self) -> int:
-        """Rows buffered and not yet written."""
-        return self._rows
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes buffered (Arrow buffers) and not yet written."""
-        return self._bytes
+        self._blocks: list[pa.Table] = []  # bytes counted: the Arrow buffers (``pyarrow.Table.nbytes``)
 
     def add(self, rows: Iterable[tuple]) -> None:
         """Buffer ``rows`` (tuples in column order), all or none.
@@ -128,11 +107,8 @@ class TableSink(FlushRetries):
         if n == 0:
             return
         with self._lock:
-            if self._rows and (self._rows + n > self.max_rows or self._bytes + size > self.max_bytes):
-                raise SinkBackpressure(self.table, self._rows, self._bytes, self.max_rows, self.max_bytes)
+            self._take_room(n, size)
             self._blocks.append(block)
-            self._rows += n
-            self._bytes += size
 
     def flush(self) -> int:
         """Write every buffered row in one insert; return the number written (0 if none).
@@ -159,8 +135,7 @@ class TableSink(FlushRetries):
                 ) from exc
             with self._lock:
                 del self._blocks[: len(blocks)]
-                self._rows -= rows
-                self._bytes -= sum(b.nbytes for b in blocks)
+                self._give_back(rows, sum(b.nbytes for b in blocks))
             log.debug("wrote %d rows to %s in %.3fs", rows, self.table, time.monotonic() - started)
             return rows
 
