@@ -101,7 +101,7 @@ def event_row(
 #: ``expected_fields`` list is cheaper to encode and skip than to copy the event without it).
 _TEXTS = attrgetter("response_text", "prompt_text")
 _NO_TEXTS = (None, None)
-_FIRST = itemgetter(0)
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _JSON = msgspec.json.Encoder()
 
 
@@ -133,21 +133,14 @@ def event_payload(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str
     return _JSON.encode(stored)
 
 
-def refuse_unchecked_missing(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str] | None]],
-                             parse_ok: Sequence[int | None] | None = None,
-                             missing: Sequence[Sequence[str]] | None = None) -> None:
+def refuse_unchecked_missing(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str] | None]]) -> None:
     """Raise :func:`event_row`'s ``ValueError`` if a triple has missing fields but ``parse_ok`` None.
 
-    ``parse_ok`` / ``missing``: the triples' second and third items when the
-    caller has them as lists already. One C-level scan per batch; rows
-    are only built again for the explanation.
+    One C-level scan per batch; rows are only built again for the explanation.
 
     >>> refuse_unchecked_missing([("e", True, ["a"]), ("e", None, None)])
     """
-    if parse_ok is None or missing is None:
-        parse_ok = [s[1] for s in stored]
-        missing = [s[2] or () for s in stored]
-    if any(compress(missing, map(is_, parse_ok, repeat(None)))):  # missing fields but unchecked
+    if any(compress(map(_THIRD, stored), map(is_, map(_SECOND, stored), repeat(None)))):  # missing but unchecked
         for e, ok, miss in stored:
             if ok is None and miss:
                 event_row(e, ok, miss, 0)  # raises the explanatory ValueError
