@@ -13,11 +13,13 @@ from typing import Iterator
 import pytest
 
 from pipeline.config import Settings
-from pipeline.contracts import RequestEvent
+from pipeline.contracts import ExpectedCall, RequestEvent
 from pipeline.sinks.errors import SinkBackpressure, SinkWriteError
 from pipeline.sinks.json_table import JsonTableSink, is_data_error
 from pipeline.sinks.process import ProcessSink
-from pipeline.sinks.rows import EVENTS_INPUT_TABLE, EVENTS_TABLE, event_payload
+from pipeline.sinks.clickhouse import ClickHouseSink
+from pipeline.sinks.rows import EVENT_COLUMNS, EVENTS_INPUT_TABLE, EVENTS_TABLE, event_payload, event_row, now_ms
+from pipeline.sinks.table import TableSink
 from pipeline.storage.client import close_clients, open_client
 from pipeline.storage.schema import apply_ddl
 
@@ -118,6 +120,31 @@ def test_an_outage_while_writing_one_by_one_keeps_the_rest(ch) -> None:
     assert sink.pending_rows == 2 and _ids(ch) == ["e-0000", "e-0001"]  # "a" written and forgotten
     assert sink.flush() == 1  # "b" written; "c" dropped
     assert [t for t, _, _ in sink.take_rejected()] == ["c"] and _ids(ch) == ["e-0000", "e-0001", "e-0002"]
+
+
+def test_edge_values_reach_the_table_as_event_row_gives_them(ch) -> None:
+    """Quotes, escapes, control characters, non-BMP text, extreme numbers, tool-call objects in an ignored key."""
+    weird = 'q"uo\\te\nnl\ttab \u00e9\u4e2d\U0001F600 \x01ctl </script>'
+    stored = [
+        (RequestEvent(event_id="a-" + weird[:12], ts_ms=BASE_MS + 123, channel="c/\u00fc@free", route="r", status="ok",
+                      latency_ms=0.0, expected_fields=[ExpectedCall(function="f", required=["x"]), ExpectedCall("g")],
+                      missing_fields=["f"], error_type=weird, trace_id="", gateway_id=weird * 50, quota_remaining=1.0,
+                      cost_usd=1e-12, input_tokens=4_294_967_295, http_status=999, ttft_ms=1.7976931348623157e308),
+         False, ["f"]),
+        (RequestEvent(event_id="b", ts_ms=0, channel="c", route="r", status="error", latency_ms=5e-324,
+                      prompt_text="p" * 10_000), None, None),
+    ]
+    by_rows = TableSink(ch, EVENTS_TABLE, EVENT_COLUMNS)
+    by_rows.add([event_row(e, ok, miss or [], now_ms()) for e, ok, miss in stored])
+    by_rows.flush()
+    query = "SELECT * EXCEPT ingested_at FROM channel_health.request_events ORDER BY event_id"
+    want = ch.query(query).result_rows
+    ch.command("TRUNCATE TABLE channel_health.request_events")
+    sink = ClickHouseSink(ch)
+    sink.add_events(stored)
+    assert sink.flush() == 2
+    assert ch.query(query).result_rows == want
+    assert want[0][14] == weird and want[1][6] == 5e-324  # error_type, latency_ms
 
 
 def test_data_error_codes() -> None:
