@@ -25,8 +25,8 @@ Variables (SPEC §7):
     until a buffer is full, then stops taking input until it drains.
 ``CHANNEL_HEALTH_SINK_PROCESS``
     ``on`` (default): the worker writes ClickHouse from a child process
-    (:mod:`pipeline.sinks.process`), so column building, inserts and an
-    embedded chDB stay out of the detection process; ``off``: in-process.
+    (:mod:`pipeline.sinks.process`), so inserts and an embedded chDB stay
+    out of the detection process; ``off``: in-process.
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were

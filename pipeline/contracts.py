@@ -8,7 +8,9 @@ contract; units are in the names (``_ms``, ``_usd``).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from itertools import repeat
+from operator import attrgetter, ne
+from typing import Annotated, Iterable, Iterator, Literal, Union
 
 import msgspec
 
@@ -128,6 +130,19 @@ class Verdict(msgspec.Struct, omit_defaults=False):
 
 _encoder = msgspec.json.Encoder()
 _verdict_decoder = msgspec.json.Decoder(Verdict)
+
+
+_TEXTS = attrgetter("response_text", "prompt_text")
+
+
+def carries_texts(events: Iterable[RequestEvent]) -> Iterator[bool]:
+    """Per event, whether it carries a ``response_text`` or a ``prompt_text`` (a C-level map: no Python per event).
+
+    >>> e = RequestEvent(event_id="e", ts_ms=0, channel="c", route="r", status="ok", latency_ms=1.0)
+    >>> list(carries_texts([e, msgspec.structs.replace(e, prompt_text="p")]))
+    [False, True]
+    """
+    return map(ne, map(_TEXTS, events), repeat((None, None)))
 
 
 def encode(obj: object) -> bytes:

@@ -21,12 +21,12 @@ per-element decoding happens only when that fails.
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import attrgetter, ne
+from operator import attrgetter
 from typing import Annotated, Any, Sequence
 
 import msgspec
 
-from pipeline.contracts import Batch, RequestEvent
+from pipeline.contracts import Batch, RequestEvent, carries_texts
 from pipeline.ingest import reasons as R
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
@@ -35,8 +35,6 @@ from pipeline.ingest.structure import check_structure
 
 _TS = attrgetter("ts_ms")
 _ID = attrgetter("event_id")
-_TEXTS = attrgetter("response_text", "prompt_text")
-_NO_TEXTS = (None, None)
 
 __all__ = ["Decoder", "DecodeResult", "DeadLetter", "DecodeCounters"]
 
@@ -397,7 +395,7 @@ class Decoder:
         An exception of the structure check propagates; with ``failed`` given, the event's index is
         appended to it instead and the other events are still cut.
         """
-        if not any(map(ne, map(_TEXTS, events), repeat(_NO_TEXTS))):
+        if not any(carries_texts(events)):
             return
         for i, event in enumerate(events):
             if event.response_text is not None or event.prompt_text is not None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import time
 from itertools import compress, repeat
-from operator import attrgetter, is_, itemgetter, ne
+from operator import is_, itemgetter
 from typing import Sequence
 
 import msgspec
 
-from pipeline.contracts import RequestEvent, Verdict, encode
+from pipeline.contracts import RequestEvent, Verdict, carries_texts, encode
 from pipeline.storage import DATABASE
 
 EVENTS_TABLE = f"{DATABASE}.request_events"
@@ -97,10 +97,6 @@ def event_row(
     )
 
 
-#: ``RequestEvent`` fields that are not stored and can be long (left out of payloads; a short
-#: ``expected_fields`` list is cheaper to encode and skip than to copy the event without it).
-_TEXTS = attrgetter("response_text", "prompt_text")
-_NO_TEXTS = (None, None)
 _FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 _JSON = msgspec.json.Encoder()
 
@@ -124,8 +120,9 @@ def event_payload(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str
     b'[[{"event_id":"e1","ts_ms":5,"channel":"c","route":"r","status":"ok","latency_ms":1.5},true,[]]]'
     """
     refuse_unchecked_missing(stored)
-    cut = list(compress(range(len(stored)), map(ne, map(_TEXTS, map(_FIRST, stored)), repeat(_NO_TEXTS))))
-    if cut:  # texts are not stored: do not encode, ship and parse them
+    cut = list(compress(range(len(stored)), carries_texts(map(_FIRST, stored))))
+    if cut:  # texts are not stored: do not encode, ship and parse them (a short ``expected_fields`` list
+        # costs less to encode and skip than a copy of the event without it)
         stored = list(stored)
         for i in cut:
             e, ok, missing = stored[i]
