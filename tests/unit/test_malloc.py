@@ -1,0 +1,45 @@
+"""glibc malloc settings of the worker and sink processes (pipeline.malloc)."""
+
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pipeline import malloc
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+# Where one 8 MiB block lands (above glibc's default 128 KiB mmap threshold, below the tuned one): in a
+# mapping of its own, or in the heap (the "[heap]" range of /proc/self/maps).
+_PROBE = textwrap.dedent("""
+    import ctypes, sys
+    from pipeline.malloc import tune_malloc
+    if sys.argv[1] == "tuned":
+        assert tune_malloc()
+    block = bytearray(8 * 1024 * 1024)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(block))
+    with open("/proc/self/maps") as fh:
+        heap = [line.split()[0].split("-") for line in fh if line.rstrip().endswith("[heap]")]
+    print(any(int(lo, 16) <= address < int(hi, 16) for lo, hi in heap))
+""")
+
+
+def _in_heap(mode: str) -> bool:
+    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True)
+    return out.stdout.strip() == "True"
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt thresholds are glibc's")
+def test_tuned_process_takes_a_large_block_from_the_heap_not_a_fresh_mapping():
+    assert _in_heap("default") is False  # glibc's default: an 8 MiB block is mapped on its own
+    assert _in_heap("tuned") is True
+
+
+def test_other_c_libraries_are_left_alone(monkeypatch, caplog):
+    monkeypatch.setattr(malloc.platform, "libc_ver", lambda: ("", ""))
+    with caplog.at_level("DEBUG", logger="pipeline.malloc"):
+        assert malloc.tune_malloc() is False
+    assert "not glibc" in caplog.text
+
