@@ -80,6 +80,8 @@ class IntervalRing:
         intervals older than the channel's newest event.
         """
         channel = np.asarray(channel, dtype=np.int64)
+        if channel.shape[0] == 0:
+            return np.zeros(0, bool)
         slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
         flat = channel * self.n_slots + slot % self.n_slots
         ids = self.slot_id.reshape(-1)
@@ -94,7 +96,11 @@ class IntervalRing:
             ids[evict] = newest[evict]
         fits = slot == ids[flat]
         # Older than the channel's whole ring: its position may even be empty.
-        newest_slot = self.slot_id[channel].max(axis=1)
+        top = int(channel.max()) + 1
+        if top <= channel.shape[0]:  # one max per channel row, then a gather: cheaper than n rows copied
+            newest_slot = self.slot_id[:top].max(axis=1)[channel]
+        else:
+            newest_slot = self.slot_id[channel].max(axis=1)
         fits &= slot > newest_slot - self.n_slots
         # Scatter-adds on the flat (1-D) arrays: numpy's ufunc.at is 4-8x slower with a 2-D target or a
         # tuple index (measured: 91 → 23 ns per event for the counters, 186 → 29 ns for the histograms).
