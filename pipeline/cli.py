@@ -20,6 +20,8 @@ from pipeline.config import ConfigError, load_settings, redact_secrets
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Docstrings are hard-wrapped paragraphs: markdown joins their lines and rewraps them to the terminal.
+    rich_markup_mode="markdown",
     # Tracebacks must not print local variables: they hold passwords (typer < 0.15 shows them by default).
     pretty_exceptions_show_locals=False,
     help=(
