@@ -20,10 +20,8 @@ Variables (SPEC §7):
 ``CHANNEL_HEALTH_CONSUMER_GROUP``
     Kafka consumer group of the workers (default ``channel-health``).
 ``CHANNEL_HEALTH_SINK_MAX_ROWS`` / ``CHANNEL_HEALTH_SINK_MAX_BYTES``
-    Bounds of the worker's ClickHouse buffer, per table (default 200 000 rows
-    / 64 MiB; the sink process writes on its own at a quarter of the rows:
-    50 000-row inserts cost chDB ~12 % less CPU per row than 25 000-row ones,
-    merges included). While ClickHouse is down the worker keeps publishing verdicts
+    Bounds of the worker's ClickHouse buffer, per table (default 100 000 rows
+    / 64 MiB). While ClickHouse is down the worker keeps publishing verdicts
     until a buffer is full, then stops taking input until it drains.
 ``CHANNEL_HEALTH_SINK_PROCESS``
     ``on`` (default): the worker writes ClickHouse from a child process
@@ -199,7 +197,7 @@ class Settings:
     kafka_security: KafkaSecurity = KafkaSecurity()
     clickhouse_password: Secret | None = None
     partitions: int = 4
-    sink_max_rows: int = 200_000
+    sink_max_rows: int = 100_000
     sink_max_bytes: int = 64 * 1024 * 1024
     #: Test hook: while this file exists, ClickHouse inserts fail (see module doc).
     fault_sink_down_file: str | None = None

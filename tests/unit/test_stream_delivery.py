@@ -211,7 +211,7 @@ def test_sink_bounds_and_fault_hook_come_from_the_environment():
     from pipeline.config import ConfigError, load_settings
 
     s = load_settings({})
-    assert (s.sink_max_rows, s.sink_max_bytes, s.fault_sink_down_file) == (200_000, 64 * 1024 * 1024, None)
+    assert (s.sink_max_rows, s.sink_max_bytes, s.fault_sink_down_file) == (100_000, 64 * 1024 * 1024, None)
     s = load_settings({"CHANNEL_HEALTH_SINK_MAX_ROWS": "500", "CHANNEL_HEALTH_SINK_MAX_BYTES": "4096",
                        "CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE": "/tmp/ch-down"})
     assert (s.sink_max_rows, s.sink_max_bytes, s.fault_sink_down_file) == (500, 4096, "/tmp/ch-down")
