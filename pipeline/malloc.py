@@ -18,9 +18,9 @@ import platform
 #: worker went from 174-187k to 214-230k batched events/s. 32 MiB is the largest value glibc accepts on 64-bit.
 MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 MALLOC_TRIM_THRESHOLD_BYTES = 16 * 1024 * 1024
-#: The sink process's threshold: the payloads it receives (~100-300 KB) stay in the heap, while the body of
-#: an insert (all buffered payloads joined, 10-20 MB) is mapped and given back as soon as it is written, so
-#: the heap does not keep a spare insert body (peak RSS 475-480 against 477-508 MB in ``channel-health bench``).
+#: The sink process's threshold: the payloads it receives (a chunk's rows, ~100 KB-4 MB) stay in the heap,
+#: while the body of an insert (all buffered payloads joined, ~7 MB at 25,000 rows) is mapped and given back
+#: as soon as it is written, so the heap does not keep a spare insert body.
 SINK_MMAP_THRESHOLD_BYTES = 4 * 1024 * 1024
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 
