@@ -12,8 +12,7 @@ import platform
 #: glibc malloc of the worker and sink processes (``mallopt``, glibc manual "Malloc Tunable Parameters"):
 #: blocks up to ``M_MMAP_THRESHOLD`` bytes come from the heap instead of a fresh ``mmap`` each, and the heap keeps
 #: up to ``M_TRIM_THRESHOLD`` bytes of free memory at its top instead of returning it to the kernel at once.
-#: A 500-event envelope (~140 KB), each numpy column of a decoded chunk (~14,000 values) and each row payload
-#: (~4 MB) is such a block: with glibc's defaults (128 KiB) each was mapped, faulted in page by page and unmapped
+#: Every 500-event envelope (~140 KB) and every chunk's row payload (up to ~4 MB) is such a block: with glibc's defaults (128 KiB) each was mapped, faulted in page by page and unmapped
 #: again (a 140 KB block copied twice and freed: 79 against 6 µs of CPU). In ``channel-health bench`` the faust
 #: worker went from 174-187k to 214-230k batched events/s. 32 MiB is the largest value glibc accepts on 64-bit.
 MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
