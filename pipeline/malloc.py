@@ -12,9 +12,10 @@ import platform
 #: glibc malloc of the worker and sink processes (``mallopt``, glibc manual "Malloc Tunable Parameters"):
 #: blocks up to ``M_MMAP_THRESHOLD`` bytes come from the heap instead of a fresh ``mmap`` each, and the heap keeps
 #: up to ``M_TRIM_THRESHOLD`` bytes of free memory at its top instead of returning it to the kernel at once.
-#: Every 500-event envelope (~140 KB) and every chunk's row payload (up to ~4 MB) is such a block: with glibc's defaults (128 KiB) each was mapped, faulted in page by page and unmapped
-#: again (a 140 KB block copied twice and freed: 79 against 6 µs of CPU). In ``channel-health bench`` the faust
-#: worker went from 174-187k to 214-230k batched events/s. 32 MiB is the largest value glibc accepts on 64-bit.
+#: Every 500-event envelope (~140 KB) and every chunk's row payload (up to ~4 MB) is such a block: with glibc's
+#: defaults (128 KiB) each was mapped, faulted in page by page and unmapped again (a 140 KB block copied twice
+#: and freed: 79 against 6 µs of CPU). Effect in ``channel-health bench``: README "Throughput". 32 MiB is the
+#: largest value glibc accepts on 64-bit.
 MALLOC_MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024
 MALLOC_TRIM_THRESHOLD_BYTES = 16 * 1024 * 1024
 #: The sink process's threshold: the payloads it receives (a chunk's rows, ~100 KB-4 MB) stay in the heap,
