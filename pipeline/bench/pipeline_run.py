@@ -187,10 +187,8 @@ def run_faust(args: dict[str, Any]) -> None:
     from pipeline.bench.bare_faust import finish, run_worker
     from pipeline.sinks.process import open_sink
     from pipeline.stream.app import build_app
-    from pipeline.malloc import tune_malloc
     from pipeline.stream.runtime import tune_gc
 
-    tune_malloc()  # as run_worker does
     sampler = RssSampler().start()
     settings = bench_settings(args, scratch_dir(args, "chdb-"))
     sink = open_sink(settings)  # as run_worker: ClickHouse from a sink process unless sink_process is off
@@ -251,10 +249,6 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
     from pipeline.stream.processor import BatchProcessor
     from pipeline.stream.state_topic import load_snapshot_records
 
-    from pipeline.malloc import tune_malloc
-    from pipeline.stream.runtime import tune_gc
-
-    tune_malloc()  # as the production worker does
     settings = bench_settings(args, scratch_dir(args, "chdb-"))
     topics = settings.topics
     sink = open_sink(settings)
@@ -264,6 +258,8 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
     processor.load_snapshots(await load_snapshot_records(args["bootstrap"], topics.state),
                              parts if parts is not None else range(int(args.get("partitions", 4))))
     reset_s = time.perf_counter() - started
+    from pipeline.stream.runtime import tune_gc
+
     tune_gc()  # as the production worker does
     expected = int(args["events"]) if args.get("events") is not None else None
     out_path = Path(args["out"])

@@ -12,10 +12,9 @@ messages), with an engine already holding the 1,000 channels' 24 h state
 - ``sink_insert_wall``: :meth:`ClickHouseSink.flush` (chDB parses the JSON and inserts; wall time).
 
 Figures are microseconds of CPU per event (``time.process_time``), so they
-hold on a busy machine too. The collector and malloc are tuned as in the
-worker (:func:`pipeline.stream.runtime.tune_gc`, once the inputs are built,
-since CPython's default thresholds would add 25-35 %;
-:func:`pipeline.malloc.tune_malloc`).
+hold on a busy machine too. The collector is tuned as in the worker
+(:func:`pipeline.stream.runtime.tune_gc`, once the inputs are built),
+since CPython's default thresholds would add 25-35 %.
 """
 
 from __future__ import annotations
@@ -55,10 +54,8 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     from pipeline.ingest.decode import Decoder
     from pipeline.sinks.clickhouse import ClickHouseSink
     from pipeline.stream.processor import BatchProcessor
-    from pipeline.malloc import tune_malloc
     from pipeline.stream.runtime import tune_gc
 
-    tune_malloc()  # as the worker: before the inputs are built
     n = int(args.get("events", 200_000))
     ch = W.Channels.make(int(args["channels"]))
     evs = W.stream(ch, n, int(args["start_ms"]), float(args["rps_per_channel"]), seed=7, id_prefix="prof")

@@ -85,9 +85,6 @@ def child_main(conn: Any) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [sink process] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from pipeline.malloc import SINK_MMAP_THRESHOLD_BYTES, tune_malloc
-
-    tune_malloc(SINK_MMAP_THRESHOLD_BYTES)  # payloads of a few hundred KB arrive all the time (see the function)
     try:
         settings = conn.recv()
     except (EOFError, OSError):

@@ -57,7 +57,6 @@ from faust.types import TP
 from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
-from pipeline.malloc import tune_malloc
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
@@ -490,7 +489,6 @@ def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel:
     """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
     from pipeline.sinks.process import open_sink
 
-    tune_malloc()
     sink = open_sink(settings)
     app, _state = build_app(settings, policy, sink)
     tune_gc()
