@@ -111,24 +111,24 @@ class QualityWindows:
         return too_old, reset_rows
 
     def window(self, rows: np.ndarray, lo_slot: np.ndarray | int, hi_slot: np.ndarray | int) -> np.ndarray:
-        """Sums ``[n, sum, sum_sq]`` over short slots in ``[lo_slot, hi_slot)`` (scalars or per row):
-        float64 (len(rows), 3)."""
+        """Sums ``[n, sum, sum_sq]`` over short slots in ``[lo_slot, hi_slot)`` (scalars or per row) for the
+        channels ``rows`` (unique indices): float64 (len(rows), 3)."""
         ids = self.short.slot_id[rows]
         lo = np.broadcast_to(np.asarray(lo_slot, dtype=np.int64), (len(rows),))[:, None]
         hi = np.broadcast_to(np.asarray(hi_slot, dtype=np.int64), (len(rows),))[:, None]
         m = ((ids >= lo) & (ids < hi)).astype(np.float32)
-        return np.matmul(m[:, None, :], self.short.counts[rows])[:, 0, :].astype(np.float64)
+        return self.short.sum_counts(m, rows)
 
     def baseline(self, rows: np.ndarray, end_ms: np.ndarray | int, hours: int) -> tuple[np.ndarray, np.ndarray]:
         """Sums over the ``hours`` complete hours before the hour of ``end_ms`` (scalar or per
-        row), and the hours present.
+        row) for the channels ``rows`` (unique indices), and the hours present.
 
         Returns ``(sums float64 (len(rows), 3), hours_present float64 (len(rows),))``.
         """
         hour = np.broadcast_to(np.asarray(end_ms, dtype=np.int64) // self.base.slot_ms, (len(rows),))[:, None]
         ids = self.base.slot_id[rows]
         m = ((ids >= np.maximum(hour - hours, 0)) & (ids < hour)).astype(np.float32)
-        sums = np.matmul(m[:, None, :], self.base.counts[rows])[:, 0, :].astype(np.float64)
+        sums = self.base.sum_counts(m, rows)
         present = (m * (self.base.counts[rows][:, :, Q_N] > 0)).sum(axis=1).astype(np.float64)
         return sums, present
 

@@ -104,24 +104,6 @@ class WindowView:
     quality_lag_ms: np.ndarray
 
 
-def _window_sums(mask: np.ndarray, cube: np.ndarray, sel: slice | np.ndarray, c: int) -> np.ndarray:
-    """Per selected channel, the sum of ``cube``'s rows over the masked intervals: float64 (n, k).
-
-    ``mask`` float32 (n, n_slots) of 0/1 for the channels ``sel`` (a slice of the first ``c`` rows, or unique
-    indices); ``cube`` (capacity, n_slots, k). Exact for counts below 2**24 (float32 sums of integers).
-    One ``einsum`` (2-4x faster than a batched ``matmul`` of (1, n_slots) @ (n_slots, k) here); when the
-    indices pick at least a quarter of the channels, the mask is spread over all ``c`` rows instead of
-    copying the picked rows of ``cube`` (a round's channels: ~40 KB each).
-    """
-    if isinstance(sel, slice):
-        return np.einsum("cs,csk->ck", mask, cube[sel]).astype(np.float64)
-    if 4 * sel.shape[0] >= c:
-        spread = np.zeros((c, mask.shape[1]), np.float32)
-        spread[sel] = mask
-        return np.einsum("cs,csk->ck", spread, cube[:c])[sel].astype(np.float64)
-    return np.einsum("cs,csk->ck", mask, cube[sel]).astype(np.float64)
-
-
 class WindowStore:
     """Bounded event-time state for all channels of a worker.
 
@@ -280,7 +262,7 @@ class WindowStore:
         if stale.size:
             ids = self.base.slot_id[stale]
             mask = ((ids >= max(hour - self.baseline_hours, 0)) & (ids < hour)).astype(np.float32)
-            hist = np.matmul(mask[:, None, :], self.base.hist[stale])[:, 0, :].astype(np.float64)
+            hist = self.base.sum_hist(mask, stale)
             self._base_vals[stale, 0] = self.buckets.quantile(hist, 0.95, min_count=min_latency)
             self._base_vals[stale, 1] = hist.sum(axis=1)
             self._base_vals[stale, 2] = mask.sum(axis=1)
@@ -297,7 +279,7 @@ class WindowStore:
 
     def view(self, now_ms: int, since_ms: np.ndarray | None = None, min_latency: int = 1,
              min_baseline: int = 1, rows: np.ndarray | None = None) -> WindowView:
-        """Aggregates at event time ``now_ms`` for the channels ``rows`` (default: all).
+        """Aggregates at event time ``now_ms`` for the channels ``rows`` (unique indices; default: all).
 
         Arrays in the result have shape ``(len(rows),)``. ``since_ms`` int64
         (same length as ``rows``) optionally starts each channel's windows at
@@ -323,9 +305,9 @@ class WindowStore:
         ids = ring.slot_id[sel]
         m5 = ((ids >= lo_long[:, None]) & (ids < hi)).astype(np.float32)
         m1 = ((ids >= lo_short[:, None]) & (ids < hi)).astype(np.float32)
-        s5 = _window_sums(m5, ring.counts, sel, c)
-        s1 = _window_sums(m1, ring.counts, sel, c)
-        h5 = _window_sums(m5, ring.hist, sel, c)
+        s5 = ring.sum_counts(m5, sel)
+        s1 = ring.sum_counts(m1, sel)
+        h5 = ring.sum_hist(m5, sel)
         n_lat = h5.sum(axis=1)
         p95 = self.buckets.quantile(h5, 0.95, min_count=min_latency)
         base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline, rows)
