@@ -30,6 +30,10 @@ from pipeline.sinks.retry import FlushRetries
 #: Default buffer bounds: rows, and estimated bytes (64 MiB).
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+#: A buffer is written once it holds 1/FLUSH_SHARE of its row bound: the worker asks for a flush then
+#: (``pipeline.stream.app``), and the sink process writes on its own then (``pipeline.sinks.child``), so a
+#: write is under way long before the bound makes the worker wait.
+FLUSH_SHARE = 4
 
 
 class BoundedBuffer(FlushRetries):

@@ -41,11 +41,9 @@ from typing import Any, Callable
 
 import msgspec
 
-log = logging.getLogger("channel_health.sink_process")
+from pipeline.sinks.buffer import FLUSH_SHARE
 
-#: The sink process writes on its own once it holds 1/AUTOFLUSH_SHARE of the worker's buffer bound
-#: (``sink_max_rows``), the share at which the worker asks for a flush (``pipeline.stream.app``).
-AUTOFLUSH_SHARE = 4
+log = logging.getLogger("channel_health.sink_process")
 
 
 #: An adder's arguments: the sink, the payload, its ``ingested_ms``, its row count and its seq.
@@ -110,7 +108,7 @@ def child_main(conn: Any) -> None:
             inbox.put(None)
 
     threading.Thread(target=read, name="sink-inbox", daemon=True).start()
-    serve(inbox.get, conn.send, sink, _adders(), autoflush_rows=max(1, settings.sink_max_rows // AUTOFLUSH_SHARE))
+    serve(inbox.get, conn.send, sink, _adders(), autoflush_rows=max(1, settings.sink_max_rows // FLUSH_SHARE))
 
 
 def serve(receive: Callable[[], Any], reply: Callable[[Any], None], sink: Any, adders: dict[str, Adder],

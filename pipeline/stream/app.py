@@ -58,6 +58,7 @@ from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.sinks.buffer import FLUSH_SHARE
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
@@ -221,7 +222,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                     await wait_flushed()
             pending = state.sink.pending_rows
             state.peak_pending_rows = max(state.peak_pending_rows, pending)
-            if pending * 4 >= getattr(state.sink, "max_rows", 1 << 62):
+            if pending * FLUSH_SHARE >= getattr(state.sink, "max_rows", 1 << 62):
                 state.flush_kick.set()  # type: ignore[union-attr]
                 await asyncio.sleep(0)  # let the flusher start now: the agent may not yield before the buffer is full
 
