@@ -244,6 +244,7 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
     from pipeline.bench.consume import open_reader
     from pipeline.contracts import encode
     from pipeline.engine import Engine
+    from pipeline.sinks.buffer import FLUSH_SHARE
     from pipeline.sinks.errors import SinkBackpressure
     from pipeline.sinks.process import open_sink
     from pipeline.stream.processor import BatchProcessor
@@ -318,7 +319,7 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
                     except SinkBackpressure:
                         kick.set()
                         await asyncio.sleep(0.01)
-            if sink.pending_rows * 2 >= sink.max_rows:
+            if sink.pending_rows * FLUSH_SHARE >= sink.max_rows:  # as the worker (pipeline.stream.app)
                 kick.set()
             add_s += time.perf_counter() - t2
         while sink.pending_rows:
