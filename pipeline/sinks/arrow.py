@@ -1,10 +1,12 @@
 """Arrow blocks for ClickHouse inserts: type mapping and row/column conversion.
 
-The sink buffers and writes pyarrow tables (``client.insert_arrow``): the
-Python cost per value is one list element handed to ``pyarrow.array``
-(C++), and ClickHouse parses the Arrow stream natively, instead of
-clickhouse-connect serialising every value in Python (≈ 2.6× less CPU per
-``request_events`` row, see README "Throughput"). Types follow the
+:class:`~pipeline.sinks.table.TableSink` (the verdict and quality tables)
+buffers and writes pyarrow tables (``client.insert_arrow``): the Python cost
+per value is one list element handed to ``pyarrow.array`` (C++), and
+ClickHouse parses the Arrow stream natively, instead of clickhouse-connect
+serialising every value in Python; pyarrow also checks every value against
+its column's type when the rows are added, not at the insert.
+(``request_events`` rows go as JSON, :mod:`pipeline.sinks.json_table`.) Types follow the
 ClickHouse ↔ Arrow table of the ClickHouse docs (Formats → Arrow):
 ``DateTime64(3, 'UTC')`` is an Arrow ``timestamp('ms', 'UTC')`` built from
 UTC epoch milliseconds, so no value is ever read as local time.
@@ -83,8 +85,3 @@ def rows_to_table(rows: Iterable[tuple], columns: Sequence[str], types: Sequence
             raise ValueError(f"row has {len(row)} values, expected {width}: {row[:3]!r}...")
     cols = list(zip(*rows)) if rows else [()] * width
     return pa.table([column_array(c, t) for c, t in zip(cols, types)], names=list(columns))
-
-
-def schema_of(columns: Sequence[str], types: Sequence[pa.DataType]) -> pa.Schema:
-    """The Arrow schema of a table's blocks."""
-    return pa.schema(list(zip(columns, types)))

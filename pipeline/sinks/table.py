@@ -3,8 +3,7 @@
 Contract with the caller (who owns the Kafka offsets):
 
 1. :meth:`TableSink.add` buffers rows (tuples in column order, built by
-   :mod:`pipeline.sinks.rows`), :meth:`TableSink.add_block` an Arrow table
-   built column by column (the hot path of ``request_events``). If the
+   :mod:`pipeline.sinks.rows`) as an Arrow block. If the
    buffer already holds rows and the new ones would take it over
    ``max_rows`` or ``max_bytes``, nothing is added and
    :class:`~pipeline.sinks.errors.SinkBackpressure` is raised: pause
@@ -32,7 +31,7 @@ from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
-from pipeline.sinks.arrow import arrow_type, rows_to_table, schema_of
+from pipeline.sinks.arrow import arrow_type, rows_to_table
 from pipeline.sinks.buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, BoundedBuffer
 from pipeline.sinks.errors import SinkSetupError, SinkWriteError
 
@@ -77,7 +76,6 @@ class TableSink(BoundedBuffer):
         if len(self.column_types) != len(self.columns):
             raise ValueError(f"{len(self.columns)} columns but {len(self.column_types)} column types")
         self.arrow_types = tuple(arrow_type(t) for t in self.column_types)
-        self.schema = schema_of(self.columns, self.arrow_types)
         self._blocks: list[pa.Table] = []  # bytes counted: the Arrow buffers (``pyarrow.Table.nbytes``)
 
     def add(self, rows: Iterable[tuple]) -> None:
@@ -94,15 +92,6 @@ class TableSink(BoundedBuffer):
             raise ValueError(f"{self.table}: {exc}") from exc
         except TypeError as exc:  # pyarrow.ArrowTypeError
             raise ValueError(f"{self.table}: a value does not fit its column: {exc}") from exc
-        self.add_block(block)
-
-    def add_block(self, block: pa.Table) -> None:
-        """Buffer an Arrow table with this table's columns and types (e.g. from :func:`pipeline.sinks.rows.event_block`).
-
-        Raises ``ValueError`` when its schema differs, ``SinkBackpressure`` as :meth:`add`.
-        """
-        if block.schema != self.schema:
-            raise ValueError(f"{self.table}: block schema {block.schema} differs from the table's {self.schema}")
         n, size = block.num_rows, block.nbytes
         if n == 0:
             return
