@@ -103,21 +103,26 @@ class _Counters:
             return out
 
         processor.process = process
-        # request_events rows: a ProcessSink reports them per table, an in-process sink has the table's own flush
-        owner = sink if hasattr(sink, "written") else sink.events
-        flush = owner.flush
+        # request_events rows (as rows and as whole envelopes): a ProcessSink counts them per table in
+        # ``written``, an in-process sink's flush_counts returns them
+        tables = ("events", "event_batches")
+        in_process = not hasattr(sink, "written")
+        flush = sink.flush_counts if in_process else sink.flush
 
-        def counted_flush() -> int:
+        def counted_flush() -> Any:
             t = time.perf_counter()
-            before = sink.written["events"] if owner is sink else 0
-            n = flush()
-            n = sink.written["events"] - before if owner is sink else n
+            before = 0 if in_process else sum(sink.written[name] for name in tables)
+            out = flush()
+            n = sum(out[name] for name in tables) if in_process else sum(sink.written[name] for name in tables) - before
             self.flush_s += time.perf_counter() - t
             self.rows_written += n
             self.flushes += 1 if n else 0
-            return n
+            return out
 
-        owner.flush = counted_flush
+        if in_process:
+            sink.flush_counts = counted_flush
+        else:
+            sink.flush = counted_flush
         pid = getattr(sink, "pid", None)
         if pid is not None:  # the sink process's CPU counts in events_per_cpu_s
             import psutil
@@ -311,7 +316,8 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
             t2 = time.perf_counter()
             delays.extend((v.ts_ms, round((t2 - fetched) * 1000, 1)) for v in out.verdicts)
             publish_s += t2 - t
-            for add, rows in ((sink.add_events, out.stored), (sink.add_verdicts, out.verdicts)):
+            for add, rows in ((sink.add_events, out.stored), (sink.add_event_batches, out.envelopes),
+                              (sink.add_verdicts, out.verdicts)):
                 while rows:
                     try:
                         add(rows)

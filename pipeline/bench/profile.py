@@ -8,7 +8,8 @@ messages), with an engine already holding the 1,000 channels' 24 h state
 - ``validate_decode``: :class:`pipeline.ingest.decode.Decoder` (decode + checks);
 - ``engine``: :meth:`pipeline.engine.Engine.process` on decoded events;
 - ``processor``: :meth:`BatchProcessor.process` (decode + engine + outputs);
-- ``sink_rows``: :meth:`ClickHouseSink.add_events` (the batch's ``request_events`` rows as one JSON payload);
+- ``sink_rows``: :meth:`ClickHouseSink.add_events` and ``add_event_batches`` (the batch's
+  ``request_events`` rows: whole envelopes as they came, the other events as one JSON payload);
 - ``sink_insert_wall``: :meth:`ClickHouseSink.flush` (chDB parses the JSON and inserts; wall time).
 
 Figures are microseconds of CPU per event (``time.process_time``), so they
@@ -100,7 +101,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
                                                  clickhouse_url=f"chdb://{scratch_dir(args, 'chdb-')}"))
     add = ins = 0.0
     for k, out in enumerate(outs):
-        t, _ = _cpu(lambda: sink.add_events(out.stored))
+        t, _ = _cpu(lambda: (sink.add_events(out.stored), sink.add_event_batches(out.envelopes)))
         add += t
         if sink.pending_rows >= 50_000 or k == len(outs) - 1:  # the worker flushes about once a second
             w0 = time.perf_counter()

@@ -53,6 +53,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         t = time.perf_counter()
         out = processor.process([v for _, v in msgs])
         sink.add_events(out.stored)
+        sink.add_event_batches(out.envelopes)
         sink.add_verdicts(out.verdicts)
         sink.flush()
         busy += time.perf_counter() - t

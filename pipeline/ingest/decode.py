@@ -48,10 +48,39 @@ _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", floa
 
 class DecodeResult(msgspec.Struct):
     """What one Kafka message decoded to: accepted ``events`` (in message
-    order) and ``dead_letters`` (in message order)."""
+    order) and ``dead_letters`` (in message order).
+
+    ``envelope``: the message's bytes when they can stand for ``events``
+    as they are (see :func:`storable_envelope`), else None.
+    """
 
     events: list[RequestEvent]
     dead_letters: list[DeadLetter]
+    envelope: bytes | None = None
+
+
+def storable_envelope(raw: bytes, result: DecodeResult) -> bool:
+    """Whether a batch envelope's bytes say exactly what ``result`` holds, to store as they are.
+
+    ClickHouse then reads the envelope itself (``pipeline.sinks.batches``),
+    so its JSON reader must see the same events msgspec did: every element
+    accepted (no dead letter), none carrying a text (texts are cut and
+    checked here, not stored), ``"events"`` once (msgspec keeps the last of
+    a repeated key, ClickHouse the first), no ``\\u`` escape (a key spelled
+    with one, e.g. ``"\\u0065vent_id"``, is the same key to msgspec but a
+    different one to ClickHouse), one line (the envelopes of an insert are
+    one per line). C-level scans only; a message that fails is stored as
+    rows, as before.
+
+    >>> ok = DecodeResult([RequestEvent(event_id="e", ts_ms=0, channel="c", route="r", status="ok",
+    ...                                 latency_ms=1.0)], [])
+    >>> storable_envelope(b'{"events": [{"event_id": "e"}]}', ok)
+    True
+    >>> storable_envelope(b'{"events": [{"\\u0065vent_id": "e"}]}', ok)
+    False
+    """
+    return (not result.dead_letters and raw.count(b'"events"') == 1 and b"\\u" not in raw
+            and b"\n" not in raw and not any(carries_texts(result.events)))
 
 
 class _TypedBatch(msgspec.Struct):
@@ -150,8 +179,13 @@ class Decoder:
             counters.add_dead_letter(dead.reason)
         return result
 
-    def decode_many(self, raws: Sequence[Any], now_ms: int) -> tuple[list[RequestEvent], list[int], list[DeadLetter]]:
-        """Decode several message values, in order: ``(events, owner, dead_letters)``.
+    def decode_many(self, raws: Sequence[Any], now_ms: int) -> tuple[list[RequestEvent], list[int], list[DeadLetter],
+                                                                     list[tuple[int, bytes, int]]]:
+        """Decode several message values, in order: ``(events, owner, dead_letters, envelopes)``.
+
+        ``envelopes``: ``(message index, bytes, events)`` of the messages whose
+        bytes stand for their events as they are (:attr:`DecodeResult.envelope`),
+        in message order.
 
         ``owner[i]`` is the index in ``raws`` of the message ``events[i]`` came
         from; events and dead letters are in message order. The results and
@@ -163,8 +197,9 @@ class Decoder:
         """
         fast, fast_at, full = self._lean_singles(raws, now_ms)
         if not full:
-            return fast, fast_at, []
+            return fast, fast_at, [], []
         results = {k: self.decode(raws[k], now_ms) for k in full}
+        envelopes = [(k, res.envelope, len(res.events)) for k, res in results.items() if res.envelope is not None]
         events: list[RequestEvent] = []
         owner: list[int] = []
         dead: list[DeadLetter] = []
@@ -180,7 +215,7 @@ class Decoder:
             events.extend(res.events)
             owner.extend(repeat(k, len(res.events)))
             dead.extend(res.dead_letters)
-        return events, owner, dead
+        return events, owner, dead, envelopes
 
     def _lean_singles(self, raws: Sequence[Any], now_ms: int) -> tuple[list[RequestEvent], list[int], list[int]]:
         """The lean path of :meth:`decode_many`: ``(events, their message indices, indices of the messages
@@ -250,7 +285,10 @@ class Decoder:
             except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 pass
             else:
-                return self._finish_batch(batch.events, raw, None, now_ms)
+                result = self._finish_batch(batch.events, raw, None, now_ms)
+                if storable_envelope(raw, result):
+                    result.envelope = raw
+                return result
         else:
             try:
                 event = self._event_decoder.decode(raw)

@@ -5,7 +5,8 @@ until the parent sends ``("close",)`` or its end of the pipe closes (the
 parent exited or was killed). A reader thread drains the pipe into a queue
 while the main thread buffers and inserts, so the parent's ``send`` never
 waits for an insert to finish. ``request_events`` payloads are JSON rows
-that ClickHouse parses itself (:class:`~pipeline.sinks.json_table.JsonTableSink`):
+that ClickHouse parses itself (:class:`~pipeline.sinks.json_table.JsonTableSink`),
+and whole batch envelopes (:mod:`pipeline.sinks.batches`):
 they are buffered as they come, with no Python per row; the other tables'
 payloads are msgpack, decoded into Arrow columns here.
 
@@ -58,6 +59,7 @@ def _adders() -> dict[str, Adder]:
     rows = msgspec.msgpack.Decoder(list[tuple])
     return {
         "events": lambda sink, p, at, n, seq: sink.add_event_payload(p, n, seq),
+        "event_batches": lambda sink, p, at, n, seq: sink.add_event_batch_payload(p, n, seq),
         "verdicts": lambda sink, p, at, n, seq: sink.add_verdicts(verdicts.decode(p), at),
         "quality_scores": lambda sink, p, at, n, seq: sink.add_quality_scores(rows.decode(p)),
         "quality_labels": lambda sink, p, at, n, seq: sink.add_quality_labels(rows.decode(p)),

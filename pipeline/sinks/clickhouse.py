@@ -4,6 +4,7 @@
 
     sink = ClickHouseSink.from_settings(settings)   # opens the client, applies the DDL
     sink.add_events(batch.stored)                   # [(RequestEvent, parse_ok, missing_fields)]: one JSON payload
+    sink.add_event_batches(batch.envelopes)         # [(envelope bytes, events)]: the messages as they came
     sink.add_verdicts(batch.verdicts)               # [Verdict]
     await asyncio.to_thread(sink.flush)             # then commit offsets
 
@@ -15,8 +16,10 @@ do not commit offsets). Rows are written with UTC epoch-millisecond
 timestamps; re-writing is idempotent (ReplacingMergeTree, read with FINAL).
 ``request_events`` rows go through :class:`~pipeline.sinks.json_table.JsonTableSink`
 (JSON payloads that ClickHouse parses itself; a payload it cannot read is
-dropped, logged at ERROR and counted in ``rejected``), the other tables
-through Arrow :class:`TableSink` buffers.
+dropped, logged at ERROR and counted in ``rejected``), whole batch
+envelopes through a second one (``event_batches``, :mod:`pipeline.sinks.batches`:
+an envelope payload ClickHouse refuses is written as rows instead), the
+other tables through Arrow :class:`TableSink` buffers.
 
 Row builders (:func:`event_row`, :func:`verdict_row`, :func:`quality_row`,
 :func:`label_row`) live in :mod:`pipeline.sinks.rows` and are re-exported here.
@@ -30,9 +33,11 @@ from typing import Any, Iterable, Sequence
 from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkSetupError, SinkWriteError
+from pipeline.sinks.batches import envelopes_payload, salvage_into
 from pipeline.sinks.json_table import JsonTableSink
 from pipeline.sinks.retry import FlushRetries
 from pipeline.sinks.rows import (
+    EVENT_BATCHES_TABLE,
     EVENTS_INPUT_TABLE,
     EVENTS_TABLE,
     QUALITY_LABEL_COLUMNS,
@@ -82,10 +87,12 @@ class ClickHouseSink(FlushRetries):
         bounds = {"max_rows": max_rows, "max_bytes": max_bytes}
         self.client = client
         self.events = JsonTableSink(client, EVENTS_TABLE, via=EVENTS_INPUT_TABLE, **bounds)
+        self.event_batches = JsonTableSink(client, EVENTS_TABLE, via=EVENT_BATCHES_TABLE, fmt="JSONEachRow",
+                                           salvage=salvage_into(self.events), **bounds)
         self.verdicts = TableSink(client, VERDICTS_TABLE, VERDICT_COLUMNS, **bounds)
         self.quality_scores = TableSink(client, QUALITY_SCORES_TABLE, QUALITY_SCORE_COLUMNS, **bounds)
         self.quality_labels = TableSink(client, QUALITY_LABELS_TABLE, QUALITY_LABEL_COLUMNS, **bounds)
-        self._tables = (self.events, self.verdicts, self.quality_scores, self.quality_labels)
+        self._tables = tuple(getattr(self, name) for name in TABLE_NAMES)
         # The first conversion of Python values makes pyarrow import pandas (~0.25 s, 400 modules): pay it
         # here, at start-up, rather than on the first batch of the stream.
         self.verdicts.add([])
@@ -124,7 +131,7 @@ class ClickHouseSink(FlushRetries):
     @property
     def rejected(self) -> dict[str, int]:
         """Rows per table that ClickHouse could not read and that were dropped (logged at ERROR) since the start."""
-        return {name: self.events.rejected_rows if name == "events" else 0 for name in TABLE_NAMES}
+        return {name: getattr(table, "rejected_rows", 0) for name, table in zip(TABLE_NAMES, self._tables)}
 
     @property
     def pending_rows(self) -> int:
@@ -151,10 +158,27 @@ class ClickHouseSink(FlushRetries):
         """
         self.events.add_payload(payload, rows, tag)
 
+    def add_event_batches(self, envelopes: Iterable[tuple[bytes, int]]) -> None:
+        """Buffer the ``request_events`` rows of whole batch envelopes, ``(message bytes, events)`` as in
+        ``ProcessedBatch.envelopes``, as one payload (:func:`~pipeline.sinks.batches.envelopes_payload`).
+
+        Raises ``ValueError`` for bytes that are not a JSON object and
+        :class:`SinkBackpressure`; in both cases nothing is buffered.
+        """
+        envelopes = envelopes if isinstance(envelopes, list) else list(envelopes)
+        if envelopes:
+            self.event_batches.add_payload(*envelopes_payload(envelopes))
+
+    def add_event_batch_payload(self, payload: bytes, rows: int, tag: Any = None) -> None:
+        """Buffer an :func:`~pipeline.sinks.batches.envelopes_payload` of ``rows`` events (as
+        :meth:`add_event_payload`)."""
+        self.event_batches.add_payload(payload, rows, tag)
+
     def take_rejected(self) -> list[tuple[Any, str, int, str]]:
         """Payloads dropped by flushes since the last call (ClickHouse could not read them), as
         ``(tag, table, rows, reason)``; they stay counted in :attr:`rejected`."""
-        return [(tag, "events", rows, reason) for tag, rows, reason in self.events.take_rejected()]
+        return [(tag, name, rows, reason) for name in ("events", "event_batches")
+                for tag, rows, reason in getattr(self, name).take_rejected()]
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Buffer ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing buffered)."""
@@ -172,14 +196,13 @@ class ClickHouseSink(FlushRetries):
     def flush(self) -> int:
         """Write every table's buffer; return the rows written.
 
-        Tables are flushed in order (events, verdicts, quality scores,
-        labels); the first failure raises :class:`SinkWriteError` and leaves
+        Tables are flushed in the order of ``TABLE_NAMES`` (events, event
+        batches, verdicts, quality scores, labels); the first failure raises :class:`SinkWriteError` and leaves
         that table's rows and those of the tables after it buffered (tables
         before it were written and are not rewritten).
         """
         return sum(self.flush_counts().values())
 
     def flush_counts(self) -> dict[str, int]:
-        """:meth:`flush`, returning the rows written per table (``events``, ``verdicts``, ``quality_scores``,
-        ``quality_labels``); raises as :meth:`flush`."""
-        return {name: getattr(self, name).flush() for name in TABLE_NAMES}
+        """:meth:`flush`, returning the rows written per table (``TABLE_NAMES``); raises as :meth:`flush`."""
+        return {name: table.flush() for name, table in zip(TABLE_NAMES, self._tables)}

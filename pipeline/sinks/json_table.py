@@ -6,10 +6,12 @@ returns once ClickHouse accepted the rows, else
 :class:`~pipeline.sinks.errors.SinkBackpressure` when full), but what it
 buffers is payloads: each a JSON array of rows (``msgspec.json.encode`` of a
 list), e.g. one batch's ``request_events`` rows from
-:func:`pipeline.sinks.rows.event_payload`. A flush joins the buffered
-payloads into one ``JSONCompactEachRow`` insert into an input table
-(``request_events_input``, ``infra/clickhouse/006_request_events_input.sql``)
-whose materialized view writes the target table. ClickHouse parses the
+:func:`pipeline.sinks.rows.event_payload`, or (``fmt="JSONEachRow"``) JSON
+objects one per line, e.g. whole batch envelopes (:mod:`pipeline.sinks.batches`).
+A flush joins the buffered payloads into one insert into an input table
+(``request_events_input``, ``infra/clickhouse/006_request_events_input.sql``;
+``request_event_batches``, ``007_request_event_batches.sql``) whose
+materialized view writes the target table. ClickHouse parses the
 values natively, so neither the worker nor the sink process touches a value
 in Python: measured on chDB, 2.3 µs of CPU per ``request_events`` row for
 parse + convert + insert, against 5.8 µs for decode → Arrow columns → insert
@@ -19,6 +21,7 @@ A payload ClickHouse cannot parse (a bug: rows come from validated
 contract objects) must not stall every later flush: when an insert fails
 with a data error (a ClickHouse parse or type error code, :data:`DATA_ERROR_CODES`)
 the payloads are inserted one by one, and one that fails on its own is
+handed to the sink's ``salvage`` (if any) to be written another way, else
 dropped, logged at ERROR and reported by :meth:`JsonTableSink.take_rejected`.
 Any other failure (ClickHouse unreachable, a timeout) keeps every row.
 """
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from pipeline.sinks.buffer import DEFAULT_MAX_BYTES, DEFAULT_MAX_ROWS, BoundedBuffer
 from pipeline.sinks.errors import SinkWriteError
@@ -50,14 +53,23 @@ _CODE = re.compile(r"Code: (\d+)")
 #: array), true/false read as 1/0. ``input_format_parallel_parsing=0``: one thread parses one insert,
 #: measured on chDB 2.3 against 3.2 µs of CPU per row with parallel parsing (small inserts, two cores).
 #: ``optimize_on_insert=0``: see :data:`pipeline.sinks.table.INSERT_SETTINGS`.
+#: ``input_format_skip_unknown_fields`` / ``input_format_json_read_arrays_as_strings``: for
+#: ``JSONEachRow`` envelopes (:mod:`pipeline.sinks.batches`): top-level keys other than ``events`` are
+#: skipped, a JSON array read into a String element keeps its JSON text (``missing_fields``).
 INSERT_SETTINGS = {
     "input_format_json_ignore_unknown_keys_in_named_tuple": 1,
     "input_format_json_defaults_for_missing_elements_in_named_tuple": 1,
     "input_format_null_as_default": 1,
     "input_format_json_read_bools_as_numbers": 1,
+    "input_format_skip_unknown_fields": 1,
+    "input_format_json_read_arrays_as_strings": 1,
     "input_format_parallel_parsing": 0,
     "optimize_on_insert": 0,
 }
+
+#: The payloads each input format takes: ``JSONCompactEachRow``, a JSON array of rows (``[row, ...]``),
+#: joined by their elements; ``JSONEachRow``, JSON objects one per line, joined by a line break.
+FORMATS = ("JSONCompactEachRow", "JSONEachRow")
 
 
 def is_data_error(exc: BaseException) -> bool:
@@ -79,15 +91,25 @@ class JsonTableSink(BoundedBuffer):
     ``table``: the ``database.table`` the rows end up in (named in errors and
     logs); ``via``: the input table inserted into (e.g.
     ``channel_health.request_events_input``), ``table`` itself by default.
-    ``max_rows`` / ``max_bytes``: buffer bounds (bytes: payload sizes), >= 1,
-    else ``ValueError``. Thread-safety as :class:`~pipeline.sinks.table.TableSink`.
+    ``fmt``: the payloads' format, one of :data:`FORMATS`. ``salvage``:
+    called with a payload ClickHouse refused as data, to write its rows
+    another way (e.g. re-encoded, :func:`pipeline.sinks.batches.salvage`);
+    the payload is dropped only when that raises a data error too.
+    ``max_rows`` / ``max_bytes``: buffer bounds (bytes: payload sizes), >= 1.
+    Raises ``ValueError`` for a bad bound or format. Thread-safety as
+    :class:`~pipeline.sinks.table.TableSink`.
     """
 
-    def __init__(self, client: Any, table: str, *, via: str | None = None, max_rows: int = DEFAULT_MAX_ROWS,
+    def __init__(self, client: Any, table: str, *, via: str | None = None, fmt: str = "JSONCompactEachRow",
+                 salvage: Callable[[bytes], None] | None = None, max_rows: int = DEFAULT_MAX_ROWS,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"{table}: format must be one of {FORMATS}, got {fmt!r}")
         super().__init__(table, max_rows, max_bytes)
         self.client = client
         self.via = via or table
+        self.fmt = fmt
+        self.salvage = salvage
         #: Buffered ``(payload, rows, tag)``; ``tag`` is the caller's name for the payload in rejections.
         #: Bytes counted: the payloads' sizes.
         self._items: list[tuple[bytes, int, Hashable]] = []
@@ -96,17 +118,20 @@ class JsonTableSink(BoundedBuffer):
         self.rejected_rows = 0
 
     def add_payload(self, payload: bytes, rows: int, tag: Hashable = None) -> None:
-        """Buffer one payload: a JSON array of ``rows`` rows (``rows`` >= 0; an empty one is ignored).
+        """Buffer one payload of ``rows`` rows (``rows`` >= 0; an empty one is ignored), as :data:`FORMATS` says.
 
         ``tag``: returned with the payload by :meth:`take_rejected` if it is
         dropped. Raises ``ValueError`` when ``payload`` is not a JSON array
-        (its first byte is not ``[``), :class:`SinkBackpressure` (nothing
-        buffered) when the buffer holds rows and would exceed a bound.
+        (``JSONCompactEachRow``) or an object (``JSONEachRow``) by its first
+        and last bytes, :class:`SinkBackpressure` (nothing buffered) when the
+        buffer holds rows and would exceed a bound.
         """
         if rows <= 0:
             return
-        if payload[:1] != b"[" or payload[-1:] != b"]":
-            raise ValueError(f"{self.table}: a payload must be a JSON array of rows, got {payload[:40]!r}...")
+        ends = b"[]" if self.fmt == "JSONCompactEachRow" else b"{}"
+        if payload[:1] != ends[:1] or payload[-1:] != ends[1:]:
+            what = "a JSON array of rows" if self.fmt == "JSONCompactEachRow" else "JSON objects, one per line"
+            raise ValueError(f"{self.table}: a payload must be {what}, got {payload[:40]!r}...")
         with self._lock:
             self._take_room(rows, len(payload))
             self._items.append((payload, rows, tag))
@@ -157,7 +182,14 @@ class JsonTableSink(BoundedBuffer):
                 self._insert([item])
                 written += rows
             except Exception as exc:
-                if not is_data_error(exc):
+                unreadable = is_data_error(exc)
+                if unreadable and self.salvage is not None:
+                    exc = self._salvaged(payload, rows, exc)
+                    if exc is None:
+                        written += rows
+                        continue
+                    unreadable = is_data_error(exc) or isinstance(exc, ValueError)  # (msgspec's errors are)
+                if not unreadable:
                     self._forget(items[:done])
                     raise self._write_error(items[done:], exc) from exc
                 reason = _first_line(exc)
@@ -168,10 +200,27 @@ class JsonTableSink(BoundedBuffer):
                     self.rejected_rows += rows
         return written
 
+    def _salvaged(self, payload: bytes, rows: int, refused: Exception) -> Exception | None:
+        """Write a payload ClickHouse refused through ``salvage``; None when done, else the error it raised."""
+        try:
+            self.salvage(payload)  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - judged by the caller like an insert error
+            return exc
+        log.warning("%s: ClickHouse refused a payload of %d rows as it came (%s); wrote its rows re-encoded",
+                    self.table, rows, _first_line(refused))
+        return None
+
     def _insert(self, items: list[tuple[bytes, int, Hashable]]) -> None:
-        # rows of all payloads, one JSON array's elements (memoryview slices: the payloads are copied once)
-        body = b",".join(memoryview(payload)[1:-1] for payload, _, _ in items)
-        self.client.raw_insert(self.via, insert_block=body, fmt="JSONCompactEachRow", settings=INSERT_SETTINGS)
+        if self.fmt == "JSONCompactEachRow":  # rows of all payloads, one JSON array's elements
+            body = b",".join(memoryview(payload)[1:-1] for payload, _, _ in items)  # (slices: copied once)
+        else:
+            body = b"\n".join(payload for payload, _, _ in items)
+        self.client.raw_insert(self.via, insert_block=body, fmt=self.fmt, settings=INSERT_SETTINGS)
+
+    def write_now(self, payload: bytes) -> None:
+        """Insert one payload at once, outside the buffer (raises the client's error, e.g. for
+        :func:`is_data_error`); for a salvage of another sink."""
+        self._insert([(payload, 0, None)])
 
     def _forget(self, items: list[tuple[bytes, int, Hashable]]) -> None:
         """Take ``items`` (the buffer's first ``len(items)``: adds only append) off the buffer."""

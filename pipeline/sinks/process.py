@@ -7,10 +7,13 @@ one interpreter, and an embedded chDB adds ~400 MB to the worker's memory.
 batch's rows as one payload to a child process (:mod:`pipeline.sinks.child`)
 that writes them: ``request_events`` rows as the JSON that ClickHouse parses
 itself (:func:`~pipeline.sinks.rows.event_payload`, 0.4–0.7 µs per event
-to encode; the child does not look inside), the other tables' rows as msgpack::
+to encode; the child does not look inside), whole batch envelopes as the
+messages' own bytes (:mod:`pipeline.sinks.batches`), the other tables'
+rows as msgpack::
 
     sink = ProcessSink(settings)        # starts the sink process; raises its set-up error here
     sink.add_events(batch.stored)       # may raise SinkBackpressure (nothing added)
+    sink.add_event_batches(batch.envelopes)
     sink.add_verdicts(batch.verdicts)
     await asyncio.to_thread(sink.flush)  # returns once every row added before it is written
     sink.close()
@@ -45,6 +48,7 @@ from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkWriteError
 from pipeline.sinks.link import SinkChild, describe_exit
 from pipeline.sinks.retry import FlushRetries
+from pipeline.sinks.batches import envelopes_payload
 from pipeline.sinks.rows import TABLE_NAMES, event_payload, now_ms
 
 log = logging.getLogger(__name__)
@@ -162,6 +166,14 @@ class ProcessSink(FlushRetries):
         stored = stored if isinstance(stored, list) else list(stored)
         if stored:
             self._add("events", event_payload(stored), len(stored), 0)
+
+    def add_event_batches(self, envelopes: Iterable[tuple[bytes, int]]) -> None:
+        """Add the ``request_events`` rows of whole batch envelopes (as ``ClickHouseSink``): one payload of
+        the messages' bytes. Raises :class:`SinkBackpressure` (nothing added)."""
+        envelopes = envelopes if isinstance(envelopes, list) else list(envelopes)
+        if envelopes:
+            payload, rows = envelopes_payload(envelopes)
+            self._add("event_batches", payload, rows, 0)
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Add ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing added)."""

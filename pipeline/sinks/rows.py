@@ -21,11 +21,14 @@ from pipeline.storage import DATABASE
 EVENTS_TABLE = f"{DATABASE}.request_events"
 #: Where ``request_events`` rows are inserted (Null engine; its view writes ``request_events``).
 EVENTS_INPUT_TABLE = f"{DATABASE}.request_events_input"
+#: Where whole batch envelopes are inserted (Null engine; its view writes ``request_events``; :mod:`.batches`).
+EVENT_BATCHES_TABLE = f"{DATABASE}.request_event_batches"
 VERDICTS_TABLE = f"{DATABASE}.channel_verdicts"
 QUALITY_SCORES_TABLE = f"{DATABASE}.quality_scores"
 QUALITY_LABELS_TABLE = f"{DATABASE}.quality_labels"
-#: The sinks' tables by short name, in flush order (``ClickHouseSink`` attributes; ``ProcessSink`` counters).
-TABLE_NAMES = ("events", "verdicts", "quality_scores", "quality_labels")
+#: The sinks' tables by short name, in flush order (``ClickHouseSink`` attributes; ``ProcessSink`` counters);
+#: ``event_batches``: ``request_events`` rows that come as whole envelopes (:mod:`pipeline.sinks.batches`).
+TABLE_NAMES = ("events", "event_batches", "verdicts", "quality_scores", "quality_labels")
 
 EVENT_COLUMNS: tuple[str, ...] = (
     "event_id", "ts", "channel", "route", "tier", "status", "latency_ms", "ttft_ms",

@@ -96,8 +96,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
               datadir: str | None = None) -> tuple[faust.App, WorkerState]:
     """Create the faust app, its topics, the agent, the sink flusher and the timers.
 
-    ``sink``: an object with ``add_events(rows)``, ``add_verdicts(verdicts)``,
-    ``flush()`` and ``pending_rows`` (see :mod:`pipeline.sinks.clickhouse`),
+    ``sink``: an object with ``add_events(rows)``, ``add_event_batches(envelopes)``,
+    ``add_verdicts(verdicts)``, ``flush()`` and ``pending_rows`` (see :mod:`pipeline.sinks.clickhouse`),
     or None to skip storage.
     """
     topics = settings.topics
@@ -207,7 +207,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             return
         from pipeline.sinks.errors import SinkBackpressure
 
-        steps = ((state.sink.add_events, out.stored), (state.sink.add_verdicts, out.verdicts))
+        steps = ((state.sink.add_events, out.stored), (state.sink.add_event_batches, out.envelopes),
+                 (state.sink.add_verdicts, out.verdicts))
         for add, rows in steps:
             if not rows:
                 continue

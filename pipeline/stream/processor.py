@@ -24,7 +24,7 @@ from typing import Callable, Collection, Mapping, Sequence
 import numpy as np
 
 from pipeline.contracts import RequestEvent, Verdict, encode
-from pipeline.engine import Engine
+from pipeline.engine import BatchResult, Engine
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
@@ -42,13 +42,18 @@ class ProcessedBatch:
     """Outputs of one batch.
 
     ``verdicts`` in publication order; ``dead_letters`` (invalid or late
-    input); ``stored`` rows ``(event, parse_ok, missing_fields)`` for the
-    ``request_events`` table.
+    input); the ``request_events`` rows as ``stored`` rows ``(event,
+    parse_ok, missing_fields)`` and ``envelopes``: ``(message bytes,
+    events)`` of the batch envelopes whose every event is stored as the
+    message holds it (:func:`pipeline.ingest.decode.storable_envelope`, none
+    late), which ClickHouse reads itself (:mod:`pipeline.sinks.batches`);
+    their events are not in ``stored``.
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stored: list[tuple[RequestEvent, bool | None, list[str] | None]] = field(default_factory=list)
+    envelopes: list[tuple[bytes, int]] = field(default_factory=list)
 
 
 class BatchProcessor:
@@ -161,7 +166,9 @@ class BatchProcessor:
         now = self.clock_ms()
         given = partitions is not None and offsets is not None
         track = given and self._may_be_covered(partitions, offsets)  # type: ignore[arg-type]
-        events, owner, out.dead_letters = self.decoder.decode_many(raws, now)
+        events, owner, out.dead_letters, envelopes = self.decoder.decode_many(raws, now)
+        if track:  # events a snapshot covers go to ``stored`` on their own (below): keep their messages as rows
+            envelopes = []
         origin: list[tuple[int, int]] = []
         if partitions is not None and events:
             parts = list(map(partitions.__getitem__, owner))
@@ -184,7 +191,9 @@ class BatchProcessor:
             result = self.engine.process(events, low_watermark_ms=self.low_watermark_ms() or 0)
         out.verdicts.extend(result.verdicts)
         late.extend(result.late)
-        if result.accepted:  # (event, parse_ok, missing_fields) tuples built by zip in C: ~0.15 µs per event less
+        if envelopes:
+            self._take_envelopes(envelopes, events, owner, result, out)
+        elif result.accepted:  # (event, parse_ok, missing_fields) tuples built by zip in C: ~0.15 µs per event less
             out.stored.extend(zip(result.accepted, *zip(*result.structure)))
         for e in late:
             idx = self.engine.store._index.get(e.channel)
@@ -198,6 +207,24 @@ class BatchProcessor:
             self.counters.add_dead_letter("late_event")
         self.verdicts_out += len(out.verdicts)
         return out
+
+    @staticmethod
+    def _take_envelopes(envelopes: list[tuple[int, bytes, int]], events: list[RequestEvent], owner: list[int],
+                        result: BatchResult, out: ProcessedBatch) -> None:
+        """Put the storable envelopes none of whose events is late in ``out.envelopes``, the other accepted
+        events in ``out.stored``. When every message is such an envelope (the common case) no event is
+        looked at; else each accepted event's message is found by identity."""
+        whole = {k: (raw, n) for k, raw, n in envelopes}
+        own: dict[int, int] | None = None
+        if result.late:
+            own = dict(zip(map(id, events), owner))
+            for e in result.late:
+                whole.pop(own[id(e)], None)
+        out.envelopes.extend(whole.values())
+        if not result.accepted or len(whole) == len(set(owner)):
+            return
+        own = own if own is not None else dict(zip(map(id, events), owner))
+        out.stored.extend(row for row in zip(result.accepted, *zip(*result.structure)) if own[id(row[0])] not in whole)
 
     def _note_partitions(self, events: list[RequestEvent], parts: list[int]) -> None:
         """Per input partition, the newest event time delivered (for the low watermark), and per channel

@@ -352,17 +352,18 @@ class RecordingDecoder(Decoder):
         self.reference = Decoder()
 
     def decode_many(self, raws, now_ms):
-        got_events, owner, got_dead = super().decode_many(raws, now_ms)
+        got_events, owner, got_dead, envelopes = super().decode_many(raws, now_ms)
         ref = [self.reference.decode(raw, now_ms) for raw in raws]
         assert got_events == [e for r in ref for e in r.events]
         assert owner == [k for k, r in enumerate(ref) for _ in r.events]
         assert got_dead == [d for r in ref for d in r.dead_letters]
+        assert envelopes == [(k, r.envelope, len(r.events)) for k, r in enumerate(ref) if r.envelope is not None]
         dead = iter(got_dead)
         for k, r in enumerate(ref):
             self.results.append(DecodeResult([e for e, o in zip(got_events, owner) if o == k],
-                                             [next(dead) for _ in r.dead_letters]))
+                                             [next(dead) for _ in r.dead_letters], r.envelope))
         assert self.counters.snapshot() == self.reference.counters.snapshot()
-        return got_events, owner, got_dead
+        return got_events, owner, got_dead, envelopes
 
 
 STATS: Counter[str] = Counter()
@@ -490,8 +491,17 @@ def run_scenario(calls: list[Call]) -> None:
         expected_stored = [e for e in decoded if id(e) not in late_ids]
         for e in expected_stored:
             newest[e.channel] = max(newest.get(e.channel, e.ts_ms), e.ts_ms)
-        # Outputs: accepted rows + dead letters account for every event sent.
-        assert sorted(id(row[0]) for row in out.stored) == sorted(id(e) for e in expected_stored)
+        # Outputs: accepted rows (as rows, or as the whole envelopes none of whose events is late) + dead
+        # letters account for every event sent.
+        whole = [res for res in decoder.results
+                 if res.envelope is not None and not any(id(e) in late_ids for e in res.events)]
+        assert out.envelopes == [(res.envelope, len(res.events)) for res in whole]
+        for res in whole:
+            assert not res.dead_letters and not any(e.response_text or e.prompt_text for e in res.events)
+        in_envelopes = [e for res in whole for e in res.events]
+        STATS["stored_as_envelopes"] += len(in_envelopes)
+        assert sorted([*(id(row[0]) for row in out.stored), *map(id, in_envelopes)]) == sorted(
+            id(e) for e in expected_stored)
         late_dead = [d for d in out.dead_letters if d.reason == R.LATE_EVENT]
         assert out.dead_letters[: len(decode_dead)] == decode_dead
         assert len(out.dead_letters) == len(decode_dead) + len(late)
@@ -499,13 +509,14 @@ def run_scenario(calls: list[Call]) -> None:
         for d in late_dead:
             assert "behind the channel's newest event" in d.detail
             assert msgspec.json.decode(d.raw, type=RequestEvent).event_id == d.event_id
-        assert len(out.stored) + len(out.dead_letters) == sum(m.units for m in call.msgs)
+        assert len(out.stored) + len(in_envelopes) + len(out.dead_letters) == sum(m.units for m in call.msgs)
         for d in out.dead_letters:
             _check_dead_letter(d)
         for v in out.verdicts:
             assert isinstance(v, Verdict) and 0.0 <= v.weight <= 1.0
         all_dead.extend(out.dead_letters)
         all_stored.extend(row[0] for row in out.stored)
+        all_stored.extend(in_envelopes)
         late_total += len(late)
         if call.idle_ms:
             proc.advance_idle(call.idle_ms)
@@ -538,6 +549,7 @@ def test_hostile_input_is_processed_or_dead_lettered_with_a_reason() -> None:
     _hostile_property()
     assert STATS["events_sent"] >= 10_000, STATS
     assert STATS["dead_expected"] >= 1_000 and STATS["processed"] >= 1_000, STATS
+    assert STATS["stored_as_envelopes"] >= 50, STATS  # clean envelopes among the hostile ones
     assert STATS["late"] > 0 and STATS["late_within_lateness"] > 0, STATS
 
 
@@ -547,8 +559,9 @@ def test_late_event_lands_in_its_window_and_later_one_is_dead_lettered() -> None
     proc = BatchProcessor(Engine(), clock_ms=lambda: NOW)
     t0 = NOW - HOUR
     ev = {"channel": "c", "route": "r", "status": "ok", "latency_ms": 10.0}
-    out = proc.process([msgspec.json.encode({"events": [{**ev, "event_id": "a", "ts_ms": t0}]})])
-    assert len(out.stored) == 1
+    first = msgspec.json.encode({"events": [{**ev, "event_id": "a", "ts_ms": t0}]})
+    out = proc.process([first])
+    assert out.envelopes == [(first, 1)] and not out.stored  # a clean envelope is stored as it came
     out = proc.process([msgspec.json.encode({**ev, "event_id": "b", "ts_ms": t0 - LATENESS + 1_000}),
                         msgspec.json.encode({**ev, "event_id": "c", "ts_ms": t0 - LATENESS - 1_000})])
     assert [r[0].event_id for r in out.stored] == ["b"]

@@ -516,14 +516,16 @@ def test_decode_many_equals_decode_per_message() -> None:
         b"{not json",
         dumps(event(8, prompt_text="p")),
         dumps(event(9, ts_ms=NOW - 8 * DAY)),                                   # single, too old
+        dumps({"events": [event(10), event(11)]}),                              # clean: stored as it came
     ]
     ref = Decoder()
     per = [ref.decode(r, NOW) for r in raws]
     many = Decoder()
-    events, owner, dead = many.decode_many(raws, NOW)
+    events, owner, dead, envelopes = many.decode_many(raws, NOW)
     assert events == [e for r in per for e in r.events]
-    assert [e.event_id for e in events] == ["e1", "e2", "e4", "e6", "e7", "e8"]
-    assert owner == [0, 1, 1, 4, 5, 7]
+    assert [e.event_id for e in events] == ["e1", "e2", "e4", "e6", "e7", "e8", "e10", "e11"]
+    assert owner == [0, 1, 1, 4, 5, 7, 9, 9]
+    assert envelopes == [(9, raws[9], 2)] and [r.envelope for r in per] == [None] * 9 + [raws[9]]
     assert dead == [d for r in per for d in r.dead_letters]
     assert [d.reason for d in dead] == ["ts_too_old", "ts_in_future", "empty_message", "invalid_json",
                                         "ts_too_old"]
@@ -541,8 +543,8 @@ def test_decode_many_of_clean_single_events_takes_no_per_message_call() -> None:
             return super().decode(raw, now_ms)
 
     d = Counting()
-    events, owner, dead = d.decode_many([dumps(event(i)) for i in range(50)], NOW)
-    assert (len(events), owner[-1], dead, Counting.calls) == (50, 49, [], 0)
+    events, owner, dead, envelopes = d.decode_many([dumps(event(i)) for i in range(50)], NOW)
+    assert (len(events), owner[-1], dead, envelopes, Counting.calls) == (50, 49, [], [], 0)
     assert d.counters.snapshot()["messages"] == 50
 
 
@@ -555,7 +557,7 @@ def test_decode_many_turns_an_internal_error_into_a_dead_letter(monkeypatch) -> 
     monkeypatch.setattr(D, "check_structure", broken)
     raws = [dumps(event(1)), dumps(event(2, response_text="q" * 9_000, expected_fields=["a"])), dumps(event(3))]
     d = Decoder()
-    events, owner, dead = d.decode_many(raws, NOW)
-    assert ([e.event_id for e in events], owner) == (["e1", "e3"], [0, 2])
+    events, owner, dead, envelopes = d.decode_many(raws, NOW)
+    assert ([e.event_id for e in events], owner, envelopes) == (["e1", "e3"], [0, 2], [])
     assert [(x.reason, x.detail) for x in dead] == [("internal_error", "decoder error RuntimeError: structure checker bug")]
     assert d.counters.snapshot()["messages"] == 3

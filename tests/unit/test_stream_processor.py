@@ -102,3 +102,50 @@ def test_tombstones_are_dead_lettered_as_empty_messages_and_partitions_are_noted
     assert bp.input_partition == {"a": 2, "b": 3}
     assert {p: ts for p, (ts, _) in bp.partition_wm.items()} == {2: START_MS - 2_000, 3: START_MS - 1_000}
     assert [(name, part) for name, _, _, part in bp.snapshot_records({2: 11, 3: 7})] == [("a", 2), ("b", 3)]
+
+
+def _env(*events: dict) -> bytes:
+    return _enc.encode({"events": list(events)})
+
+
+def _ev(i: int, ts_ms: int, **extra) -> dict:
+    return {"event_id": f"e{i}", "ts_ms": ts_ms, "channel": f"c{i % 3}", "route": "r", "status": "ok",
+            "latency_ms": 10.0, **extra}
+
+
+def test_clean_envelopes_are_stored_as_they_came_and_the_rest_as_rows():
+    """Only envelopes whose every event is accepted unchanged and none late go to ``envelopes``; every
+    other accepted event is a row of ``stored``, and each event is stored exactly once."""
+    now = 1_780_000_000_000
+    proc = BatchProcessor(clock_ms=lambda: now)
+    t = now - 3_600_000
+    proc.process([_env(*(_ev(i, t + i) for i in range(3)))])  # channels c0..c2 seen at t
+    clean = _env(_ev(10, t + 100), _ev(11, t + 101, missing_fields=[], expected_fields=["a"]))
+    bad_element = _env(_ev(12, t + 102), {"event_id": "e13"})                       # e13 is dead-lettered
+    texts = _env(_ev(14, t + 103, response_text='{"a": 1}', expected_fields=["a"]))  # checked here: as rows
+    escaped = _enc.encode({"events": [_ev(15, t + 104, gateway_id="gé")]}).replace("é".encode(), b"\\u00e9")
+    late = _env(_ev(16, t + 105), _ev(18, t - 200_000))                             # e18: 200 s behind c0
+    single = _enc.encode(_ev(17, t + 106))
+    out = proc.process([clean, bad_element, texts, escaped, late, single])
+    assert out.envelopes == [(clean, 2)]
+    assert sorted(row[0].event_id for row in out.stored) == ["e12", "e14", "e15", "e16", "e17"]
+    assert [(d.reason, d.event_id) for d in out.dead_letters] == [("missing_field", "e13"), ("late_event", "e18")]
+    assert next(row[1:] for row in out.stored if row[0].event_id == "e14") == (True, [])
+
+
+def test_no_envelope_is_passed_while_restored_state_may_cover_input():
+    """Right after a restore some events of a message may be in a snapshot already (stored as rows
+    without counting): the batch's envelopes are then all stored as rows."""
+    now = 1_780_000_000_000
+    t = now - 3_600_000
+    warm = BatchProcessor(clock_ms=lambda: now)
+    warm.process([_env(_ev(0, t))], [0], [5])
+    from pipeline.state.snapshot import export_channel
+
+    proc = BatchProcessor(clock_ms=lambda: now)
+    proc.load_snapshots({"c0": (export_channel(warm.engine, warm.engine.store._index["c0"]), {0: 5}, 0)}, {0})
+    msg = _env(_ev(3, t + 10), _ev(6, t + 11))
+    out = proc.process([msg], [0], [5])  # offset 5: covered by the snapshot
+    assert out.envelopes == [] and sorted(row[0].event_id for row in out.stored) == ["e3", "e6"]
+    out = proc.process([msg], [0], [6])
+    assert out.envelopes == [(msg, 2)] and out.stored == []

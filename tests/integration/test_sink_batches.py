@@ -1,0 +1,125 @@
+"""``request_events`` from whole batch envelopes (:mod:`pipeline.sinks.batches`) against chDB.
+
+The envelopes ClickHouse reads itself must give exactly the rows the JSON
+rows give for the same events (what the pipeline counted), and an envelope
+ClickHouse refuses must be written as rows, not dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import msgspec
+import pytest
+
+from pipeline.config import Settings
+from pipeline.sinks.clickhouse import ClickHouseSink
+from pipeline.sinks.process import ProcessSink
+from pipeline.storage.client import close_clients, open_client
+from pipeline.storage.schema import apply_ddl
+from pipeline.stream.processor import BatchProcessor
+
+pytest.importorskip("chdb", reason="chdb (embedded ClickHouse) not installed")
+pytestmark = pytest.mark.integration
+
+NOW_MS = int(time.time() * 1000)
+T0 = NOW_MS - 3_600_000
+ROWS = "SELECT * EXCEPT ingested_at FROM channel_health.request_events FINAL ORDER BY event_id"
+
+
+def _settings(path: Path) -> Settings:
+    return Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{path}")
+
+
+@pytest.fixture
+def ch(tmp_path: Path) -> Iterator[object]:
+    close_clients()
+    client = open_client(_settings(tmp_path / "chdb"))
+    apply_ddl(client)
+    yield client
+    close_clients()
+
+
+def _event(i: int, **extra: object) -> bytes:
+    doc = {"event_id": f"e{i:02d}", "ts_ms": T0 + i, "channel": f"prov/m-{i % 3}@paid", "route": "chat",
+           "status": "ok", "latency_ms": 100 + i, **extra}
+    return msgspec.json.encode(doc)
+
+
+#: Events as gateways may write them: every optional field, integers for floats, the gateway's own
+#: structure check in each form, keys the table does not know (nested too), short escapes, raw UTF-8,
+#: spaces; no ``\u`` escape and no line break (those envelopes are stored as rows: storable_envelope).
+EVENTS = [
+    _event(1),
+    _event(2, missing_fields=[], expected_fields=["answer"]),
+    _event(3, missing_fields=["a", "b\"c"], parse_ok=False, expected_fields=["a", "b\"c"]),
+    _event(4, status="error", http_status=503, error_type="upstream \"5xx\"\t", missing_fields=["a"]),
+    _event(5, tier="free", gateway_id="gw-é", trace_id="t\\5", ttft_ms=12, max_stream_gap_ms=3.5,
+           input_tokens=4_294_967_295, output_tokens=0, cost_usd=1.5e-7, quota_remaining=0.25),
+    _event(6, parse_ok=True, expected_fields=[{"function": "f", "required": ["x"]}], extra={"n": [1, {"q": None}]}),
+    _event(7, status="timeout", latency_ms=0, tier=None, missing_fields=None),
+    b'{ "event_id" : "e08", "ts_ms" : %d, "channel" : "prov/m-0@paid", "route" : "chat", '
+    b'"status" : "cancelled", "latency_ms" : 1e2 }' % (T0 + 8),
+]
+
+
+def _envelopes() -> list[bytes]:
+    return [b'{"events":[' + b",".join(EVENTS[:4]) + b"]}", b'{"v": 1, "events": [' + b", ".join(EVENTS[4:]) + b"]}"]
+
+
+def test_envelopes_store_exactly_the_rows_the_json_rows_store(ch, tmp_path: Path) -> None:
+    out = BatchProcessor(clock_ms=lambda: NOW_MS).process(_envelopes())
+    assert [n for _, n in out.envelopes] == [4, 4] and out.stored == [] and out.dead_letters == []
+    sink = ClickHouseSink(ch)
+    sink.add_event_batches(out.envelopes)
+    assert sink.flush_counts()["event_batches"] == 8
+    got = ch.query(ROWS).result_rows
+    # The same messages as rows (the path every other message takes), in a second database.
+    close_clients()
+    other = open_client(_settings(tmp_path / "rows"))
+    apply_ddl(other)
+    as_rows = BatchProcessor(clock_ms=lambda: NOW_MS).process([_envelopes()[0] + b"\n", _envelopes()[1] + b"\n"])
+    assert as_rows.envelopes == [] and len(as_rows.stored) == 8  # a line break: not storable as it came
+    rows_sink = ClickHouseSink(other)
+    rows_sink.add_events(as_rows.stored)
+    assert rows_sink.flush() == 8
+    want = other.query(ROWS).result_rows
+    assert got == want
+    by_id = {r[0]: r for r in got}
+    parse_ok, missing = 17, 18  # positions in EVENT_COLUMNS
+    assert [(by_id[f"e0{i}"][parse_ok], by_id[f"e0{i}"][missing]) for i in range(1, 8)] == [
+        (None, []), (1, []), (0, ["a", 'b"c']), (None, []), (None, []), (None, []), (None, [])]
+    assert by_id["e05"][9] == 4_294_967_295 and by_id["e05"][15] == "gw-é" and by_id["e05"][16] == "t\\5"
+
+
+def test_an_envelope_clickhouse_refuses_is_written_as_rows(ch) -> None:
+    """A key repeated in an event: msgspec keeps the last value (what the pipeline counted), ClickHouse
+    refuses the object; the sink writes that envelope's rows re-encoded and drops nothing."""
+    dup = b'{"events":[' + _event(20)[:-1] + b',"latency_ms":7}]}'
+    out = BatchProcessor(clock_ms=lambda: NOW_MS).process([_envelopes()[0], dup])
+    assert [n for _, n in out.envelopes] == [4, 1]
+    sink = ClickHouseSink(ch)
+    sink.add_event_batches(out.envelopes[:1])
+    sink.flush()
+    sink.add_event_batches(out.envelopes[1:])
+    assert sink.flush_counts()["event_batches"] == 1
+    assert sink.rejected == {"events": 0, "event_batches": 0, "verdicts": 0, "quality_scores": 0,
+                             "quality_labels": 0} and sink.take_rejected() == []
+    rows = dict(ch.query("SELECT event_id, latency_ms FROM channel_health.request_events FINAL").result_rows)
+    assert rows == {"e01": 101.0, "e02": 102.0, "e03": 103.0, "e04": 104.0, "e20": 7.0}
+
+
+def test_the_sink_process_writes_envelopes(tmp_path: Path) -> None:
+    out = BatchProcessor(clock_ms=lambda: NOW_MS).process(_envelopes())
+    sink = ProcessSink(_settings(tmp_path / "chdb"))
+    try:
+        sink.add_event_batches(out.envelopes)
+        assert sink.flush() == 8
+        assert sink.written["event_batches"] == 8 and sink.pending_rows == 0
+    finally:
+        sink.close()
+    close_clients()
+    client = open_client(_settings(tmp_path / "chdb"))
+    assert client.query("SELECT count() FROM channel_health.request_events FINAL").result_rows[0][0] == 8
