@@ -177,8 +177,8 @@ class ClickHouseSink(FlushRetries):
     def take_rejected(self) -> list[tuple[Any, str, int, str]]:
         """Payloads dropped by flushes since the last call (ClickHouse could not read them), as
         ``(tag, table, rows, reason)``; they stay counted in :attr:`rejected`."""
-        return [(tag, name, rows, reason) for name in ("events", "event_batches")
-                for tag, rows, reason in getattr(self, name).take_rejected()]
+        return [(tag, name, rows, reason) for name, table in zip(TABLE_NAMES, self._tables)
+                if isinstance(table, JsonTableSink) for tag, rows, reason in table.take_rejected()]
 
     def add_verdicts(self, verdicts: Iterable[Verdict], ingested_ms: int | None = None) -> None:
         """Buffer ``channel_verdicts`` rows. Raises :class:`SinkBackpressure` (nothing buffered)."""
@@ -197,9 +197,10 @@ class ClickHouseSink(FlushRetries):
         """Write every table's buffer; return the rows written.
 
         Tables are flushed in the order of ``TABLE_NAMES`` (events, event
-        batches, verdicts, quality scores, labels); the first failure raises :class:`SinkWriteError` and leaves
-        that table's rows and those of the tables after it buffered (tables
-        before it were written and are not rewritten).
+        batches, verdicts, quality scores, labels); the first failure raises
+        :class:`SinkWriteError` and leaves that table's rows and those of the
+        tables after it buffered (tables before it were written and are not
+        rewritten).
         """
         return sum(self.flush_counts().values())
 
