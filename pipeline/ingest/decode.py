@@ -79,7 +79,7 @@ def storable_envelope(raw: bytes, result: DecodeResult) -> bool:
     ...                                 latency_ms=1.0)], [])
     >>> storable_envelope(b'{"events": [{"event_id": "e"}]}', ok)
     True
-    >>> storable_envelope(b'{"events": [{"\\u0065vent_id": "e"}]}', ok)
+    >>> storable_envelope(b'{"events": [{"\\\\u0065vent_id": "e"}]}', ok)
     False
     >>> storable_envelope(b'{"events": [], "events": [{"event_id": "e"}]}', ok)
     False
