@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Iterator
 
 import msgspec
 import pytest
@@ -31,15 +30,6 @@ ROWS = "SELECT * EXCEPT ingested_at FROM channel_health.request_events FINAL ORD
 
 def _settings(path: Path) -> Settings:
     return Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{path}")
-
-
-@pytest.fixture
-def ch(tmp_path: Path) -> Iterator[object]:
-    close_clients()
-    client = open_client(_settings(tmp_path / "chdb"))
-    apply_ddl(client)
-    yield client
-    close_clients()
 
 
 def _event(i: int, **extra: object) -> bytes:

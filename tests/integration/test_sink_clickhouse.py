@@ -15,7 +15,6 @@ import sys
 import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -51,15 +50,6 @@ def _settings(url: str, password: str | None = None) -> Settings:
     return Settings(
         kafka_bootstrap=None, clickhouse_url=url, clickhouse_password=Secret(password) if password else None
     )
-
-
-@pytest.fixture
-def ch(tmp_path: Path) -> Iterator[object]:
-    close_clients()
-    client = open_client(_settings(f"chdb://{tmp_path / 'chdb'}"))
-    apply_ddl(client)
-    yield client
-    close_clients()
 
 
 def _event(i: int, status: str = "ok", latency_ms: float = 100.0, ts_ms: int | None = None,

@@ -8,7 +8,6 @@ the middle of writing payloads one by one, and the same in the sink process.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -21,7 +20,6 @@ from pipeline.sinks.clickhouse import ClickHouseSink
 from pipeline.sinks.rows import EVENT_COLUMNS, EVENTS_INPUT_TABLE, EVENTS_TABLE, event_payload, event_row, now_ms
 from pipeline.sinks.table import TableSink
 from pipeline.storage.client import close_clients, open_client
-from pipeline.storage.schema import apply_ddl
 
 pytest.importorskip("chdb", reason="chdb (embedded ClickHouse) not installed")
 pytestmark = pytest.mark.integration
@@ -34,15 +32,6 @@ UNREADABLE = b'[[{"event_id":"bad","ts_ms":"yesterday","channel":"c","route":"r"
 
 def _settings(path: Path) -> Settings:
     return Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{path}")
-
-
-@pytest.fixture
-def ch(tmp_path: Path) -> Iterator[object]:
-    close_clients()
-    client = open_client(_settings(tmp_path / "chdb"))
-    apply_ddl(client)
-    yield client
-    close_clients()
 
 
 def _payload(first: int, n: int) -> bytes:
