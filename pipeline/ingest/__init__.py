@@ -4,7 +4,8 @@ and the structured-output check (SPEC §4.4).
 Modules: ``decode`` (:class:`Decoder`), ``dead_letter`` (:class:`DeadLetter`,
 the DLQ value), ``reasons`` (reason codes), ``counters``
 (:class:`DecodeCounters`), ``structure`` (:func:`check_structure`,
-:func:`resolve_structure`).
+:func:`resolve_structure`), ``envelope`` (:func:`storable_envelope`: which
+batch envelopes are stored as they arrived).
 """
 
 from pipeline.ingest.counters import DecodeCounters

@@ -1,7 +1,7 @@
 """Whole batch envelopes into ``request_events``: the gateway's messages as they arrived.
 
 For an envelope ``{"events": [...]}`` whose every event the pipeline
-accepted unchanged (:func:`pipeline.ingest.decode.storable_envelope`, none
+accepted unchanged (:func:`pipeline.ingest.envelope.storable_envelope`, none
 late: ``ProcessedBatch.envelopes``), the worker hands ClickHouse the
 message's own bytes instead of encoding the events again: one envelope per
 line, ``JSONEachRow`` into ``request_event_batches``, whose materialized

@@ -45,7 +45,7 @@ class ProcessedBatch:
     input); the ``request_events`` rows as ``stored`` rows ``(event,
     parse_ok, missing_fields)`` and ``envelopes``: ``(message bytes,
     events)`` of the batch envelopes whose every event is stored as the
-    message holds it (:func:`pipeline.ingest.decode.storable_envelope`, none
+    message holds it (:func:`pipeline.ingest.envelope.storable_envelope`, none
     late), which ClickHouse reads itself (:mod:`pipeline.sinks.batches`);
     their events are not in ``stored``.
     """
