@@ -108,6 +108,16 @@ class Batch(msgspec.Struct):
     events: Annotated[list[msgspec.Raw], msgspec.Meta(min_length=1)]
 
 
+class TypedBatch(msgspec.Struct):
+    """Batch envelope with every element decoded as a :class:`RequestEvent` (at least one).
+
+    The ingest decoder's fast path (``pipeline.ingest.decode``) and the
+    sink's re-encoding of an envelope ClickHouse refused (``pipeline.sinks.batches``).
+    """
+
+    events: Annotated[list[RequestEvent], msgspec.Meta(min_length=1)]
+
+
 class Verdict(msgspec.Struct, omit_defaults=False):
     """Channel-health verdict published on ``channel.health`` (SPEC §3).
 

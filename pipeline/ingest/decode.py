@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from itertools import compress, repeat
 from operator import attrgetter
-from typing import Annotated, Any, Sequence
+from typing import Any, Sequence
 
 import msgspec
 
-from pipeline.contracts import Batch, RequestEvent, carries_texts
+from pipeline.contracts import Batch, RequestEvent, TypedBatch, carries_texts
 from pipeline.ingest import reasons as R
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
@@ -58,12 +58,6 @@ class DecodeResult(msgspec.Struct):
     events: list[RequestEvent]
     dead_letters: list[DeadLetter]
     envelope: bytes | None = None
-
-
-class _TypedBatch(msgspec.Struct):
-    """Fast-path batch envelope: every element decoded as a RequestEvent."""
-
-    events: Annotated[list[RequestEvent], msgspec.Meta(min_length=1)]
 
 
 class _IdProbe(msgspec.Struct):
@@ -128,7 +122,7 @@ class Decoder:
         self.max_text_chars = max_text_chars
         self.counters = counters if counters is not None else DecodeCounters()
         self._event_decoder = msgspec.json.Decoder(RequestEvent)
-        self._typed_batch_decoder = msgspec.json.Decoder(_TypedBatch)
+        self._typed_batch_decoder = msgspec.json.Decoder(TypedBatch)
         self._raw_batch_decoder = msgspec.json.Decoder(Batch)
         self._probe_decoder = msgspec.json.Decoder(_IdProbe)
         self._any_decoder = msgspec.json.Decoder()

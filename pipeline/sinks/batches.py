@@ -25,16 +25,12 @@ from typing import Any, Callable, Sequence
 
 import msgspec
 
-from pipeline.contracts import RequestEvent
+from pipeline.contracts import TypedBatch
 from pipeline.ingest.structure import resolve_structure
 from pipeline.sinks.rows import event_payload
 
 
-class _Envelope(msgspec.Struct):
-    events: list[RequestEvent]
-
-
-_ENVELOPES = msgspec.json.Decoder(_Envelope)
+_ENVELOPES = msgspec.json.Decoder(TypedBatch)
 
 
 def envelopes_payload(envelopes: Sequence[tuple[bytes, int]]) -> tuple[bytes, int]:
