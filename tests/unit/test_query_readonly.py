@@ -37,6 +37,14 @@ from pipeline.storage.query import (
         ("", "exactly one statement, got 0"),
         ("  ;  -- nothing\n", "exactly one statement, got 0"),
         ("SELECT 'unterminated", "unterminated ' quote"),
+        # Issue #16: heredoc strings and nested comments hid a second statement from the old lexer.
+        ("SELECT $$'$$; DROP TABLE channel_health.channel_verdicts -- '", "exactly one statement, got 2"),
+        ("WITH $$'$$ AS q INSERT INTO channel_health.request_events SELECT * FROM t -- '", "INSERT writes"),
+        ("SELECT $t$'$t$; INSERT INTO FUNCTION file($$x.sh$$,$$RawBLOB$$) SELECT 1 -- '", "got 2"),
+        ("SELECT 1 /* a /* b */ ; */ INTO OUTFILE 'x'", "INTO OUTFILE"),
+        ("SELECT 1 /* a /* b */ */; DROP TABLE t", "exactly one statement, got 2"),
+        ("SELECT $$never closed", r"unterminated \$\$ string"),
+        ("SELECT 1 /* a /* b */", "unterminated /\\* comment"),
     ],
 )
 def test_write_and_multi_statements_are_refused(sql: str, reason: str) -> None:
@@ -55,6 +63,7 @@ def test_write_and_multi_statements_are_refused(sql: str, reason: str) -> None:
         ("DESCRIBE TABLE channel_health.request_events", "DESCRIBE TABLE channel_health.request_events"),
         ("desc channel_health.request_events", "desc channel_health.request_events"),
         ("EXPLAIN SELECT 1", "EXPLAIN SELECT 1"),
+        ("SELECT $$;INSERT$$, $a$$$;$a$ /* /* ; */ ; */", "SELECT $$;INSERT$$, $a$$$;$a$ /* /* ; */ ; */"),
         ("-- why\nSELECT `into outfile` FROM t -- ;", "-- why\nSELECT `into outfile` FROM t -- ;"),
     ],
 )
