@@ -51,7 +51,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
 ENV_PREFIX = "CHANNEL_HEALTH_"
 
@@ -235,16 +235,46 @@ class Settings:
 def redact_url(url: str) -> str:
     """Return ``url`` with the password part of its user-info replaced by ``***``.
 
+    Works on text that does not parse as a URL too: a password holding ``/``,
+    ``#``, ``?`` or ``@`` unquoted makes :func:`urllib.parse.urlsplit` read
+    part of it as host, path, query or fragment, so the user-info is taken
+    here as everything between ``scheme://`` and the *last* ``@``, and all of
+    it after the first ``:`` is redacted (see :func:`_url_password_span`).
+    A URL with no ``@`` is returned unchanged.
+
     >>> redact_url("https://bob:hunter2@ch.example:8443/db")
     'https://bob:***@ch.example:8443/db'
+    >>> redact_url("http://bob:pa/ss#w?rd@ch.example:8123/db")
+    'http://bob:***@ch.example:8123/db'
     >>> redact_url("chdb:///tmp/x")
     'chdb:///tmp/x'
     """
-    parts = urlsplit(url)
-    if parts.password is None:
+    span = _url_password_span(url)
+    if span is None:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    start, end = span
+    return f"{url[:start]}***{url[end:]}"
+
+
+def _url_password_span(url: str) -> tuple[int, int] | None:
+    """``(start, end)`` offsets of the password in ``url``'s user-info, or None when it has none.
+
+    User-info: the text after ``://`` (or from the start, without a scheme) up
+    to the last ``@``; the password is what follows its first ``:``. Passwords
+    are therefore found whatever characters they hold (RFC 3986 §3.2.1 wants
+    them percent-encoded; people paste them raw). A ``:`` and ``@`` in a path
+    (``http://host:8123/a@b``) are read as a password too: over-redacting a
+    message is the safe error.
+    """
+    begin = url.find("://")
+    begin = 0 if begin < 0 else begin + 3
+    at = url.rfind("@")
+    if at < begin:
+        return None
+    colon = url.find(":", begin, at)
+    if colon < 0 or colon + 1 == at:
+        return None
+    return colon + 1, at
 
 
 def _read_secret(env: Mapping[str, str], name: str) -> Secret | None:
@@ -261,11 +291,9 @@ def _read_secret(env: Mapping[str, str], name: str) -> Secret | None:
 
 def register_url_password(url: str) -> None:
     """:func:`register_secret` for the password in ``url``'s user-info, as given and URL-decoded (if any)."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
+    span = _url_password_span(url)
+    if span is not None:
+        password = url[span[0]:span[1]]
         register_secret(password)
         register_secret(unquote(password))
 
