@@ -192,3 +192,16 @@ def test_format_table() -> None:
     assert "│ a       │ 0.123457 │ ['[bold]error_rate'] │ 2026-01-01T00:00:00+00:00 │ NULL │" in lines
     assert lines[-1] == "(1 row)"
     assert format_table(["x"], []).splitlines()[-1] == "(0 rows)"
+
+
+def test_query_limits_are_read_from_the_environment() -> None:
+    from pipeline.config import ConfigError, QueryLimits, load_settings
+
+    assert load_settings({}).query_limits == QueryLimits(30.0, 2 * 1024**3, 100_000)
+    env = {"CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S": "1.5", "CHANNEL_HEALTH_QUERY_MAX_MEMORY_BYTES": "1048576",
+           "CHANNEL_HEALTH_QUERY_MAX_RESULT_ROWS": "7"}
+    assert load_settings(env).query_limits == QueryLimits(1.5, 1048576, 7)
+    for name, raw in (("EXECUTION_TIME_S", "0"), ("EXECUTION_TIME_S", "inf"), ("MEMORY_BYTES", "2G"),
+                      ("MEMORY_BYTES", "1000"), ("RESULT_ROWS", "0")):
+        with pytest.raises(ConfigError, match=f"CHANNEL_HEALTH_QUERY_MAX_{name} must be .*, got '{raw}'"):
+            load_settings({f"CHANNEL_HEALTH_QUERY_MAX_{name}": raw})
