@@ -176,10 +176,13 @@ def query(
 ) -> None:
     """Run a read-only query against the configured ClickHouse and print a table.
 
+    ClickHouse enforces it: readonly=1, no file/network/process functions, one statement, limits
+    (CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S, _MAX_MEMORY_BYTES, _MAX_RESULT_ROWS).
+
     Example: channel-health query "SELECT state, count() FROM channel_health.channel_verdicts WHERE channel =
     {ch:String} GROUP BY state" -p ch=lepton/llama-70b@free
     """
-    from pipeline.storage.client import open_client
+    from pipeline.storage.client import POINT_AT_DATA, open_client
     from pipeline.storage.query import QueryRefused, check_readonly_sql, format_table, run_readonly_query
 
     params = {}
@@ -192,12 +195,16 @@ def query(
     settings = _settings()
     try:
         check_readonly_sql(sql)  # refuse a write before connecting to anything
-        cols, rows = run_readonly_query(open_client(settings), sql, params or None)
+        client = open_client(settings, create_database=False)  # read-only: create no directory or database
+        cols, rows = run_readonly_query(client, sql, params or None, settings.query_limits)
     except QueryRefused as exc:
         typer.secho(f"refused: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     except Exception as exc:  # server-side errors: show the message, not a traceback
-        typer.secho(redact_secrets(f"query failed: {exc}"), fg="red", err=True)
+        message = f"query failed: {exc}"
+        if "UNKNOWN_TABLE" in message or "Unknown table" in message:
+            message += f"\n(queried ClickHouse at {settings.clickhouse_url_redacted}; {POINT_AT_DATA})"
+        typer.secho(redact_secrets(message), fg="red", err=True)
         raise typer.Exit(1) from None
     if as_json:
         for r in rows:

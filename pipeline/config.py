@@ -27,6 +27,9 @@ Variables (SPEC §7):
     ``on`` (default): the worker writes ClickHouse from a child process
     (:mod:`pipeline.sinks.process`), so inserts and an embedded chDB stay
     out of the detection process; ``off``: in-process.
+``CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S`` / ``..._QUERY_MAX_MEMORY_BYTES`` / ``..._QUERY_MAX_RESULT_ROWS``
+    Limits of ``channel-health query`` (:class:`QueryLimits`; default 30 s,
+    2 GiB, 100 000 rows), enforced by ClickHouse.
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -51,7 +54,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit
 
 ENV_PREFIX = "CHANNEL_HEALTH_"
 
@@ -187,6 +190,33 @@ class KafkaSecurity:
 
 
 @dataclass(frozen=True)
+class QueryLimits:
+    """Limits ClickHouse enforces on an analyst's query (``channel-health query``, SPEC §8).
+
+    ``max_execution_time_s``: wall time, seconds, > 0 (ClickHouse setting
+    ``max_execution_time``). ``max_memory_bytes``: memory of one query,
+    bytes, >= 1 MiB (``max_memory_usage``). ``max_result_rows``: rows of the
+    result, >= 1 (``max_result_rows`` with ``result_overflow_mode='throw'``:
+    a larger result is an error, never silently cut). Defaults: 30 s, 2 GiB,
+    100 000 rows (issue #16: an interactive question must end, and must not
+    take the machine's memory; 100 000 rows is more than a terminal table
+    is read for). Raises :class:`ConfigError` outside the ranges.
+    """
+
+    max_execution_time_s: float = 30.0
+    max_memory_bytes: int = 2 * 1024**3
+    max_result_rows: int = 100_000
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_execution_time_s < float("inf"):
+            raise ConfigError(f"query max_execution_time_s must be finite and > 0, got {self.max_execution_time_s!r}")
+        if self.max_memory_bytes < 1024**2:
+            raise ConfigError(f"query max_memory_bytes must be >= 1 MiB, got {self.max_memory_bytes!r}")
+        if self.max_result_rows < 1:
+            raise ConfigError(f"query max_result_rows must be >= 1, got {self.max_result_rows!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     """All runtime settings, read once by :func:`load_settings`."""
 
@@ -203,6 +233,8 @@ class Settings:
     fault_sink_down_file: str | None = None
     #: Write ClickHouse from a child process (:mod:`pipeline.sinks.process`); False: in the worker's process.
     sink_process: bool = True
+    #: Limits of analysts' queries (``channel-health query``).
+    query_limits: QueryLimits = QueryLimits()
 
     @property
     def topics(self) -> Topics:
@@ -235,16 +267,46 @@ class Settings:
 def redact_url(url: str) -> str:
     """Return ``url`` with the password part of its user-info replaced by ``***``.
 
+    Works on text that does not parse as a URL too: a password holding ``/``,
+    ``#``, ``?`` or ``@`` unquoted makes :func:`urllib.parse.urlsplit` read
+    part of it as host, path, query or fragment, so the user-info is taken
+    here as everything between ``scheme://`` and the *last* ``@``, and all of
+    it after the first ``:`` is redacted (see :func:`_url_password_span`).
+    A URL with no ``@`` is returned unchanged.
+
     >>> redact_url("https://bob:hunter2@ch.example:8443/db")
     'https://bob:***@ch.example:8443/db'
+    >>> redact_url("http://bob:pa/ss#w?rd@ch.example:8123/db")
+    'http://bob:***@ch.example:8123/db'
     >>> redact_url("chdb:///tmp/x")
     'chdb:///tmp/x'
     """
-    parts = urlsplit(url)
-    if parts.password is None:
+    span = _url_password_span(url)
+    if span is None:
         return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    start, end = span
+    return f"{url[:start]}***{url[end:]}"
+
+
+def _url_password_span(url: str) -> tuple[int, int] | None:
+    """``(start, end)`` offsets of the password in ``url``'s user-info, or None when it has none.
+
+    User-info: the text after ``://`` (or from the start, without a scheme) up
+    to the last ``@``; the password is what follows its first ``:``. Passwords
+    are therefore found whatever characters they hold (RFC 3986 §3.2.1 wants
+    them percent-encoded; people paste them raw). A ``:`` and ``@`` in a path
+    (``http://host:8123/a@b``) are read as a password too: over-redacting a
+    message is the safe error.
+    """
+    begin = url.find("://")
+    begin = 0 if begin < 0 else begin + 3
+    at = url.rfind("@")
+    if at < begin:
+        return None
+    colon = url.find(":", begin, at)
+    if colon < 0 or colon + 1 == at:
+        return None
+    return colon + 1, at
 
 
 def _read_secret(env: Mapping[str, str], name: str) -> Secret | None:
@@ -261,11 +323,9 @@ def _read_secret(env: Mapping[str, str], name: str) -> Secret | None:
 
 def register_url_password(url: str) -> None:
     """:func:`register_secret` for the password in ``url``'s user-info, as given and URL-decoded (if any)."""
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    if password:
+    span = _url_password_span(url)
+    if span is not None:
+        password = url[span[0]:span[1]]
         register_secret(password)
         register_secret(unquote(password))
 
@@ -312,6 +372,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     sink_process_raw = env.get(f"{ENV_PREFIX}SINK_PROCESS", "on").strip().lower()
     if sink_process_raw not in _SWITCH:
         raise ConfigError(f"{ENV_PREFIX}SINK_PROCESS must be one of {sorted(_SWITCH)}, got {sink_process_raw!r}")
+    query_limits = _read_query_limits(env)
     security = KafkaSecurity(
         protocol=protocol,
         sasl_mechanism=env.get(f"{ENV_PREFIX}KAFKA_SASL_MECHANISM"),
@@ -329,5 +390,25 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         partitions=partitions,
         fault_sink_down_file=env.get(f"{ENV_PREFIX}FAULT_SINK_DOWN_FILE") or None,
         sink_process=_SWITCH[sink_process_raw],
+        query_limits=query_limits,
         **bounds,  # type: ignore[arg-type]
     )
+
+
+def _read_query_limits(env: Mapping[str, str]) -> QueryLimits:
+    """:class:`QueryLimits` from ``CHANNEL_HEALTH_QUERY_*`` (defaults for unset ones); ConfigError if malformed."""
+    values: dict[str, Any] = {}
+    for name, field_name, kind, least in (("QUERY_MAX_EXECUTION_TIME_S", "max_execution_time_s", float, 0.001),
+                                          ("QUERY_MAX_MEMORY_BYTES", "max_memory_bytes", int, 1024**2),
+                                          ("QUERY_MAX_RESULT_ROWS", "max_result_rows", int, 1)):
+        raw = env.get(f"{ENV_PREFIX}{name}")
+        if raw is None:
+            continue
+        try:
+            values[field_name] = kind(raw)
+            if not least <= values[field_name] < float("inf"):
+                raise ValueError
+        except ValueError:
+            what = "a number of seconds" if kind is float else "an integer"
+            raise ConfigError(f"{ENV_PREFIX}{name} must be {what} >= {least}, got {raw!r}") from None
+    return QueryLimits(**values)

@@ -4,7 +4,7 @@ Two URL forms (``CHANNEL_HEALTH_CLICKHOUSE_URL``, SPEC §7):
 
 ``chdb:///abs/path`` or ``chdb://./rel/path``
     In-process ClickHouse (chDB) persisted in that directory (created if
-    missing). chDB allows one data directory per process and one process per
+    missing, unless ``create_database=False``: then it must exist). chDB allows one data directory per process and one process per
     directory, so the client is cached per directory: every
     :func:`open_client` call for the same directory returns the same client.
     Call :func:`close_clients` before switching to another directory.
@@ -39,6 +39,12 @@ from pipeline.storage.errors import StorageConfigError, StorageConnectError
 
 log = logging.getLogger(__name__)
 
+#: How to point the tools at existing data (used in "not found" errors).
+POINT_AT_DATA = (
+    "set CHANNEL_HEALTH_CLICKHOUSE_URL to the data: chdb:///absolute/path/to/data/chdb (the default "
+    "chdb://./data/chdb is relative to the current directory) or http(s)://user@host:8123/channel_health"
+)
+
 _chdb_lock = threading.Lock()
 _chdb_clients: dict[str, Any] = {}
 
@@ -68,8 +74,11 @@ def chdb_path(url: str) -> Path:
 def open_client(settings: Settings, *, create_database: bool = True, timeout_s: float = 30.0) -> Any:
     """Return a clickhouse-connect client for ``settings.clickhouse_url``.
 
-    ``create_database``: create ``channel_health`` when it does not exist
-    (skipped when it exists, so read-only users work). ``timeout_s``: HTTP
+    ``create_database``: create ``channel_health`` (and a chDB directory)
+    when it does not exist (skipped when it exists, so read-only users work);
+    False: a missing chDB directory or database is an error that says where
+    it looked and how to set ``CHANNEL_HEALTH_CLICKHOUSE_URL``, and nothing
+    is created (``channel-health query`` from another directory). ``timeout_s``: HTTP
     connect timeout (the read timeout is 10x that); unused for chDB.
 
     Raises :class:`StorageConfigError` for a malformed URL or contradictory
@@ -114,6 +123,8 @@ def _open_chdb(path: Path, create_database: bool) -> Any:
                 f"this process already has chDB directory {other} open; chDB allows one data directory "
                 f"per process (call pipeline.storage.client.close_clients() before opening {key})"
             )
+        if not create_database and not path.is_dir():
+            raise StorageConnectError(f"no chDB data directory at {key}; {POINT_AT_DATA}")
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -129,7 +140,7 @@ def _open_chdb(path: Path, create_database: bool) -> Any:
                 "CHANNEL_HEALTH_CLICKHOUSE_URL at another directory or a ClickHouse server"
             ) from exc
         try:
-            _use_database(client, create_database)
+            _use_database(client, create_database, where=f"chDB directory {key}")
         except Exception:
             client.close()
             raise
@@ -176,7 +187,9 @@ def _open_http(settings: Settings, create_database: bool, timeout_s: float) -> A
             tz_mode="aware",
             autogenerate_session_id=False,
         )
-        _use_database(client, create_database)
+        _use_database(client, create_database, where=f"ClickHouse at {shown}")
+    except StorageConnectError:
+        raise
     except Exception as exc:
         detail = _scrub(f"{type(exc).__name__}: {exc}", password)
         # ``from None``: the driver's exception chain may carry request details.
@@ -185,14 +198,18 @@ def _open_http(settings: Settings, create_database: bool, timeout_s: float) -> A
     return client
 
 
-def _use_database(client: Any, create: bool) -> None:
-    """Make :data:`DATABASE` the client's default database, creating it if allowed."""
+def _use_database(client: Any, create: bool, where: str) -> None:
+    """Make :data:`DATABASE` the client's default database, creating it if allowed.
+
+    ``where``: what was opened, for the error (no password in it).
+    """
     exists = client.query(
         "SELECT count() FROM system.databases WHERE name = {db:String}", parameters={"db": DATABASE}
     ).result_rows[0][0]
     if not exists:
         if not create:
-            raise StorageConnectError(f"database {DATABASE!r} does not exist (apply the DDL first)")
+            raise StorageConnectError(f"database {DATABASE!r} does not exist in {where} (apply the DDL first, "
+                                      f"or {POINT_AT_DATA})")
         client.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
     client.database = DATABASE
 

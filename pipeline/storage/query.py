@@ -1,16 +1,19 @@
 """Read-only analyst queries (``channel-health query "SQL"``) and table output.
 
 :func:`run_readonly_query` runs exactly one ``SELECT`` / ``WITH`` / ``SHOW`` /
-``DESCRIBE`` / ``EXPLAIN`` statement. Two fences:
+``DESCRIBE`` / ``EXPLAIN`` statement (SPEC §8, issue #16). Fences:
 
-1. a lexical gate (:func:`check_readonly_sql`): one statement, an allowed first
-   keyword, no ``INTO OUTFILE`` (it writes a file, and on chDB that file is
-   on this machine);
-2. on a ClickHouse server over HTTP(S) the query also runs with the setting
-   ``readonly=1`` (unless the user is read-only already), so the server itself
-   refuses writes. chDB gets only the first fence: a setting passed with one
-   chDB query sticks to the shared session and would make later writes of
-   the same process fail.
+1. a lexical gate (:func:`check_readonly_sql`), so a plain write is refused
+   before anything is opened: one statement, an allowed first keyword, no
+   ``INTO OUTFILE`` (the client writes that file, and on chDB the client is
+   this process), no ``INSERT``;
+2. ClickHouse itself (:class:`~pipeline.storage.readonly.ReadOnlySession`):
+   its parser must read the text as one statement; the gate of 1 runs again
+   on ClickHouse's canonical text of it, and its AST must have no output
+   file, no table function outside the allow-list and no function that reaches files,
+   network or processes; the canonical statement then runs under
+   ``readonly=1`` with time, memory and result-row limits, on chDB as on a
+   server.
 
 Parameters are bound server-side with ClickHouse's ``{name:Type}`` syntax,
 never formatted into the SQL text by Python.
@@ -23,6 +26,8 @@ import re
 from datetime import datetime
 from typing import Any, Sequence
 
+from pipeline.config import QueryLimits
+from pipeline.storage.readonly import ReadOnlySession, ast_problems
 from pipeline.storage.sqltext import SqlLexError, mask_sql, split_statements
 
 #: First keywords of the statements :func:`run_readonly_query` runs.
@@ -89,16 +94,21 @@ def placeholders(sql: str) -> set[str]:
 
 
 def run_readonly_query(
-    client: Any, sql: str, params: dict[str, Any] | None = None
+    client: Any, sql: str, params: dict[str, Any] | None = None, limits: QueryLimits | None = None
 ) -> tuple[list[str], list[tuple]]:
     """Run one read-only statement and return ``(column_names, rows)``.
 
-    ``client``: a clickhouse-connect client (HTTP or chDB). ``params``: values
-    for the ``{name:Type}`` placeholders, bound by the server.
+    ``client``: a clickhouse-connect client (HTTP, or chDB on a directory).
+    ``params``: values for the ``{name:Type}`` placeholders, bound by the
+    server. ``limits``: time/memory/row limits (default
+    :class:`~pipeline.config.QueryLimits()`: 30 s, 2 GiB, 100 000 rows).
 
-    Raises :class:`QueryRefused` (see :func:`check_readonly_sql`),
+    Raises :class:`QueryRefused` when the lexical gate, ClickHouse's parser
+    (not exactly one statement) or the AST check refuses the SQL,
     :class:`QueryParameterError` when placeholders and ``params`` keys differ,
-    and the driver's error when ClickHouse rejects the query.
+    and the driver's error when ClickHouse refuses or stops the query
+    (``READONLY``, ``TIMEOUT_EXCEEDED``, ``MEMORY_LIMIT_EXCEEDED``,
+    ``TOO_MANY_ROWS_OR_BYTES``, ...).
     """
     statement = check_readonly_sql(sql)
     params = dict(params or {})
@@ -110,20 +120,19 @@ def run_readonly_query(
         if set(params) - names:
             parts.append(f"values without a {{name:Type}} placeholder: {sorted(set(params) - names)}")
         raise QueryParameterError("; ".join(parts))
-    result = client.query(statement, parameters=params or None, settings=_readonly_settings(client))
+    with ReadOnlySession(client, limits or QueryLimits()) as session:
+        try:
+            canonical = session.canonical(statement)
+        except Exception as exc:
+            if getattr(exc, "code", None) == 62 or "SYNTAX_ERROR" in str(exc):
+                raise QueryRefused(f"ClickHouse does not read it as exactly one statement: {exc}") from None
+            raise
+        check_readonly_sql(canonical)
+        problems = ast_problems(session.explain_ast(canonical, params))
+        if problems:
+            raise QueryRefused("; ".join(problems))
+        result = session.query(canonical, params)
     return list(result.column_names), [tuple(row) for row in result.result_rows]
-
-
-def _readonly_settings(client: Any) -> dict[str, Any] | None:
-    """``{"readonly": 1}`` for an HTTP client whose user may still write, else None."""
-    from clickhouse_connect.driver.httpclient import HttpClient
-
-    if not isinstance(client, HttpClient):
-        return None
-    current = client.server_settings.get("readonly")
-    if current is not None and current.value != "0":
-        return None  # already read-only; changing the setting would be refused
-    return {"readonly": 1}
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, width: int = 160) -> str:

@@ -2,8 +2,9 @@
 
 Not a parser. It knows just enough of the ClickHouse lexer to tell code from
 string literals, quoted identifiers and comments, so that a ``;`` or a keyword
-inside ``'...'``, ``"..."``, ```...```, ``-- ...``, ``# ...`` or ``/* ... */``
-is not mistaken for code. Used by :mod:`pipeline.storage.schema` (split DDL
+inside ``'...'``, ``"..."``, ```...```, ``$$...$$`` / ``$tag$...$tag$``
+(heredoc strings), ``-- ...``, ``# ...`` or ``/* ... */`` (which nest, as in
+ClickHouse's lexer) is not mistaken for code. Used by :mod:`pipeline.storage.schema` (split DDL
 files into statements) and :mod:`pipeline.storage.query` (the read-only gate).
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import re
 
 _QUOTES = {"'", '"', "`"}
+#: Opening of a ClickHouse heredoc string: ``$$`` or ``$tag$`` (tag: letters, digits, ``_``).
+_HEREDOC = re.compile(r"\$([A-Za-z0-9_]*)\$")
 
 
 class SqlLexError(ValueError):
@@ -22,14 +25,18 @@ def mask_sql(sql: str) -> str:
     """Return ``sql`` with comments blanked and literal contents masked.
 
     The result has the same length and line structure: comment characters
-    become spaces, and every character inside a quoted string or identifier
-    becomes ``_`` (the quotes themselves stay). Keywords and ``;`` that remain
+    become spaces, and every character inside a quoted string, heredoc string
+    or identifier becomes ``_`` (the quotes and ``$tag$`` delimiters stay). Keywords and ``;`` that remain
     are therefore real code.
 
     >>> mask_sql("SELECT ';' -- drop\\n")
     "SELECT '_'        \\n"
 
-    Raises :class:`SqlLexError` for an unterminated quote or block comment.
+    >>> mask_sql("SELECT $$';$$ /* a /* b */ ; */")
+    'SELECT $$__$$                  '
+
+    Raises :class:`SqlLexError` for an unterminated quote, heredoc string or
+    block comment.
     """
     out: list[str] = []
     i, n = 0, len(sql)
@@ -57,22 +64,42 @@ def mask_sql(sql: str) -> str:
                 out.append("\n" if cj == "\n" else "_")
                 j += 1
             i = j
+        elif ch == "$" and (heredoc := _HEREDOC.match(sql, i)):
+            tag = heredoc.group(0)
+            j = sql.find(tag, heredoc.end())
+            if j < 0:
+                raise SqlLexError(f"unterminated {tag} string starting at offset {i}")
+            body = sql[heredoc.end():j]
+            out.append(tag + "".join("\n" if c == "\n" else "_" for c in body) + tag)
+            i = j + len(tag)
         elif sql.startswith("--", i) or ch == "#":
             j = sql.find("\n", i)
             j = n if j < 0 else j
             out.append(" " * (j - i))
             i = j
         elif sql.startswith("/*", i):
-            j = sql.find("*/", i + 2)
-            if j < 0:
-                raise SqlLexError(f"unterminated /* comment starting at offset {i}")
-            j += 2
+            j = _comment_end(sql, i)
             out.append("".join("\n" if c == "\n" else " " for c in sql[i:j]))
             i = j
         else:
             out.append(ch)
             i += 1
     return "".join(out)
+
+
+def _comment_end(sql: str, start: int) -> int:
+    """Offset just past the ``/* ... */`` comment opening at ``start``; comments nest."""
+    depth, j = 0, start
+    while j < len(sql):
+        if sql.startswith("/*", j):
+            depth, j = depth + 1, j + 2
+        elif sql.startswith("*/", j):
+            depth, j = depth - 1, j + 2
+            if depth == 0:
+                return j
+        else:
+            j += 1
+    raise SqlLexError(f"unterminated /* comment starting at offset {start}")
 
 
 def split_statements(sql: str) -> list[str]:

@@ -363,6 +363,25 @@ def test_query_errors_never_print_the_password(fake_clickhouse: FakeClickHouse, 
     assert_no_secret("\n".join(outputs), "channel-health query output")
 
 
+@pytest.mark.parametrize("raw", ["/", "#", "?", "@", "/#?@:"])
+def test_unparseable_clickhouse_url_is_redacted_in_every_message(raw: str, capsys: pytest.CaptureFixture) -> None:
+    """Issue #16 item 8: a raw password with ``/``, ``#``, ``?`` or ``@`` breaks URL parsing; messages stay clean."""
+    from pipeline.config import load_settings, redact_secrets, redact_url
+    from pipeline.storage.client import open_client
+    from pipeline.storage.errors import StorageConfigError, StorageConnectError
+
+    password = f"ch-raw-{TOKEN}{raw}tail"
+    url = f"http://analyst:{password}@127.0.0.1:{_free_port()}/channel_health"
+    assert redact_url(url) == f"http://analyst:***@127.0.0.1:{url.rsplit(':', 1)[1]}"
+    settings = load_settings({"CHANNEL_HEALTH_CLICKHOUSE_URL": url})
+    shown = [repr(settings), settings.clickhouse_url_redacted, redact_secrets(f"echo {password} {quote(password, safe='')}")]
+    with pytest.raises((StorageConfigError, StorageConnectError)) as err:
+        open_client(settings, timeout_s=2)
+    shown.append(str(err.value))
+    assert "http://analyst:***@127.0.0.1" in str(err.value)
+    assert_no_secret("\n".join(shown), "messages about an unparseable ClickHouse URL")
+
+
 REFUSED = [
     "INSERT INTO channel_health.request_events (event_id) VALUES ('x')",
     "DROP TABLE channel_health.request_events",

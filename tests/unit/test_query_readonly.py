@@ -12,7 +12,6 @@ from pipeline.config import Settings
 from pipeline.storage.query import (
     QueryParameterError,
     QueryRefused,
-    _readonly_settings,
     check_readonly_sql,
     format_table,
     placeholders,
@@ -37,6 +36,14 @@ from pipeline.storage.query import (
         ("", "exactly one statement, got 0"),
         ("  ;  -- nothing\n", "exactly one statement, got 0"),
         ("SELECT 'unterminated", "unterminated ' quote"),
+        # Issue #16: heredoc strings and nested comments hid a second statement from the old lexer.
+        ("SELECT $$'$$; DROP TABLE channel_health.channel_verdicts -- '", "exactly one statement, got 2"),
+        ("WITH $$'$$ AS q INSERT INTO channel_health.request_events SELECT * FROM t -- '", "INSERT writes"),
+        ("SELECT $t$'$t$; INSERT INTO FUNCTION file($$x.sh$$,$$RawBLOB$$) SELECT 1 -- '", "got 2"),
+        ("SELECT 1 /* a /* b */ ; */ INTO OUTFILE 'x'", "INTO OUTFILE"),
+        ("SELECT 1 /* a /* b */ */; DROP TABLE t", "exactly one statement, got 2"),
+        ("SELECT $$never closed", r"unterminated \$\$ string"),
+        ("SELECT 1 /* a /* b */", "unterminated /\\* comment"),
     ],
 )
 def test_write_and_multi_statements_are_refused(sql: str, reason: str) -> None:
@@ -55,6 +62,7 @@ def test_write_and_multi_statements_are_refused(sql: str, reason: str) -> None:
         ("DESCRIBE TABLE channel_health.request_events", "DESCRIBE TABLE channel_health.request_events"),
         ("desc channel_health.request_events", "desc channel_health.request_events"),
         ("EXPLAIN SELECT 1", "EXPLAIN SELECT 1"),
+        ("SELECT $$;INSERT$$, $a$$$;$a$ /* /* ; */ ; */", "SELECT $$;INSERT$$, $a$$$;$a$ /* /* ; */ ; */"),
         ("-- why\nSELECT `into outfile` FROM t -- ;", "-- why\nSELECT `into outfile` FROM t -- ;"),
     ],
 )
@@ -119,16 +127,59 @@ def test_refused_statement_never_reaches_the_database(chdb_client) -> None:
     assert rows == [(2,)]
 
 
-def test_readonly_setting_only_for_http_clients_that_may_write(chdb_client) -> None:
+class _FakeResult:
+    def __init__(self, column_names: list[str], rows: list[tuple]) -> None:
+        self.column_names, self.result_rows = column_names, rows
+
+
+def _fake_http_client(readonly: str) -> tuple[object, list[tuple[str, object, object]]]:
+    """An HttpClient that answers formatQuery / EXPLAIN AST / the query and records the settings sent."""
     from clickhouse_connect.driver.httpclient import HttpClient
     from clickhouse_connect.driver.models import SettingDef
 
-    assert _readonly_settings(chdb_client) is None  # chDB: a setting would stick to the shared session
-    http = object.__new__(HttpClient)  # no server needed to decide
-    http.server_settings = {"readonly": SettingDef(name="readonly", value="0", readonly=0)}
-    assert _readonly_settings(http) == {"readonly": 1}
-    http.server_settings = {"readonly": SettingDef(name="readonly", value="1", readonly=1)}
-    assert _readonly_settings(http) is None  # read-only user: changing the setting would be refused
+    calls: list[tuple[str, object, object]] = []
+    http = object.__new__(HttpClient)  # no server needed
+    http.server_settings = {"readonly": SettingDef(name="readonly", value=readonly, readonly=int(readonly))}
+
+    def query(sql: str, parameters=None, settings=None):  # noqa: ANN001
+        calls.append((sql, parameters, settings))
+        if sql.startswith("SELECT formatQuery("):
+            return _FakeResult(["q"], [("SELECT {ch:String} AS c",)])
+        if sql.startswith("EXPLAIN AST "):
+            return _FakeResult(["explain"], [("SelectWithUnionQuery (children 1)",), (" ExpressionList",)])
+        return _FakeResult(["c"], [("a",)])
+
+    http.query = query
+    return http, calls
+
+
+def test_http_client_sends_readonly_and_limits_with_every_request() -> None:
+    from pipeline.config import QueryLimits
+
+    http, calls = _fake_http_client("0")
+    limits = QueryLimits(max_execution_time_s=7.5, max_memory_bytes=2**28, max_result_rows=42)
+    assert run_readonly_query(http, "select {ch:String} as c", {"ch": "a"}, limits) == (["c"], [("a",)])
+    inspect = {"max_execution_time": 7.5, "max_memory_usage": 2**28, "allow_introspection_functions": 0,
+               "allow_ddl": 0, "readonly": 1}
+    run = {"max_execution_time": 7.5, "max_memory_usage": 2**28, "max_result_rows": 42,
+           "result_overflow_mode": "throw", "allow_introspection_functions": 0, "allow_ddl": 0, "readonly": 1}
+    assert calls == [
+        ("SELECT formatQuery({q:String})", {"q": "select {ch:String} as c"}, inspect),  # the SQL is a bound value
+        ("EXPLAIN AST SELECT {ch:String} AS c", {"ch": "a"}, inspect),
+        ("SELECT {ch:String} AS c", {"ch": "a"}, run),  # ClickHouse's canonical text is what runs
+    ]
+    assert list(run)[-1] == "readonly"
+
+
+def test_http_user_that_is_read_only_already_gets_no_settings_and_readonly_2_no_readonly() -> None:
+    http, calls = _fake_http_client("1")  # ClickHouse refuses any setting change: the profile sets limits
+    run_readonly_query(http, "SELECT {ch:String} AS c", {"ch": "a"})
+    assert [settings for _, _, settings in calls] == [None, None, None]
+    http, calls = _fake_http_client("2")  # may change settings except readonly
+    run_readonly_query(http, "SELECT {ch:String} AS c", {"ch": "a"})
+    assert [sorted(settings) for _, _, settings in calls][2] == [
+        "allow_ddl", "allow_introspection_functions", "max_execution_time", "max_memory_usage", "max_result_rows",
+        "result_overflow_mode"]
 
 
 def test_format_table() -> None:
@@ -141,3 +192,16 @@ def test_format_table() -> None:
     assert "│ a       │ 0.123457 │ ['[bold]error_rate'] │ 2026-01-01T00:00:00+00:00 │ NULL │" in lines
     assert lines[-1] == "(1 row)"
     assert format_table(["x"], []).splitlines()[-1] == "(0 rows)"
+
+
+def test_query_limits_are_read_from_the_environment() -> None:
+    from pipeline.config import ConfigError, QueryLimits, load_settings
+
+    assert load_settings({}).query_limits == QueryLimits(30.0, 2 * 1024**3, 100_000)
+    env = {"CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S": "1.5", "CHANNEL_HEALTH_QUERY_MAX_MEMORY_BYTES": "1048576",
+           "CHANNEL_HEALTH_QUERY_MAX_RESULT_ROWS": "7"}
+    assert load_settings(env).query_limits == QueryLimits(1.5, 1048576, 7)
+    for name, raw in (("EXECUTION_TIME_S", "0"), ("EXECUTION_TIME_S", "inf"), ("MEMORY_BYTES", "2G"),
+                      ("MEMORY_BYTES", "1000"), ("RESULT_ROWS", "0")):
+        with pytest.raises(ConfigError, match=f"CHANNEL_HEALTH_QUERY_MAX_{name} must be .*, got '{raw}'"):
+            load_settings({f"CHANNEL_HEALTH_QUERY_MAX_{name}": raw})
