@@ -92,6 +92,8 @@ def broker(port: Optional[int] = typer.Option(None, help="Loopback port (default
 def worker(
     loglevel: str = typer.Option("warn", help="faust log level: debug, info, warn, error."),
     policy: Optional[Path] = typer.Option(None, help="TOML file with per-tier / per-channel policy overrides."),
+    replay: bool = typer.Option(False, "--replay", help="Replay mode (as CHANNEL_HEALTH_CLOCK=event): the event-age "
+                                "bound runs from the newest event accepted, so old data runs on its own clock."),
 ) -> None:
     """Run the stream worker against the configured Kafka and ClickHouse.
 
@@ -107,13 +109,19 @@ def worker(
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set (start one with `channel-health broker`).",
                     fg="red", err=True)
         raise typer.Exit(2)
+    from pipeline.kafka_topics import TopicSetupError
     from pipeline.storage.errors import StorageError
 
+    if replay:
+        settings = settings.with_overrides(clock="event")
     sys.argv = [sys.argv[0], "worker"]  # faust parses argv
     try:
         run_worker(settings, load_policy(policy), loglevel=loglevel)
     except StorageError as exc:  # ClickHouse unreachable or misconfigured at start: fail fast, one line
         typer.secho(redact_secrets(f"ClickHouse: {exc}"), fg="red", err=True)
+        raise typer.Exit(1) from None
+    except TopicSetupError as exc:  # Kafka unreachable, or a topic it refuses to create
+        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
         raise typer.Exit(1) from None
 
 
@@ -265,6 +273,65 @@ def bench(
     if json_path is not None:
         json_path.write_text(json.dumps(doc, indent=2, default=str))
         typer.echo(f"\nfigures written to {json_path}")
+
+
+topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown",
+                         help="Create or verify every Kafka topic with its configuration (SPEC §8).")
+app.add_typer(topics_app, name="topics")
+
+
+def _kafka_settings():
+    settings = _settings()
+    if not settings.kafka_bootstrap:
+        typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
+        raise typer.Exit(2)
+    return settings
+
+
+@topics_app.command("ensure")
+def topics_ensure(timeout_s: float = typer.Option(15.0, help="Give up after this many seconds.")) -> None:
+    """Create every missing topic with its configuration; existing topics are left as they are.
+
+    Compacted channel.health, channel.control and state topic; DLQ retention from CHANNEL_HEALTH_DLQ_RETENTION;
+    partitions, replication factor and min.insync.replicas from CHANNEL_HEALTH_PARTITIONS,
+    CHANNEL_HEALTH_REPLICATION_FACTOR and CHANNEL_HEALTH_MIN_INSYNC_REPLICAS. Works with auto-create off.
+    """
+    from pipeline.kafka_topics import TopicSetupError, ensure
+
+    settings = _kafka_settings()
+    try:
+        result = asyncio.run(ensure(settings, timeout_s=timeout_s))
+    except TopicSetupError as exc:
+        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
+        raise typer.Exit(1) from None
+    for name in result["created"]:
+        typer.echo(f"created  {name}")
+    for name in result["existing"]:
+        typer.echo(f"exists   {name}")
+    if result["existing"]:
+        typer.echo("Existing topics are not changed; `channel-health topics check` compares them.", err=True)
+
+
+@topics_app.command("check")
+def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this many seconds.")) -> None:
+    """Compare the cluster's topics with the configured ones; exit 1 on a mismatch.
+
+    Reports missing topics, partition counts, replication factors and config values (cleanup.policy,
+    retention.ms, min.insync.replicas) that differ. Settings the broker does not report are listed as
+    UNVERIFIED (exit 0): the embedded broker is one.
+    """
+    from pipeline.kafka_topics import TopicSetupError, check
+
+    settings = _kafka_settings()
+    try:
+        report = asyncio.run(check(settings, timeout_s=timeout_s))
+    except TopicSetupError as exc:
+        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
+        raise typer.Exit(1) from None
+    for line in report.lines():
+        typer.echo(line)
+    if report.mismatches:
+        raise typer.Exit(1)
 
 
 def _mount_quality() -> None:

@@ -112,6 +112,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         datadir=datadir,
         web_enabled=False,
         topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,  # faust's own topics (assignor leader)
         consumer_auto_offset_reset="earliest",
         topic_allow_declare=True,
         producer_acks=-1,
@@ -488,9 +489,15 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
 
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:
-    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
+    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``).
+
+    First creates the missing topics (:func:`pipeline.kafka_topics.ensure`); raises its ``TopicSetupError``.
+    """
     from pipeline.sinks.process import open_sink
 
+    from pipeline.kafka_topics import ensure
+
+    asyncio.run(ensure(settings))  # SPEC §7: every topic with its configuration; works with auto-create off
     sink = open_sink(settings)
     app, _state = build_app(settings, policy, sink)
     tune_gc()
