@@ -95,7 +95,7 @@ def worker(
     replay: bool = typer.Option(False, "--replay", help="Replay mode (as CHANNEL_HEALTH_CLOCK=event): the event-age "
                                 "bound runs from the newest event accepted, so old data runs on its own clock."),
 ) -> None:
-    """Run the stream worker against the configured Kafka and ClickHouse.
+    """Run the stream worker against the configured Kafka and ClickHouse; first creates missing topics (`topics ensure`).
 
     Several workers may run in one consumer group (CHANNEL_HEALTH_CONSUMER_GROUP); each owns the channels
     of its partitions. With chDB only one process may open a data directory: use a ClickHouse server
@@ -116,6 +116,9 @@ def worker(
         settings = settings.with_overrides(clock="event")
     sys.argv = [sys.argv[0], "worker"]  # faust parses argv
     try:
+        from pipeline.kafka_topics import ensure
+
+        asyncio.run(ensure(settings))  # SPEC §7: every topic with its configuration; works with auto-create off
         run_worker(settings, load_policy(policy), loglevel=loglevel)
     except StorageError as exc:  # ClickHouse unreachable or misconfigured at start: fail fast, one line
         typer.secho(redact_secrets(f"ClickHouse: {exc}"), fg="red", err=True)

@@ -123,7 +123,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         **faust_broker_kwargs(settings),
     )
     disable_read_offset_filter(app.consumer)  # the OffsetGate orders and de-duplicates input instead
-    state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
+    state = WorkerState(processor=BatchProcessor.for_settings(settings, policy), sink=sink, last_batch_wall_s=time.monotonic())
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
 
@@ -489,15 +489,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
 
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:
-    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``).
-
-    First creates the missing topics (:func:`pipeline.kafka_topics.ensure`); raises its ``TopicSetupError``.
-    """
+    """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
     from pipeline.sinks.process import open_sink
 
-    from pipeline.kafka_topics import ensure
-
-    asyncio.run(ensure(settings))  # SPEC §7: every topic with its configuration; works with auto-create off
     sink = open_sink(settings)
     app, _state = build_app(settings, policy, sink)
     tune_gc()
