@@ -128,16 +128,33 @@ def worker(
         raise typer.Exit(1) from None
 
 
+def _utc_ms(text: str) -> int:
+    """UTC epoch ms of an ISO 8601 time with a time zone (``Z`` or ``+hh:mm``); ValueError otherwise."""
+    from datetime import datetime
+
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--start: not an ISO 8601 time: {text!r} (e.g. 2025-12-01T00:00:00Z)") from None
+    if at.tzinfo is None:
+        raise ValueError(f"--start: give a time zone, e.g. 2025-12-01T00:00:00Z (got {text!r}, which is ambiguous)")
+    return int(at.timestamp() * 1000)
+
+
 @app.command()
 def simulate(
     scenario: str = typer.Option(..., help="Scenario name (SPEC §5)."),
     speed: float = typer.Option(0.0, help="Event-time speed-up (e.g. 720 = 24 h in 2 min); 0 = as fast as possible."),
     seed: int = typer.Option(0, help="Simulator seed."),
     list_scenarios: bool = typer.Option(False, "--list", help="List scenarios and exit."),
+    start: Optional[str] = typer.Option(None, "--start", help="Event time of the scenario's start, ISO 8601 with a "
+                                        "time zone (e.g. 2025-12-01T00:00:00Z); default: it ends now. Data older "
+                                        "than CHANNEL_HEALTH_MAX_EVENT_AGE needs `worker --replay`."),
 ) -> None:
     """Publish a scenario's gateway events to the configured Kafka, in batch envelopes of 500 events.
 
-    Event time ends at the current time; with --speed the publisher paces itself by event time.
+    Event time ends at the current time, or starts at --start (a replay of a past day); with --speed the
+    publisher paces itself by event time.
     """
     from pipeline.simulate.scenarios import SCENARIOS, get_scenario
 
@@ -151,6 +168,7 @@ def simulate(
         raise typer.Exit(2)
     try:
         sc = get_scenario(scenario)
+        start_ms = _utc_ms(start) if start else int(time.time() * 1000) - int(sc.duration_s * 1000)
     except (KeyError, ValueError) as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
@@ -158,7 +176,6 @@ def simulate(
     async def run() -> None:
         from pipeline.producer import BatchingProducer
 
-        start_ms = int(time.time() * 1000) - int(sc.duration_s * 1000)
         wall0 = time.monotonic()
         async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests,
                                     security=settings.kafka_security.aiokafka_kwargs(),
