@@ -116,9 +116,9 @@ def worker(
         settings = settings.with_overrides(clock="event")
     sys.argv = [sys.argv[0], "worker"]  # faust parses argv
     try:
-        from pipeline.kafka_topics import ensure
+        from mode.utils.logging import setup_logging
 
-        asyncio.run(ensure(settings))  # SPEC §7: every topic with its configuration; works with auto-create off
+        setup_logging(loglevel=loglevel)  # as faust's worker will (again) at its start: the set-up before logs too
         run_worker(settings, load_policy(policy), loglevel=loglevel)
     except StorageError as exc:  # ClickHouse unreachable or misconfigured at start: fail fast, one line
         typer.secho(redact_secrets(f"ClickHouse: {exc}"), fg="red", err=True)

@@ -37,6 +37,7 @@ them back; :func:`check` then says which settings it could not verify.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,7 @@ from pipeline.embedded.topics import TopicSetupError, _topic_errors, _wait_for_p
 __all__ = ["TopicSpec", "topic_specs", "new_topics", "ensure", "check", "CheckReport", "TopicSetupError"]
 
 _TOPIC_ALREADY_EXISTS = 36
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ async def ensure(settings: Settings, *, admin: Any = None, timeout_s: float = 15
                 if code not in (0, _TOPIC_ALREADY_EXISTS):
                     raise TopicSetupError(f"creating topic {topic!r} failed: Kafka error {code}: {message}")
             await _wait_for_partitions(admin, [s.name for s in missing], deadline)
+            log.info("topics created: %s", ", ".join(s.name for s in missing))
     finally:
         await _close(admin)
     return {"created": [s.name for s in missing], "existing": [s.name for s in specs if s.name in present]}

@@ -490,9 +490,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:
     """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
-    from pipeline.sinks.process import open_sink
+    from pipeline.stream.runtime import open_sink_and_topics
 
-    sink = open_sink(settings)
+    sink = open_sink_and_topics(settings)
     app, _state = build_app(settings, policy, sink)
     tune_gc()
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)
