@@ -92,8 +92,10 @@ def broker(port: Optional[int] = typer.Option(None, help="Loopback port (default
 def worker(
     loglevel: str = typer.Option("warn", help="faust log level: debug, info, warn, error."),
     policy: Optional[Path] = typer.Option(None, help="TOML file with per-tier / per-channel policy overrides."),
+    replay: bool = typer.Option(False, "--replay", help="Replay mode (as CHANNEL_HEALTH_CLOCK=event): the event-age "
+                                "bound runs from the newest event accepted, so old data runs on its own clock."),
 ) -> None:
-    """Run the stream worker against the configured Kafka and ClickHouse.
+    """Run the stream worker against the configured Kafka and ClickHouse; first creates missing topics (`topics ensure`).
 
     Several workers may run in one consumer group (CHANNEL_HEALTH_CONSUMER_GROUP); each owns the channels
     of its partitions. With chDB only one process may open a data directory: use a ClickHouse server
@@ -107,14 +109,36 @@ def worker(
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set (start one with `channel-health broker`).",
                     fg="red", err=True)
         raise typer.Exit(2)
+    from pipeline.kafka_topics import TopicSetupError
     from pipeline.storage.errors import StorageError
 
+    if replay:
+        settings = settings.with_overrides(clock="event")
     sys.argv = [sys.argv[0], "worker"]  # faust parses argv
     try:
+        from mode.utils.logging import setup_logging
+
+        setup_logging(loglevel=loglevel)  # as faust's worker will (again) at its start: the set-up before logs too
         run_worker(settings, load_policy(policy), loglevel=loglevel)
     except StorageError as exc:  # ClickHouse unreachable or misconfigured at start: fail fast, one line
         typer.secho(redact_secrets(f"ClickHouse: {exc}"), fg="red", err=True)
         raise typer.Exit(1) from None
+    except TopicSetupError as exc:  # Kafka unreachable, or a topic it refuses to create
+        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
+def _utc_ms(text: str) -> int:
+    """UTC epoch ms of an ISO 8601 time with a time zone (``Z`` or ``+hh:mm``); ValueError otherwise."""
+    from datetime import datetime
+
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--start: not an ISO 8601 time: {text!r} (e.g. 2025-12-01T00:00:00Z)") from None
+    if at.tzinfo is None:
+        raise ValueError(f"--start: give a time zone, e.g. 2025-12-01T00:00:00Z (got {text!r}, which is ambiguous)")
+    return int(at.timestamp() * 1000)
 
 
 @app.command()
@@ -123,10 +147,14 @@ def simulate(
     speed: float = typer.Option(0.0, help="Event-time speed-up (e.g. 720 = 24 h in 2 min); 0 = as fast as possible."),
     seed: int = typer.Option(0, help="Simulator seed."),
     list_scenarios: bool = typer.Option(False, "--list", help="List scenarios and exit."),
+    start: Optional[str] = typer.Option(None, "--start", help="Event time of the scenario's start, ISO 8601 with a "
+                                        "time zone (e.g. 2025-12-01T00:00:00Z); default: it ends now. Data older "
+                                        "than CHANNEL_HEALTH_MAX_EVENT_AGE needs `worker --replay`."),
 ) -> None:
     """Publish a scenario's gateway events to the configured Kafka, in batch envelopes of 500 events.
 
-    Event time ends at the current time; with --speed the publisher paces itself by event time.
+    Event time ends at the current time, or starts at --start (a replay of a past day); with --speed the
+    publisher paces itself by event time.
     """
     from pipeline.simulate.scenarios import SCENARIOS, get_scenario
 
@@ -140,6 +168,7 @@ def simulate(
         raise typer.Exit(2)
     try:
         sc = get_scenario(scenario)
+        start_ms = _utc_ms(start) if start else int(time.time() * 1000) - int(sc.duration_s * 1000)
     except (KeyError, ValueError) as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
@@ -147,7 +176,6 @@ def simulate(
     async def run() -> None:
         from pipeline.producer import BatchingProducer
 
-        start_ms = int(time.time() * 1000) - int(sc.duration_s * 1000)
         wall0 = time.monotonic()
         async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests,
                                     security=settings.kafka_security.aiokafka_kwargs(),
@@ -272,6 +300,65 @@ def bench(
     if json_path is not None:
         json_path.write_text(json.dumps(doc, indent=2, default=str))
         typer.echo(f"\nfigures written to {json_path}")
+
+
+topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown",
+                         help="Create or verify every Kafka topic with its configuration (SPEC §8).")
+app.add_typer(topics_app, name="topics")
+
+
+def _kafka_settings():
+    settings = _settings()
+    if not settings.kafka_bootstrap:
+        typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
+        raise typer.Exit(2)
+    return settings
+
+
+@topics_app.command("ensure")
+def topics_ensure(timeout_s: float = typer.Option(15.0, help="Give up after this many seconds.")) -> None:
+    """Create every missing topic with its configuration; existing topics are left as they are.
+
+    Compacted channel.health, channel.control and state topic; DLQ retention from CHANNEL_HEALTH_DLQ_RETENTION;
+    partitions, replication factor and min.insync.replicas from CHANNEL_HEALTH_PARTITIONS,
+    CHANNEL_HEALTH_REPLICATION_FACTOR and CHANNEL_HEALTH_MIN_INSYNC_REPLICAS. Works with auto-create off.
+    """
+    from pipeline.kafka_topics import TopicSetupError, ensure
+
+    settings = _kafka_settings()
+    try:
+        result = asyncio.run(ensure(settings, timeout_s=timeout_s))
+    except TopicSetupError as exc:
+        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
+        raise typer.Exit(1) from None
+    for name in result["created"]:
+        typer.echo(f"created  {name}")
+    for name in result["existing"]:
+        typer.echo(f"exists   {name}")
+    if result["existing"]:
+        typer.echo("Existing topics are not changed; `channel-health topics check` compares them.", err=True)
+
+
+@topics_app.command("check")
+def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this many seconds.")) -> None:
+    """Compare the cluster's topics with the configured ones; exit 1 on a mismatch.
+
+    Reports missing topics, partition counts, replication factors and config values (cleanup.policy,
+    retention.ms, min.insync.replicas) that differ. Settings the broker does not report are listed as
+    UNVERIFIED (exit 0): the embedded broker is one.
+    """
+    from pipeline.kafka_topics import TopicSetupError, check
+
+    settings = _kafka_settings()
+    try:
+        report = asyncio.run(check(settings, timeout_s=timeout_s))
+    except TopicSetupError as exc:
+        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
+        raise typer.Exit(1) from None
+    for line in report.lines():
+        typer.echo(line)
+    if report.mismatches:
+        raise typer.Exit(1)
 
 
 def _mount_quality() -> None:

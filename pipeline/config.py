@@ -30,6 +30,21 @@ Variables (SPEC §7):
 ``CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S`` / ``..._QUERY_MAX_MEMORY_BYTES`` / ``..._QUERY_MAX_RESULT_ROWS``
     Limits of ``channel-health query`` (:class:`QueryLimits`; default 30 s,
     2 GiB, 100 000 rows), enforced by ClickHouse.
+``CHANNEL_HEALTH_PARTITIONS`` / ``..._REPLICATION_FACTOR`` / ``..._MIN_INSYNC_REPLICAS``
+    Partitions (default 4), replication factor (default 1, the embedded
+    broker) and ``min.insync.replicas`` (default 1, at most the replication
+    factor) of the topics ``channel-health topics ensure`` creates (SPEC §8;
+    production: RF 3, min.insync 2).
+``CHANNEL_HEALTH_DLQ_RETENTION``
+    ``retention.ms`` of ``gateway.requests.dlq``, a duration (default ``30d``).
+``CHANNEL_HEALTH_MAX_EVENT_AGE``
+    Oldest accepted event, a duration (default ``7d``): older events are
+    dead-lettered as ``ts_too_old``. Measured from the wall clock, or with
+    ``CHANNEL_HEALTH_CLOCK=event`` from the worker's own event clock.
+``CHANNEL_HEALTH_CLOCK``
+    ``wall`` (default) or ``event``: replay mode (``worker --replay``), where
+    the age bound runs from the newest event time the worker has accepted, so
+    data from a year ago is processed on its own clock (SPEC §7).
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -152,6 +167,8 @@ class Topics:
     dlq: str
     quality: str
     state: str
+    #: Manual overrides (SPEC §7 ``override``), compacted (SPEC §8).
+    control: str
 
     @classmethod
     def with_prefix(cls, prefix: str) -> "Topics":
@@ -162,6 +179,7 @@ class Topics:
             dlq=f"{prefix}gateway.requests.dlq",
             quality=f"{prefix}channel.quality_scores",
             state=f"{prefix}channel-health.state",
+            control=f"{prefix}channel.control",
         )
 
 
@@ -235,6 +253,15 @@ class Settings:
     sink_process: bool = True
     #: Limits of analysts' queries (``channel-health query``).
     query_limits: QueryLimits = QueryLimits()
+    #: Replication factor and ``min.insync.replicas`` of the topics (SPEC §8); 1 for the embedded broker.
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    #: ``retention.ms`` of the dead-letter topic.
+    dlq_retention_ms: int = 30 * 86_400_000
+    #: Oldest accepted event (ms behind the clock below); older: ``ts_too_old``.
+    max_event_age_ms: int = 7 * 86_400_000
+    #: ``"wall"``: the age bound runs from the wall clock; ``"event"`` (replay): from the newest accepted event.
+    clock: str = "wall"
 
     @property
     def topics(self) -> Topics:
@@ -330,6 +357,60 @@ def register_url_password(url: str) -> None:
         register_secret(unquote(password))
 
 
+_DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_duration_ms(text: str, name: str = "duration") -> int:
+    """Milliseconds of a duration: ``<number>[unit]``, unit ``ms``, ``s``, ``m``, ``h``, ``d`` or ``w``; a bare number is seconds.
+
+    ``name`` is used in the error message (the variable or flag). Raises
+    :class:`ConfigError` for anything else, or a value that is not > 0.
+
+    >>> parse_duration_ms("7d"), parse_duration_ms("36h"), parse_duration_ms("90m"), parse_duration_ms("1.5")
+    (604800000, 129600000, 5400000, 1500)
+    """
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|h|d|w)?\s*", text or "", re.IGNORECASE)
+    value = int(float(m.group(1)) * _DURATION_UNITS_MS[(m.group(2) or "s").lower()]) if m else 0
+    if value <= 0:
+        raise ConfigError(f"{name} must be a positive duration such as 7d, 36h, 90m, 30s or 3600 (seconds), "
+                          f"got {text!r}")
+    return value
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(f"{ENV_PREFIX}{name}")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+        if value < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{name} must be a positive integer, got {raw!r}") from None
+    return value
+
+
+def _topic_and_time_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The topic (SPEC §8) and event-time (SPEC §7) settings of :class:`Settings`, validated."""
+    rf = _positive_int(env, "REPLICATION_FACTOR", 1)
+    insync = _positive_int(env, "MIN_INSYNC_REPLICAS", 1)
+    if insync > rf:
+        raise ConfigError(f"{ENV_PREFIX}MIN_INSYNC_REPLICAS ({insync}) must not exceed "
+                          f"{ENV_PREFIX}REPLICATION_FACTOR ({rf}): no write could ever be acknowledged")
+    clock = env.get(f"{ENV_PREFIX}CLOCK", "wall").strip().lower()
+    if clock not in {"wall", "event"}:
+        raise ConfigError(f"{ENV_PREFIX}CLOCK must be 'wall' or 'event', got {clock!r}")
+    return dict(
+        replication_factor=rf,
+        min_insync_replicas=insync,
+        dlq_retention_ms=parse_duration_ms(env.get(f"{ENV_PREFIX}DLQ_RETENTION", "30d"), f"{ENV_PREFIX}DLQ_RETENTION"),
+        max_event_age_ms=parse_duration_ms(env.get(f"{ENV_PREFIX}MAX_EVENT_AGE", "7d"), f"{ENV_PREFIX}MAX_EVENT_AGE"),
+        clock=clock,
+    )
+
+
 #: Accepted spellings of an on/off setting.
 _SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
 
@@ -391,6 +472,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         fault_sink_down_file=env.get(f"{ENV_PREFIX}FAULT_SINK_DOWN_FILE") or None,
         sink_process=_SWITCH[sink_process_raw],
         query_limits=query_limits,
+        **_topic_and_time_settings(env),
         **bounds,  # type: ignore[arg-type]
     )
 

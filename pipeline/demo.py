@@ -126,7 +126,7 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, t
              speed: float = 0.0) -> int:
     """Run the whole demo; returns a process exit code."""
     from pipeline.embedded.broker import EmbeddedBroker
-    from pipeline.embedded.topics import ensure_topics
+    from pipeline.kafka_topics import ensure as ensure_topics
 
     console = Console()
     data_dir = data_dir.resolve()
@@ -142,9 +142,7 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path, seed: int = 0, t
             broker.start()
             settings = settings.with_overrides(kafka_bootstrap=broker.bootstrap)
             console.print(f"Broker at [bold]{broker.bootstrap}[/]")
-        t = settings.topics
-        asyncio.run(ensure_topics(settings.kafka_bootstrap, [t.requests, t.health, t.dlq, t.state],
-                                  settings.partitions, settings.kafka_security.aiokafka_kwargs()))
+        asyncio.run(ensure_topics(settings))
         log_path = data_dir / "worker.log"
         env = dict(os.environ, CHANNEL_HEALTH_KAFKA_BOOTSTRAP=settings.kafka_bootstrap,
                    CHANNEL_HEALTH_CLICKHOUSE_URL=settings.clickhouse_url)

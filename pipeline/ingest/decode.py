@@ -84,7 +84,8 @@ class Decoder:
 
     ``max_message_bytes`` (default 1,000,000): larger messages -> ``too_large``.
     ``max_future_ms`` (default 1 h): ``ts_ms > now_ms + max_future_ms`` -> ``ts_in_future``.
-    ``max_age_ms`` (default 7 days): ``ts_ms < now_ms - max_age_ms`` -> ``ts_too_old``.
+    ``max_age_ms`` (default 7 days, ``CHANNEL_HEALTH_MAX_EVENT_AGE``): ``ts_ms < now_ms - max_age_ms``
+    -> ``ts_too_old``; with :attr:`age_clock_ms` set (replay), measured from it instead of ``now_ms``.
     ``max_text_chars`` (default 8,000): longer ``response_text`` /
     ``prompt_text`` are cut to this many characters, not rejected. When a
     ``response_text`` that the structure check (SPEC §4.4) would judge is cut,
@@ -120,6 +121,9 @@ class Decoder:
         self.max_future_ms = max_future_ms
         self.max_age_ms = max_age_ms
         self.max_text_chars = max_text_chars
+        #: Replay mode: when set, the age bound runs from this event time (UTC epoch ms) instead of ``now_ms``
+        #: (the caller keeps it at the newest event accepted); the future bound stays on ``now_ms``.
+        self.age_clock_ms: int | None = None
         self.counters = counters if counters is not None else DecodeCounters()
         self._event_decoder = msgspec.json.Decoder(RequestEvent)
         self._typed_batch_decoder = msgspec.json.Decoder(TypedBatch)
@@ -432,9 +436,12 @@ class Decoder:
                 f"ts_ms: {ts_ms} is {_duration(ahead)} ahead of the decoder clock {now_ms} "
                 f"(limit {_duration(self.max_future_ms)})"
             )[: R.MAX_DETAIL_CHARS]
-        if self.max_age_ms is not None and -ahead > self.max_age_ms:
+        if self.max_age_ms is None:
+            return None
+        clock, name = (now_ms, "decoder clock") if self.age_clock_ms is None else (self.age_clock_ms, "event clock")
+        if clock - ts_ms > self.max_age_ms:
             return R.TS_TOO_OLD, (
-                f"ts_ms: {ts_ms} is {_duration(ahead)} behind the decoder clock {now_ms} "
+                f"ts_ms: {ts_ms} is {_duration(clock - ts_ms)} behind the {name} {clock} "
                 f"(limit {_duration(self.max_age_ms)})"
             )
         return None

@@ -112,6 +112,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         datadir=datadir,
         web_enabled=False,
         topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,  # faust's own topics (assignor leader)
         consumer_auto_offset_reset="earliest",
         topic_allow_declare=True,
         producer_acks=-1,
@@ -122,7 +123,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         **faust_broker_kwargs(settings),
     )
     disable_read_offset_filter(app.consumer)  # the OffsetGate orders and de-duplicates input instead
-    state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
+    state = WorkerState(processor=BatchProcessor.for_settings(settings, policy), sink=sink, last_batch_wall_s=time.monotonic())
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
 
@@ -489,9 +490,9 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
 def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel: str = "warning") -> None:
     """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
-    from pipeline.sinks.process import open_sink
+    from pipeline.stream.runtime import open_sink_and_topics
 
-    sink = open_sink(settings)
+    sink = open_sink_and_topics(settings)
     app, _state = build_app(settings, policy, sink)
     tune_gc()
     worker = faust.Worker(app, loglevel=loglevel, quiet=True)

@@ -23,11 +23,13 @@ from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
+from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict, encode
 from pipeline.engine import BatchResult, Engine
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
+from pipeline.policy.defaults import PolicyConfig
 
 _TS = attrgetter("ts_ms")
 _CHANNEL = attrgetter("channel")
@@ -61,13 +63,22 @@ class BatchProcessor:
 
     ``clock_ms`` returns wall-clock UTC epoch ms (used only to reject
     timestamps absurdly far from now; windows run on event time).
+
+    ``event_clock`` (replay mode, ``CHANNEL_HEALTH_CLOCK=event``): the
+    decoder's age bound runs from ``event_time_ms``, the newest event time
+    accepted so far (0 before the first: nothing is too old yet), not from the
+    wall clock, so a day from a year ago is processed on its own clock; the
+    future bound stays on the wall clock.
     """
 
     def __init__(self, engine: Engine | None = None, decoder: Decoder | None = None,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *, event_clock: bool = False):
         self.engine = engine or Engine()
         self.decoder = decoder or Decoder()
         self.clock_ms = clock_ms
+        self.event_clock = event_clock
+        #: Newest event time accepted (UTC epoch ms; kept across :meth:`reset`); only tracked with ``event_clock``.
+        self.event_time_ms = 0
         self.counters = DecodeCounters()
         self.events_in = 0
         self.verdicts_out = 0
@@ -92,6 +103,12 @@ class BatchProcessor:
         #: partition → highest input offset any loaded snapshot covers, until input on that partition
         #: has passed it (offsets only grow within an assignment); empty: no event can be covered.
         self.cover_limit: dict[int, int] = {}
+
+    @classmethod
+    def for_settings(cls, settings: Settings, policy: PolicyConfig | None = None) -> "BatchProcessor":
+        """The worker's processor: an :class:`Engine` with ``policy``, the age bound ``settings.max_event_age_ms``
+        (``CHANNEL_HEALTH_MAX_EVENT_AGE``), and the event clock when ``settings.clock == "event"``."""
+        return cls(Engine(policy), Decoder(max_age_ms=settings.max_event_age_ms), event_clock=settings.clock == "event")
 
     def reset(self, engine: Engine) -> None:
         """Start over with ``engine`` (fresh) after a rebalance; counters are kept.
@@ -166,7 +183,11 @@ class BatchProcessor:
         now = self.clock_ms()
         given = partitions is not None and offsets is not None
         track = given and self._may_be_covered(partitions, offsets)  # type: ignore[arg-type]
+        if self.event_clock:
+            self.decoder.age_clock_ms = self.event_time_ms
         events, owner, out.dead_letters, envelopes = self.decoder.decode_many(raws, now)
+        if self.event_clock and events:
+            self.event_time_ms = max(self.event_time_ms, max(map(_TS, events)))
         if track:  # events a snapshot covers go to ``stored`` on their own (below): keep their messages as rows
             envelopes = []
         origin: list[tuple[int, int]] = []
