@@ -23,6 +23,11 @@ Variables (SPEC §7):
     Bounds of the worker's ClickHouse buffer, per table (default 100 000 rows
     / 64 MiB). While ClickHouse is down the worker keeps publishing verdicts
     until a buffer is full, then stops taking input until it drains.
+``CHANNEL_HEALTH_PRODUCER_MAX_REQUEST_BYTES``
+    Largest produce request of the worker's Kafka producer (bytes, default
+    1 000 000 as faust's ``producer_max_request_size``; at least 65 536). Dead
+    letters are cut to fit well under it
+    (:func:`pipeline.ingest.dead_letter.raw_budget`).
 ``CHANNEL_HEALTH_SINK_PROCESS``
     ``on`` (default): the worker writes ClickHouse from a child process
     (:mod:`pipeline.sinks.process`), so inserts and an embedded chDB stay
@@ -247,6 +252,8 @@ class Settings:
     partitions: int = 4
     sink_max_rows: int = 100_000
     sink_max_bytes: int = 64 * 1024 * 1024
+    #: Largest produce request of the worker's producer (bytes; faust/aiokafka ``max_request_size``).
+    producer_max_request_bytes: int = 1_000_000
     #: Test hook: while this file exists, ClickHouse inserts fail (see module doc).
     fault_sink_down_file: str | None = None
     #: Write ClickHouse from a child process (:mod:`pipeline.sinks.process`); False: in the worker's process.
@@ -410,6 +417,8 @@ def _topic_and_time_settings(env: Mapping[str, str]) -> dict[str, Any]:
         clock=clock,
     )
 
+#: Smallest producer request limit accepted: a dead letter without its copy of the input needs ~18 KB at worst.
+MIN_PRODUCER_REQUEST_BYTES = 65_536
 
 #: Accepted spellings of an on/off setting.
 _SWITCH = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
@@ -440,7 +449,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     except ValueError:
         raise ConfigError(f"{ENV_PREFIX}PARTITIONS must be a positive integer, got {partitions_raw!r}") from None
     bounds = {}
-    for name in ("SINK_MAX_ROWS", "SINK_MAX_BYTES"):
+    for name in ("SINK_MAX_ROWS", "SINK_MAX_BYTES", "PRODUCER_MAX_REQUEST_BYTES"):
         raw = env.get(f"{ENV_PREFIX}{name}")
         if raw is None:
             continue
@@ -450,6 +459,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
                 raise ValueError
         except ValueError:
             raise ConfigError(f"{ENV_PREFIX}{name} must be a positive integer, got {raw!r}") from None
+    if bounds.get("producer_max_request_bytes", MIN_PRODUCER_REQUEST_BYTES) < MIN_PRODUCER_REQUEST_BYTES:
+        raise ConfigError(f"{ENV_PREFIX}PRODUCER_MAX_REQUEST_BYTES must be at least {MIN_PRODUCER_REQUEST_BYTES} "
+                          f"(room for a dead letter), got {bounds['producer_max_request_bytes']}")
     sink_process_raw = env.get(f"{ENV_PREFIX}SINK_PROCESS", "on").strip().lower()
     if sink_process_raw not in _SWITCH:
         raise ConfigError(f"{ENV_PREFIX}SINK_PROCESS must be one of {sorted(_SWITCH)}, got {sink_process_raw!r}")

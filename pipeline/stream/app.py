@@ -57,8 +57,10 @@ from faust.types import TP
 from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
+from pipeline.ingest.dead_letter import raw_budget
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.sinks.buffer import FLUSH_SHARE
+from pipeline.stream.dead_letters import DeadLetterPublisher
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
@@ -125,6 +127,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     disable_read_offset_filter(app.consumer)  # the OffsetGate orders and de-duplicates input instead
     state = WorkerState(processor=BatchProcessor.for_settings(settings, policy), sink=sink, last_batch_wall_s=time.monotonic())
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
+    dead_letters = DeadLetterPublisher(topics.dlq, raw_budget(settings.producer_max_request_bytes))
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
 
     def init_sync() -> None:
@@ -192,10 +195,10 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
     # -- output -------------------------------------------------------------------------
     async def publish(out: ProcessedBatch) -> None:
-        """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them."""
+        """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them (a refused dead
+        letter is sent again without its copy of the input, then counted as lost: never fatal)."""
         await send_and_wait(app.producer, topics.health, [(v.channel.encode(), encode(v), None) for v in out.verdicts])
-        await send_and_wait(app.producer, topics.dlq, [((d.event_id or "").encode() or None, d.to_kafka_value(), None)
-                                                       for d in out.dead_letters])
+        await dead_letters.publish(app.producer, out.dead_letters)  # never raises for a refused dead letter
 
     async def store(out: ProcessedBatch) -> None:
         """Put the batch's rows in the sink's buffer (written by the flusher).

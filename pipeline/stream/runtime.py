@@ -95,7 +95,7 @@ def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
     seconds and a dead member's partitions move within ~10 s on the embedded
     broker (a join takes about session_timeout / 2 on Tansu; below 1 s the
     group rebalances forever). Session 6 s, heartbeat 0.5 s. Producer batches:
-    :data:`PRODUCER_BATCH_BYTES`.
+    :data:`PRODUCER_BATCH_BYTES`; largest request: ``settings.producer_max_request_bytes``.
     """
     if not settings.kafka_bootstrap:
         raise ValueError("no Kafka bootstrap configured (CHANNEL_HEALTH_KAFKA_BOOTSTRAP)")
@@ -108,6 +108,7 @@ def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
         "broker_commit_every": 1_000,
         "broker_commit_interval": 1.0,
         "producer_max_batch_size": PRODUCER_BATCH_BYTES,
+        "producer_max_request_size": settings.producer_max_request_bytes,
     }
     if sec.protocol.startswith("SASL"):
         kwargs["broker_credentials"] = faust.SASLCredentials(
