@@ -60,11 +60,17 @@ def demo(
     and one example SQL query with its result. Set CHANNEL_HEALTH_KAFKA_BOOTSTRAP to use your own Kafka.
     """
     from pipeline.demo import run_demo
+    from pipeline.simulate.traces import DataNotFoundError
 
     if scenario not in _scenario_names():
         typer.secho(f"unknown scenario {scenario!r}; choose one of: {', '.join(_scenario_names())}", fg="red", err=True)
         raise typer.Exit(2)
-    raise typer.Exit(run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed))
+    try:
+        rc = run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed)
+    except DataNotFoundError as exc:  # ../shared/data present but incomplete: one line, not a traceback
+        typer.secho(f"traces: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(rc)
 
 
 @app.command()
@@ -123,12 +129,16 @@ def simulate(
     speed: float = typer.Option(0.0, help="Event-time speed-up (e.g. 720 = 24 h in 2 min); 0 = as fast as possible."),
     seed: int = typer.Option(0, help="Simulator seed."),
     list_scenarios: bool = typer.Option(False, "--list", help="List scenarios and exit."),
+    traces_dir: Optional[Path] = typer.Option(
+        None, "--traces-dir", help="Folder with the full real traces (default: ../shared/data beside the repository "
+                                   "if present, else the samples shipped in the package)."),
 ) -> None:
     """Publish a scenario's gateway events to the configured Kafka, in batch envelopes of 500 events.
 
     Event time ends at the current time; with --speed the publisher paces itself by event time.
     """
     from pipeline.simulate.scenarios import SCENARIOS, get_scenario
+    from pipeline.simulate.traces import DataNotFoundError, describe_data_source
 
     if list_scenarios:
         for name in sorted(SCENARIOS):
@@ -139,8 +149,9 @@ def simulate(
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        sc = get_scenario(scenario)
-    except (KeyError, ValueError) as exc:
+        sc = get_scenario(scenario, data_dir=traces_dir)
+        typer.echo(describe_data_source(traces_dir), err=True)
+    except (KeyError, ValueError, DataNotFoundError) as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
 
@@ -165,7 +176,11 @@ def simulate(
         typer.echo(f"\r{prod.events_sent:,} events in {prod.messages_sent:,} messages published to "
                    f"{settings.topics.requests}", err=True)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except DataNotFoundError as exc:  # a file missing from --traces-dir or ../shared/data
+        typer.secho(f"traces: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()

@@ -127,3 +127,16 @@ def test_scenario_events_are_the_same_on_samples_and_full_sets(name):
     full = first(DEFAULT_DATA_DIR)
     assert len(full) > 1_000
     assert first(SAMPLES_DIR) == full
+
+
+def test_simulate_cli_names_a_missing_traces_dir_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    missing = tmp_path / "nope"
+    res = CliRunner().invoke(app, ["simulate", "--scenario", "recovery", "--traces-dir", str(missing)],
+                             env={"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": "127.0.0.1:1"})
+    assert res.exit_code == 2
+    assert res.exception is None or isinstance(res.exception, SystemExit)
+    assert f"shared data folder not found: {missing}" in res.output
