@@ -9,6 +9,7 @@ Uncommitted changes are not in the clone.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -89,3 +90,14 @@ def test_plain_clone_runs_the_demo_end_to_end(clone, tmp_path):
     # The summary's example query reads the verdicts back from chDB.
     assert re.search(rf"{re.escape(CHANNEL)}\s*│\s*open\s*│", out) or re.search(rf"{re.escape(CHANNEL)}\s+open\s", out), \
         out[-3000:]
+
+
+def test_plain_clone_quality_train_names_the_missing_labels_in_one_line(clone):
+    """The quality model's training needs the full MT-bench set: one clear line, before loading any model."""
+    if importlib.util.find_spec("sentence_transformers") is None:  # find, not import: torch takes seconds
+        pytest.skip("quality extras (sentence-transformers) not installed")
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "quality", "train"], cwd=clone, env=clone_env(clone),
+                         capture_output=True, text=True, timeout=300)
+    missing = clone.resolve().parent / "shared" / "data" / "llm-answers-judged" / "mt_bench_judged.jsonl"
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip() == f"no --labels and {missing} is absent"
