@@ -60,11 +60,17 @@ def demo(
     and one example SQL query with its result. Set CHANNEL_HEALTH_KAFKA_BOOTSTRAP to use your own Kafka.
     """
     from pipeline.demo import run_demo
+    from pipeline.simulate.traces import DataNotFoundError
 
     if scenario not in _scenario_names():
         typer.secho(f"unknown scenario {scenario!r}; choose one of: {', '.join(_scenario_names())}", fg="red", err=True)
         raise typer.Exit(2)
-    raise typer.Exit(run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed))
+    try:
+        rc = run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed)
+    except DataNotFoundError as exc:  # ../shared/data present but incomplete: one line, not a traceback
+        typer.secho(f"traces: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    raise typer.Exit(rc)
 
 
 @app.command()
@@ -150,6 +156,9 @@ def simulate(
     start: Optional[str] = typer.Option(None, "--start", help="Event time of the scenario's start, ISO 8601 with a "
                                         "time zone (e.g. 2025-12-01T00:00:00Z); default: it ends now. Data older "
                                         "than CHANNEL_HEALTH_MAX_EVENT_AGE needs `worker --replay`."),
+    traces_dir: Optional[Path] = typer.Option(
+        None, "--traces-dir", help="Folder with the full real traces (default: ../shared/data beside the repository "
+                                   "if present, else the samples shipped in the package)."),
 ) -> None:
     """Publish a scenario's gateway events to the configured Kafka, in batch envelopes of 500 events.
 
@@ -157,6 +166,7 @@ def simulate(
     publisher paces itself by event time.
     """
     from pipeline.simulate.scenarios import SCENARIOS, get_scenario
+    from pipeline.simulate.traces import DataNotFoundError, describe_data_source
 
     if list_scenarios:
         for name in sorted(SCENARIOS):
@@ -167,9 +177,10 @@ def simulate(
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        sc = get_scenario(scenario)
+        sc = get_scenario(scenario, data_dir=traces_dir)
+        typer.echo(describe_data_source(traces_dir), err=True)
         start_ms = _utc_ms(start) if start else int(time.time() * 1000) - int(sc.duration_s * 1000)
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, DataNotFoundError) as exc:
         typer.secho(str(exc), fg="red", err=True)
         raise typer.Exit(2) from None
 
@@ -193,7 +204,11 @@ def simulate(
         typer.echo(f"\r{prod.events_sent:,} events in {prod.messages_sent:,} messages published to "
                    f"{settings.topics.requests}", err=True)
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except DataNotFoundError as exc:  # a file missing from --traces-dir or ../shared/data
+        typer.secho(f"traces: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()

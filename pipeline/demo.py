@@ -65,8 +65,10 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
     from pipeline.producer import BatchingProducer
     from pipeline.router.subscriber import HealthSubscriber
     from pipeline.simulate.scenarios import get_scenario
+    from pipeline.simulate.traces import describe_data_source
 
     scenario = get_scenario(scenario_name)
+    console.print(describe_data_source(scenario.data_dir))
     now_ms = int(time.time() * 1000)
     start_ms = now_ms - int(scenario.duration_s * 1000)
     console.print(f"[bold]Scenario[/] {scenario.name}: {scenario.description}")

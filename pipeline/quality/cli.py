@@ -177,6 +177,10 @@ def train(
     from pipeline.quality.embedding import EmbeddingCache
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    if not from_clickhouse and labels is None and not tr.default_labels_path().is_file():
+        # Checked before loading the embedding model (seconds); a plain clone has no ../shared/data.
+        typer.secho(f"no --labels and {tr.default_labels_path()} is absent", fg="red", err=True)
+        raise typer.Exit(2)
     emb = _embedder(embedding_model)
     if from_clickhouse:
         loaded = read_labels(_open_storage())
@@ -196,9 +200,6 @@ def train(
             data_summary={"source": loaded.source, "skipped": dict(loaded.skipped)},
         )
     else:
-        if labels is None and not tr.default_labels_path().is_file():
-            typer.secho(f"no --labels and {tr.default_labels_path()} is absent", fg="red", err=True)
-            raise typer.Exit(2)
         res = ship.train_from_file(
             labels,
             force=force,

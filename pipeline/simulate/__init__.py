@@ -1,10 +1,12 @@
 """Traffic simulator: realistic gateway request events in event time (SPEC §5).
 
-A pure generator (no sleeping, no I/O besides reading ``../shared/data``):
+A pure generator (no sleeping, no I/O besides reading ``../shared/data`` or,
+where it is absent, the samples shipped in :mod:`.samples`):
 another component publishes the events to Kafka or feeds them straight into
 the detector engine.
 
-Modules: :mod:`.traces` (loaders for the real data), :mod:`.load` (day/night
+Modules: :mod:`.traces` (loaders for the real data), :mod:`.samples` (the
+shipped samples and their derivation), :mod:`.load` (day/night
 curve, burstiness), :mod:`.channels` (channel and route profiles, latency
 model), :mod:`.answers` (structured answers from BFCL), :mod:`.faults`
 (injected faults), :mod:`.replay` (real-provider replay), :mod:`.generator`

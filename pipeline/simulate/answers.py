@@ -88,57 +88,67 @@ def _parse_calls(output: str) -> list[tuple[str, dict]] | None:
     return out
 
 
+def row_answers(i: int, row: dict) -> tuple[Answer, Answer] | None:
+    """The (tool call, JSON object) answers of BFCL row ``row``, or ``None`` if unusable.
+
+    ``i``: the row's 0-based line in ``bfcl_outputs.jsonl`` (a shipped sample
+    row carries it as ``line``); it picks which required field the hollow
+    variants drop, so the bank is the same on the full set and the sample.
+    """
+    if not str(row.get("output_format", "")).startswith("native tool calls"):
+        return None
+    if row.get("error_class") is not None:
+        return None
+    expected = row.get("expected_fields") or []
+    calls = _parse_calls(row.get("output", ""))
+    if not expected or calls is None or len(calls) != len(expected):
+        return None
+    if any(
+        not isinstance(e, dict) or e.get("function") != fn or any(r not in args for r in e.get("required", []))
+        for e, (fn, args) in zip(expected, calls)
+    ):
+        return None
+    with_required = [j for j, e in enumerate(expected) if e.get("required")]
+    if not with_required:
+        return None
+    prompt = str(row.get("prompt") or "")[:PROMPT_MAX_CHARS]
+    # Hollow tool call: drop one required argument of one call.
+    j = with_required[i % len(with_required)]
+    fn, args = calls[j]
+    req = list(expected[j]["required"])
+    dropped = req[i % len(req)]
+    hollow_calls = []
+    for k, (f, a) in enumerate(calls):
+        if k == j:
+            a = {key: v for key, v in a.items() if key != dropped}
+        hollow_calls.append({f: json.dumps(a)})
+    expected_json = [{"function": e["function"], "required": list(e.get("required", []))} for e in expected]
+    tool = Answer(
+        expected_fields=expected_json,
+        text=row["output"],
+        hollow_text=json.dumps(hollow_calls),
+        missing=[f"{fn}.{dropped}"],
+        prompt=prompt,
+    )
+    # JSON object: the arguments of the call with required fields.
+    obj = Answer(
+        expected_fields=req,
+        text=json.dumps(args),
+        hollow_text=json.dumps({key: v for key, v in args.items() if key != dropped}),
+        missing=[dropped],
+        prompt=prompt,
+    )
+    return tool, obj
+
+
 def _build(rows: tuple[dict, ...]) -> AnswerBank:
     tool: list[Answer] = []
     objs: list[Answer] = []
     for i, row in enumerate(rows):
-        if not str(row.get("output_format", "")).startswith("native tool calls"):
-            continue
-        if row.get("error_class") is not None:
-            continue
-        expected = row.get("expected_fields") or []
-        calls = _parse_calls(row.get("output", ""))
-        if not expected or calls is None or len(calls) != len(expected):
-            continue
-        if any(
-            not isinstance(e, dict) or e.get("function") != fn or any(r not in args for r in e.get("required", []))
-            for e, (fn, args) in zip(expected, calls)
-        ):
-            continue
-        with_required = [j for j, e in enumerate(expected) if e.get("required")]
-        if not with_required:
-            continue
-        prompt = str(row.get("prompt") or "")[:PROMPT_MAX_CHARS]
-        # Hollow tool call: drop one required argument of one call.
-        j = with_required[i % len(with_required)]
-        fn, args = calls[j]
-        req = list(expected[j]["required"])
-        dropped = req[i % len(req)]
-        hollow_calls = []
-        for k, (f, a) in enumerate(calls):
-            if k == j:
-                a = {key: v for key, v in a.items() if key != dropped}
-            hollow_calls.append({f: json.dumps(a)})
-        expected_json = [{"function": e["function"], "required": list(e.get("required", []))} for e in expected]
-        tool.append(
-            Answer(
-                expected_fields=expected_json,
-                text=row["output"],
-                hollow_text=json.dumps(hollow_calls),
-                missing=[f"{fn}.{dropped}"],
-                prompt=prompt,
-            )
-        )
-        # JSON object: the arguments of the call with required fields.
-        objs.append(
-            Answer(
-                expected_fields=req,
-                text=json.dumps(args),
-                hollow_text=json.dumps({key: v for key, v in args.items() if key != dropped}),
-                missing=[dropped],
-                prompt=prompt,
-            )
-        )
+        pair = row_answers(int(row.get("line", i)), row)
+        if pair is not None:
+            tool.append(pair[0])
+            objs.append(pair[1])
     if not tool:
         raise ValueError("no usable healthy tool-call rows in bfcl_outputs.jsonl")
     return AnswerBank(tool_calls=tuple(tool), json_objects=tuple(objs))

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .traces import DataNotFoundError, resolve_data_dir
+from . import samples
+from .traces import DataNotFoundError, is_samples, resolve_data_dir
 
 ANSWERS_FILE = "llm-answers-judged/mt_bench_judged.jsonl"
 #: Rating (1-10) from which an answer counts as good.
@@ -73,7 +74,12 @@ def _truncate(text: str) -> str:
     return text[:cut].rstrip()
 
 
-def _build(rows: list[dict], size: int) -> tuple[ChatAnswer, ...]:
+def pick_rows(rows: list[dict], size: int) -> list[tuple[str, dict]]:
+    """The pool's ``(question, row)`` pairs: the first ``size`` questions in hash order (module doc).
+
+    Any superset of the picked rows picks the same pairs, which is what lets
+    the shipped sample (:mod:`pipeline.simulate.samples`) hold only those.
+    """
     good = [
         r for r in rows
         if r.get("turn") == 1 and isinstance(r.get("score"), (int, float)) and r["score"] >= GOOD_SCORE
@@ -83,7 +89,11 @@ def _build(rows: list[dict], size: int) -> tuple[ChatAnswer, ...]:
     by_q: dict[str, dict] = {}
     for r in sorted(good, key=lambda r: hashlib.sha256(str(r["id"]).encode()).hexdigest()):
         by_q.setdefault(f"{r.get('dataset')}:{r.get('question_id')}", r)
-    picked = list(by_q.items())[:size]
+    return list(by_q.items())[:size]
+
+
+def _build(rows: list[dict], size: int) -> tuple[ChatAnswer, ...]:
+    picked = pick_rows(rows, size)
     if len(picked) < 2:
         raise ValueError(f"{ANSWERS_FILE}: fewer than 2 usable good answers")
     texts = [r["response"].strip() for _, r in picked]
@@ -112,10 +122,27 @@ def _pool_cached(path: Path, size: int) -> tuple[ChatAnswer, ...]:
     return _build(rows, size)
 
 
+@lru_cache(maxsize=4)
+def _pool_sample(size: int) -> tuple[ChatAnswer, ...]:
+    if size > samples.CHAT_POOL_SIZE:
+        raise ValueError(
+            f"the shipped samples hold {samples.CHAT_POOL_SIZE} answers, {size} asked; "
+            "pass data_dir with the full set (../shared/data)"
+        )
+    return _build(samples.read_chat(), size)
+
+
 def load_chat_pool(data_dir: str | Path | None = None, size: int = DEFAULT_POOL_SIZE) -> tuple[ChatAnswer, ...]:
     """The pool of good chat answers (cached per data folder and size).
 
-    Raises :class:`~pipeline.simulate.traces.DataNotFoundError` if the file
-    is missing, ``ValueError`` if fewer than 2 answers qualify.
+    From the shipped samples (:mod:`pipeline.simulate.samples`) the pool is
+    the same as from the full set for ``size`` up to
+    :data:`~pipeline.simulate.samples.CHAT_POOL_SIZE`. Raises
+    :class:`~pipeline.simulate.traces.DataNotFoundError` if the file is
+    missing, ``ValueError`` if fewer than 2 answers qualify or (samples) if
+    ``size`` exceeds the sample.
     """
-    return _pool_cached(resolve_data_dir(data_dir) / ANSWERS_FILE, int(size))
+    folder = resolve_data_dir(data_dir)
+    if is_samples(folder):
+        return _pool_sample(int(size))
+    return _pool_cached(folder / ANSWERS_FILE, int(size))

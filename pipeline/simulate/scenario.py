@@ -5,7 +5,8 @@ The named scenarios are built in :mod:`pipeline.simulate.scenarios`.
 ``SCENARIOS`` maps each name to a :class:`Scenario`; :func:`get_scenario`
 looks one up (``ValueError`` listing the valid names otherwise). A scenario
 is pure configuration; :meth:`Scenario.events` generates its request events
-in event time (no sleeping) from the real traces in ``../shared/data``.
+in event time (no sleeping) from the real traces in ``../shared/data``, or
+from the samples shipped in the package where that folder is absent.
 
 Times inside a scenario (``duration_s``, fault windows, ``expected``) are
 *scenario seconds*: seconds of event time since the scenario start. An event
@@ -80,7 +81,8 @@ class Scenario:
     checks (module doc). start_hour: hour of day at scenario time 0.
     night_fraction, latency_swing: day/night curve (:class:`DiurnalCurve`).
     warmup_s: healthy time before the first fault. data_dir: data folder
-    (``None``: ``../shared/data``).
+    (``None``: ``../shared/data`` if present, else the shipped samples; see
+    :func:`~pipeline.simulate.traces.resolve_data_dir`).
 
     Raises ``ValueError`` if a fault or route names an unknown channel, a
     channel's route is missing, or a fault starts before ``warmup_s``.

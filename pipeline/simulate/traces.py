@@ -19,10 +19,15 @@ Three sources feed the simulator:
     ``expected_fields`` ``[{function, required[]}]``, ``output``,
     ``output_format``, ``error_class``. :func:`load_bfcl_rows`.
 
-The data folder defaults to ``<repo>/../shared/data`` and can be overridden
-with a ``data_dir`` argument everywhere. A missing folder or file raises
-:class:`DataNotFoundError` naming the path. Loaded traces are cached per
-resolved path (they are read-only).
+The data folder defaults to ``<repo>/../shared/data`` when that folder
+exists, else to the compact samples shipped in the package
+(:data:`SAMPLES_DIR`, :mod:`pipeline.simulate.samples`: the same requests,
+so a scenario gives the same events on either). A ``data_dir`` argument,
+accepted everywhere, names a folder holding the full sets (or
+:data:`SAMPLES_DIR`); a named folder that does not exist, or a missing file,
+raises :class:`DataNotFoundError` naming the path (no fallback to the
+samples). :func:`describe_data_source` says in one line which is in use.
+Loaded traces are cached per resolved path (they are read-only).
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
+from . import samples
+from .samples import SAMPLES_DIR
 
 #: ``<repo>/../shared/data``: the shared data folder beside the repository.
 DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -56,18 +64,39 @@ class DataNotFoundError(FileNotFoundError):
 
 
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
-    """Return the data folder: ``data_dir`` if given, else :data:`DEFAULT_DATA_DIR`.
+    """Return the data folder: ``data_dir`` if given, else :data:`DEFAULT_DATA_DIR`
+    if it exists, else :data:`SAMPLES_DIR` (the shipped samples).
 
-    Raises :class:`DataNotFoundError` if the folder does not exist.
+    Raises :class:`DataNotFoundError` if a given ``data_dir`` does not exist.
     """
-    path = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
-    path = path.expanduser().resolve()
+    if data_dir is None:
+        return DEFAULT_DATA_DIR.resolve() if DEFAULT_DATA_DIR.is_dir() else SAMPLES_DIR
+    path = Path(data_dir).expanduser().resolve()
     if not path.is_dir():
         raise DataNotFoundError(
-            f"shared data folder not found: {path} (expected ../shared/data beside the "
-            "repository, or pass data_dir=...)"
+            f"shared data folder not found: {path} (expected the full sets as in ../shared/data; "
+            f"omit the folder to use the samples shipped in {SAMPLES_DIR})"
         )
     return path
+
+
+def is_samples(folder: Path) -> bool:
+    """Whether the resolved data folder ``folder`` is the shipped samples (:data:`SAMPLES_DIR`)."""
+    return folder == SAMPLES_DIR
+
+
+def describe_data_source(data_dir: str | Path | None = None) -> str:
+    """One line naming the trace source :func:`resolve_data_dir` picks, e.g. for the demo.
+
+    ``"traces: full sets (/x/shared/data)"`` or ``"traces: shipped samples
+    (pipeline/simulate/samples; full sets not found at /x/shared/data)"``.
+    Raises :class:`DataNotFoundError` as :func:`resolve_data_dir`.
+    """
+    folder = resolve_data_dir(data_dir)
+    if not is_samples(folder):
+        return f"traces: full sets ({folder})"
+    why = "" if data_dir is not None else f"; full sets not found at {DEFAULT_DATA_DIR}"
+    return f"traces: shipped samples (pipeline/simulate/samples{why})"
 
 
 def _require_file(path: Path) -> Path:
@@ -84,7 +113,8 @@ class AzureTrace:
     """One Azure LLM inference trace (1 h of a production service).
 
     ``arrival_s``: float64, shape (n,), seconds since the first arrival,
-    non-decreasing, range [0, ~3500]. ``context_tokens`` / ``generated_tokens``:
+    non-decreasing, range [0, ~3500] (whole seconds, floor, when read from the
+    shipped samples). ``context_tokens`` / ``generated_tokens``:
     int64, shape (n,), >= 0 (input and output tokens per request).
     """
 
@@ -177,8 +207,18 @@ def load_azure_trace(kind: AzureKind = "conv", data_dir: str | Path | None = Non
     """
     if kind not in AZURE_FILES:
         raise ValueError(f"unknown Azure trace kind {kind!r}; valid: {sorted(AZURE_FILES)}")
-    path = resolve_data_dir(data_dir) / AZURE_DIR / AZURE_FILES[kind]
-    return _load_azure_cached(path, kind)
+    folder = resolve_data_dir(data_dir)
+    if is_samples(folder):
+        return _load_azure_sample(kind)
+    return _load_azure_cached(folder / AZURE_DIR / AZURE_FILES[kind], kind)
+
+
+@lru_cache(maxsize=2)
+def _load_azure_sample(kind: str) -> AzureTrace:
+    arrival, ctx, gen = samples.read_azure(kind)
+    for a in (arrival, ctx, gen):
+        a.flags.writeable = False
+    return AzureTrace(kind=kind, arrival_s=arrival, context_tokens=ctx, generated_tokens=gen)
 
 
 # --------------------------------------------------------------------------- llmperf
@@ -253,7 +293,18 @@ def _load_llmperf_cached(path: Path) -> LlmperfTrace:
         rows = json.load(fh)
     if not isinstance(rows, list) or not rows:
         raise ValueError(f"{path}: expected a non-empty JSON list of request records")
-    stem = path.stem
+    return _llmperf_from_rows(path.stem, rows)
+
+
+@lru_cache(maxsize=64)
+def _load_llmperf_sample(stem: str) -> LlmperfTrace:
+    rows = samples.read_llmperf().get(stem)
+    if not rows:
+        raise DataNotFoundError(f"no llmperf file {stem!r} in the shipped samples ({SAMPLES_DIR})")
+    return _llmperf_from_rows(stem, rows)
+
+
+def _llmperf_from_rows(stem: str, rows: list[dict]) -> LlmperfTrace:
     provider, _, size = stem.rpartition("_")
     codes: list[int | None] = []
     for r in rows:
@@ -290,7 +341,10 @@ def list_llmperf(data_dir: str | Path | None = None) -> list[str]:
 
     Raises :class:`DataNotFoundError` if the folder is missing or empty.
     """
-    folder = resolve_data_dir(data_dir) / LLMPERF_DIR
+    root = resolve_data_dir(data_dir)
+    if is_samples(root):
+        return sorted(samples.read_llmperf())
+    folder = root / LLMPERF_DIR
     names = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
     if not names:
         raise DataNotFoundError(f"no llmperf files (*.json) in {folder}")
@@ -303,8 +357,10 @@ def load_llmperf(name: str, data_dir: str | Path | None = None) -> LlmperfTrace:
     Raises :class:`DataNotFoundError` if the file is missing, ``ValueError``
     if it is not a JSON list.
     """
-    path = resolve_data_dir(data_dir) / LLMPERF_DIR / f"{name}.json"
-    return _load_llmperf_cached(path)
+    folder = resolve_data_dir(data_dir)
+    if is_samples(folder):
+        return _load_llmperf_sample(name)
+    return _load_llmperf_cached(folder / LLMPERF_DIR / f"{name}.json")
 
 
 # --------------------------------------------------------------------------- bfcl
@@ -324,7 +380,16 @@ def _load_bfcl_cached(path: Path) -> tuple[dict, ...]:
 def load_bfcl_rows(data_dir: str | Path | None = None) -> tuple[dict, ...]:
     """All rows of ``function-call-outputs/bfcl_outputs.jsonl`` (1,673 dicts).
 
-    Rows are shared (cached); do not mutate them. Raises
-    :class:`DataNotFoundError` if the file is missing.
+    From the shipped samples: the 770 rows the answer bank uses, each with
+    its ``line`` in the full file. Rows are shared (cached); do not mutate
+    them. Raises :class:`DataNotFoundError` if the file is missing.
     """
-    return _load_bfcl_cached(resolve_data_dir(data_dir) / BFCL_FILE)
+    folder = resolve_data_dir(data_dir)
+    if is_samples(folder):
+        return _load_bfcl_sample()
+    return _load_bfcl_cached(folder / BFCL_FILE)
+
+
+@lru_cache(maxsize=1)
+def _load_bfcl_sample() -> tuple[dict, ...]:
+    return tuple(samples.read_bfcl())

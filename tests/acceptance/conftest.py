@@ -1,8 +1,17 @@
-"""Scenario replays through the in-process engine (no services): SPEC §5."""
+"""Scenario replays through the in-process engine (no services): SPEC §5.
+
+The scenarios read the full sets in ``../shared/data`` when present, else the
+samples shipped in the package (the same events), so a plain clone runs them
+too. ``CHANNEL_HEALTH_TEST_TRACES_DIR`` (a test-only knob) names another
+folder, e.g. ``pipeline/simulate/samples`` to force the samples beside the
+full sets.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +23,14 @@ from pipeline.simulate.traces import DataNotFoundError
 
 #: Scenario time 0: a fixed whole hour so runs are reproducible.
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
+#: The traces folder of the replays (``None``: ../shared/data if present, else the shipped samples).
+TRACES_DIR: Path | None = Path(os.environ["CHANNEL_HEALTH_TEST_TRACES_DIR"]) if os.environ.get(
+    "CHANNEL_HEALTH_TEST_TRACES_DIR") else None
+
+
+def scenario(name: str) -> Scenario:
+    """Scenario ``name`` bound to :data:`TRACES_DIR`."""
+    return get_scenario(name, data_dir=TRACES_DIR)
 
 
 @dataclass
@@ -45,7 +62,7 @@ class Run:
 
 def run_scenario(name: str, closed_loop: bool = False, seed: int = 0) -> Run:
     """Replay scenario ``name``; with ``closed_loop`` the simulated router follows the published shares."""
-    sc = get_scenario(name)
+    sc = scenario(name)
     events: list[dict] = []
     holder: dict[str, Engine] = {}
 
@@ -62,8 +79,8 @@ def run_scenario(name: str, closed_loop: bool = False, seed: int = 0) -> Run:
     holder["engine"] = engine
     try:
         engine, verdicts = replay(gen(), engine=engine)
-    except DataNotFoundError as exc:
-        pytest.skip(f"shared data folder absent: {exc}")
+    except DataNotFoundError as exc:  # only where CHANNEL_HEALTH_TEST_TRACES_DIR names a missing folder
+        pytest.fail(f"traces folder missing: {exc}")
     return Run(sc, events, engine, verdicts)
 
 

@@ -21,10 +21,10 @@ import pytest
 from pipeline.engine_replay import replay
 from pipeline.quality.sampler import QualitySampler
 from pipeline.simulate.chat_answers import load_chat_pool
-from pipeline.simulate.scenarios import WARMUP_S, get_scenario
+from pipeline.simulate.scenarios import WARMUP_S
 from pipeline.simulate.traces import DataNotFoundError
 
-from .conftest import START_MS, Run
+from .conftest import START_MS, TRACES_DIR, Run, scenario
 from .test_scenarios import NOT_HEALTHY, check_expected
 
 pytest.importorskip("sentence_transformers")
@@ -58,8 +58,8 @@ def run_with_quality(scenario, scorer, seed: int = 0) -> Run:
     started = time.perf_counter()
     try:
         engine, verdicts = replay(gen(), scorer=scorer, sampler=sampler)
-    except DataNotFoundError as exc:
-        pytest.skip(f"shared data folder absent: {exc}")
+    except DataNotFoundError as exc:  # only where CHANNEL_HEALTH_TEST_TRACES_DIR names a missing folder
+        pytest.fail(f"traces folder missing: {exc}")
     run = Run(scenario, events, engine, verdicts)
     run.sampler = sampler  # type: ignore[attr-defined]
     run.seconds = time.perf_counter() - started  # type: ignore[attr-defined]
@@ -68,7 +68,7 @@ def run_with_quality(scenario, scorer, seed: int = 0) -> Run:
 
 @pytest.fixture(scope="module")
 def drift_run(scorer):
-    return run_with_quality(get_scenario("quality-drift"), scorer)
+    return run_with_quality(scenario("quality-drift"), scorer)
 
 
 def test_quality_drift_raises_quality_on_the_drifting_channel_within_5_min(drift_run, scorer):
@@ -79,7 +79,7 @@ def test_quality_drift_raises_quality_on_the_drifting_channel_within_5_min(drift
     # during the fault only, with the
     # usual statuses (no injected failures) - nothing but the text changed.
     good: dict[str, set[str]] = {}
-    for a in load_chat_pool():
+    for a in load_chat_pool(TRACES_DIR):
         good.setdefault(a.prompt, set()).add(a.text)
     mine = [e for e in run.events if e["channel"] == DRIFT and "response_text" in e]
     before = [e["response_text"] in good[e["prompt_text"]] for e in mine if run.t(e["ts_ms"]) < t0]
@@ -123,7 +123,7 @@ def test_quality_drift_sampling_is_rate_limited_per_channel(drift_run):
 def test_clean_day_with_texts_raises_no_quality_reason(scorer):
     """26 h (2 h warm-up + a full day, night load 35 % of the peak) of the quality-drift channels
     without the fault, every answer scored by the real model at the default sampling rate."""
-    sc = dataclasses.replace(get_scenario("quality-drift"), name="quality-clean-day", faults=(), expected=(),
+    sc = dataclasses.replace(scenario("quality-drift"), name="quality-clean-day", faults=(), expected=(),
                              duration_s=WARMUP_S + 24 * 3600, start_hour=0.0)
     run = run_with_quality(sc, scorer)
     assert run.t(run.events[-1]["ts_ms"]) > 24 * 3600

@@ -6,12 +6,12 @@ drives); ``tests/integration`` runs a scenario through Kafka and chDB.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from pipeline.simulate.traces import resolve_data_dir
+from pipeline.simulate.traces import list_llmperf, load_llmperf
+
+from .conftest import TRACES_DIR
 
 NOT_HEALTHY = {"degraded", "open", "half_open", "recovering"}
 
@@ -124,13 +124,13 @@ def test_backup_overload_does_not_flip_flop(scenario_run):
 
 def test_real_providers_failing_channels_end_unhealthy(scenario_run):
     run = scenario_run("real-providers")
-    folder = resolve_data_dir() / "llmperf-leaderboard"
     failing, stable = [], []
-    for f in sorted(folder.glob("*.json")):
-        rows = json.loads(f.read_text())
-        name = f.stem.replace("_", "/")
-        err = sum(r["error_code"] is not None for r in rows) / len(rows)
-        lat = np.array([r["end_to_end_latency_s"] for r in rows if r["error_code"] is None])
+    for stem in list_llmperf(TRACES_DIR):
+        tr = load_llmperf(stem, TRACES_DIR)
+        name = stem.replace("_", "/")
+        no_error = np.array([c is None for c in tr.error_code])
+        err = 1 - no_error.mean()
+        lat = tr.e2e_latency_s[no_error]
         if err > 0.3:
             failing.append(name)
         elif err == 0 and np.percentile(lat, 99) / np.median(lat) < 2.0:

@@ -8,11 +8,7 @@ import pytest
 from pipeline.simulate.channels import BASE_ERROR_RATE, ChannelProfile, LatencyModel, RouteSpec
 from pipeline.simulate.faults import FAULT_KINDS, Fault, channel_effects, failure_probability, overload_factors
 from pipeline.simulate.load import DiurnalCurve
-from pipeline.simulate.traces import DEFAULT_DATA_DIR, load_llmperf
-
-needs_data = pytest.mark.skipif(
-    not DEFAULT_DATA_DIR.is_dir(), reason=f"shared data folder {DEFAULT_DATA_DIR} is absent"
-)
+from pipeline.simulate.traces import load_llmperf
 
 
 def test_diurnal_curve_trough_peak_and_latency_swing():
@@ -49,9 +45,8 @@ def test_channel_profile_defaults_and_validation():
         RouteSpec("r", 1.0, {"a": 0.0})
 
 
-@needs_data
 def test_latency_model_scales_to_the_chosen_quantile():
-    trace = load_llmperf("together_70b")
+    trace = load_llmperf("together_70b")  # ../shared/data or the shipped samples (every request of the file)
     m = LatencyModel.from_llmperf(trace, 180.0, 0.95)
     assert m.p95_ms == pytest.approx(180.0)
     med = LatencyModel.from_llmperf(trace, 2200.0, 0.5)
