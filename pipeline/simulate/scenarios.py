@@ -397,3 +397,15 @@ def get_scenario(name: str, data_dir: str | Path | None = None) -> Scenario:
     if data_dir is not None:
         sc = dataclasses.replace(sc, data_dir=Path(data_dir))
     return sc
+
+
+def headline(name: str) -> str:
+    """One line on scenario ``name``: the first paragraph of its builder's docstring
+    (``SPEC §5.x: what happens``), for ``--help`` and ``--list``.
+
+    Raises ``ValueError`` naming the valid scenarios for an unknown name.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}")
+    doc = (_BUILDERS[name].__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(doc.replace("``", "").split())
