@@ -279,7 +279,8 @@ def _summary(settings: Settings, console: Console) -> None:
 
     console.print(f"\n[bold]Data[/]: ClickHouse at {settings.clickhouse_url_redacted} "
                   "(tables channel_health.request_events, channel_minute_stats, channel_verdicts)")
-    env = "" if "CHANNEL_HEALTH_CLICKHOUSE_URL" in os.environ else f"CHANNEL_HEALTH_CLICKHOUSE_URL={settings.clickhouse_url} "
+    own_url = "CHANNEL_HEALTH_CLICKHOUSE_URL" in os.environ  # the user's own (may hold a password): not repeated
+    env = "" if own_url else f"CHANNEL_HEALTH_CLICKHOUSE_URL={settings.clickhouse_url} "
     console.print("Example query; run your own with:")
     console.print(Text(f"  {env}channel-health query \"SQL\""), soft_wrap=True)
     console.print(Text(f"  {EXAMPLE_SQL}"), soft_wrap=True)

@@ -64,7 +64,8 @@ def gradual_degradation() -> Scenario:
         faults=(
             Fault(faulty.name, "latency_ramp", t0, duration, {"factor": 800.0 / 180.0, "ramp_s": ramp}),
             Fault(faulty.name, "error_ramp", t0, duration,
-                  {"to_rate": 0.046, "ramp_s": ramp, "curve": 2.0, "mix": {"error": 0.6, "timeout": 0.2, "rate_limited": 0.2}}),
+                  {"to_rate": 0.046, "ramp_s": ramp, "curve": 2.0,
+                   "mix": {"error": 0.6, "timeout": 0.2, "rate_limited": 0.2}}),
         ),
         expected=(
             _never_bad(faulty.name, t0),

@@ -69,7 +69,8 @@ def test_failed_cycles_then_recovery_fold_and_then_print_the_recovery():
     seq = [v(0, "healthy"), v(60, "open", ["error_rate"]), v(150, "half_open"), v(155, "open"),
            v(250, "half_open"), v(340, "recovering")]
     lines = feed(tl, seq)
-    assert lines[-2] == f"+00:04:10  {CH:<28} open ↔ half_open ×2 since +00:02:30 (1 of 2 probes failed; now recovering)"
+    assert lines[-2] == (f"+00:04:10  {CH:<28} open ↔ half_open ×2 since +00:02:30 "
+                         "(1 of 2 probes failed; now recovering)")
     assert "half_open → recovering" in lines[-1]
     assert len(lines) == 3
 
