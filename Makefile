@@ -5,11 +5,17 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
+# First run only: ~2.4 GB in .venv (torch ~0.75 GB of it), about 5 min on a fast
+# connection; pip prints what it downloads, so the step is never silent.
 $(BIN)/.installed: pyproject.toml
+	@echo "==> First run: installing into $(VENV) (~2.4 GB on disk, about 5 min; later runs skip this)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[quality,test]'
+	@echo "==> [1/2] torch 2.13.0 (CPU build, the largest download)"
+	$(BIN)/python -m pip install torch==2.13.0
+	@echo "==> [2/2] channel-health and its dependencies (faust, chDB, sentence-transformers, test tools)"
+	$(BIN)/python -m pip install -e '.[quality,test]'
+	@echo "==> Installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $@
 
 .PHONY: install demo test bench

@@ -15,9 +15,11 @@ from typing import Optional
 
 import typer
 
+from pipeline.cli_help import PlainHelpGroup, use_plain_help
 from pipeline.config import ConfigError, load_settings, redact_secrets
 
 app = typer.Typer(
+    cls=PlainHelpGroup,  # no `--help <bool>` / `{sql}` in help texts (issue #17)
     add_completion=False,
     no_args_is_help=True,
     # Docstrings are hard-wrapped paragraphs: markdown joins their lines and rewraps them to the terminal.
@@ -46,10 +48,27 @@ def _scenario_names() -> list[str]:
     return sorted(SCENARIOS)
 
 
-@app.command()
+def scenario_lines() -> list[str]:
+    """One line per scenario: its name padded to 28 characters, then ``SPEC §5.x: what happens``."""
+    from pipeline.simulate.scenarios import SCENARIOS, headline
+
+    return [f"{name:<28} {headline(name)}" for name in sorted(SCENARIOS)]
+
+
+def _scenario_epilog() -> str:
+    """The scenario list for ``demo --help`` and ``simulate --help`` (markdown)."""
+    from pipeline.simulate.scenarios import SCENARIOS, headline
+
+    items = "\n".join(f"- `{name}`: {headline(name)}" for name in sorted(SCENARIOS))
+    return f"**Scenarios** (`--scenario NAME`; also `channel-health simulate --list`):\n\n{items}"
+
+
+@app.command(epilog=_scenario_epilog())
 def demo(
-    scenario: str = typer.Option("gradual-degradation", help="Scenario to replay; see `channel-health simulate --help`."),
-    data_dir: Path = typer.Option(Path("data"), help="Where chDB keeps the ClickHouse tables and the worker log."),
+    scenario: str = typer.Option("gradual-degradation", help="Scenario to replay (listed below)."),
+    data_dir: Optional[Path] = typer.Option(
+        None, help="Where chDB keeps the ClickHouse tables and the worker log (kept across runs). "
+                   "Default: a new data/demo-<UTC time> per run."),
     seed: int = typer.Option(0, help="Simulator seed (same seed, same events)."),
     timeout_s: float = typer.Option(600.0, help="Give up waiting for the worker after this many seconds."),
     speed: float = typer.Option(200.0, help="Event-time speed-up of the replay (200: 2.4 h in ~45 s); 0 = as fast as possible."),
@@ -147,9 +166,9 @@ def _utc_ms(text: str) -> int:
     return int(at.timestamp() * 1000)
 
 
-@app.command()
+@app.command(epilog=_scenario_epilog())
 def simulate(
-    scenario: str = typer.Option(..., help="Scenario name (SPEC §5)."),
+    scenario: Optional[str] = typer.Option(None, help="Scenario name (SPEC §5; listed below)."),
     speed: float = typer.Option(0.0, help="Event-time speed-up (e.g. 720 = 24 h in 2 min); 0 = as fast as possible."),
     seed: int = typer.Option(0, help="Simulator seed."),
     list_scenarios: bool = typer.Option(False, "--list", help="List scenarios and exit."),
@@ -165,13 +184,16 @@ def simulate(
     Event time ends at the current time, or starts at --start (a replay of a past day); with --speed the
     publisher paces itself by event time.
     """
-    from pipeline.simulate.scenarios import SCENARIOS, get_scenario
+    from pipeline.simulate.scenarios import get_scenario
     from pipeline.simulate.traces import DataNotFoundError, describe_data_source
 
     if list_scenarios:
-        for name in sorted(SCENARIOS):
-            typer.echo(f"{name:<30} {SCENARIOS[name].description}")
+        for line in scenario_lines():
+            typer.echo(line)
         return
+    if scenario is None:
+        typer.secho("give --scenario NAME (see `channel-health simulate --list`) or --list", fg="red", err=True)
+        raise typer.Exit(2)
     settings = _settings()
     if not settings.kafka_bootstrap:
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
@@ -385,6 +407,7 @@ def _mount_quality() -> None:
 
 
 _mount_quality()
+use_plain_help(app)
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
 from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ThresholdArrays
 from pipeline.ingest.structure import resolve_structure
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import bounded_shares
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, RECOVERING, ChannelMachine
 from pipeline.windows.store import EventColumns, WindowStore
@@ -285,7 +286,8 @@ class Engine:
             m.add_penalty(self.policy.penalty_per_run, now, self.policy)
             if m.trip(now, ["consecutive_failures"]):
                 out.append(self._verdict(c, now, {"consecutive_failures": float(threshold[c]),
-                                                  "consecutive_failures_threshold": float(threshold[c])}))
+                                                  "consecutive_failures_threshold": float(threshold[c])},
+                                         soft_now=self._soft_active(c)))
         return out
 
     # -- quality scores (SPEC §4.5) -------------------------------------------
@@ -409,7 +411,10 @@ class Engine:
             metrics = {k: v[j] for k, v in columns}
             metrics["route_share"] = shares[i]
             metrics["penalty"] = round(m.penalty, 4)
-            out.append(self._verdict(i, now_ms, metrics))
+            # hard findings beside the trip reasons only while open (a probe is judged on its own traffic)
+            hard_now = [f.reason for f in hard if f.fired[j]] if m.state == OPEN else ()
+            out.append(self._verdict(i, now_ms, metrics, hard_now=hard_now,
+                                     soft_now=[f.reason for f in soft if f.fired[j]]))
         return out
 
     def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
@@ -448,7 +453,13 @@ class Engine:
             out.update(zip(idx, values))
         return out
 
-    def _verdict(self, i: int, now_ms: int, metrics: dict) -> Verdict:
+    def _soft_active(self, i: int) -> list[str]:
+        """Soft findings in force for channel ``i`` (as of its last round)."""
+        return [r for r, arr in self.active.items() if i < arr.shape[0] and arr[i]]
+
+    def _verdict(self, i: int, now_ms: int, metrics: dict, hard_now: Sequence[str] = (),
+                 soft_now: Sequence[str] = ()) -> Verdict:
+        """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`."""
         m = self.machines[i]
         self.seq[i] += 1
         clean = {}
@@ -459,7 +470,8 @@ class Engine:
             v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v
             clean[k] = None if isinstance(v, float) and not np.isfinite(v) else (round(v, 4) if isinstance(v, float) else v)
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
-                       weight=float(m.weight), reasons=list(m.reasons), metrics=clean, ts_ms=now_ms, seq=self.seq[i])
+                       weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),
+                       metrics=clean, ts_ms=now_ms, seq=self.seq[i])
 
     def route_weights(self) -> dict[str, dict[str, float]]:
         """Current recommended weights: route → channel → weight."""

@@ -15,7 +15,11 @@ Kinds and ``params``:
     ``to_rate`` in [0, 1]: total failure probability at full strength,
     baseline included (e.g. 0.046 from a 0.002 baseline); ``ramp_s``;
     ``mix``: ``{status: weight}`` of the injected failures (default
-    :data:`DEFAULT_FAULT_MIX`).
+    :data:`DEFAULT_FAULT_MIX`); ``curve`` (>= 1, default 1): the added
+    failure probability grows as ``progress ** curve``, so with ``curve`` 2
+    failures stay near the baseline early in the ramp and accelerate late
+    (a saturating backend: queues, hence latency, build up first; timeouts
+    and load shedding follow once they overflow).
 ``missing_fields``
     ``to_rate`` in [0, 1]: share of structured ``ok`` answers missing a
     required field at full strength, baseline included; ``ramp_s``.
@@ -120,6 +124,8 @@ class Fault:
                 raise ValueError("latency_ramp fault needs params['factor'] > 0")
         elif self.kind == "error_ramp":
             _rate(p, "to_rate", self.kind)
+            if not float(p.get("curve", 1.0)) >= 1.0:
+                raise ValueError(f"error_ramp fault: curve must be >= 1, got {p.get('curve')}")
             normalised_mix(p.get("mix", DEFAULT_FAULT_MIX))
         elif self.kind == "missing_fields":
             _rate(p, "to_rate", self.kind)
@@ -228,7 +234,8 @@ def channel_effects(channel: ChannelProfile, faults: list[Fault] | tuple[Fault, 
             lat = lat * (1.0 + (float(f.params["factor"]) - 1.0) * f.strength(t))
         elif f.kind == "error_ramp":
             extra.append(
-                ((float(f.params["to_rate"]) - base) * f.strength(t), normalised_mix(f.params.get("mix", DEFAULT_FAULT_MIX)))
+                ((float(f.params["to_rate"]) - base) * f.strength(t) ** float(f.params.get("curve", 1.0)),
+                 normalised_mix(f.params.get("mix", DEFAULT_FAULT_MIX)))
             )
         elif f.kind == "missing_fields":
             missing = missing + (float(f.params["to_rate"]) - channel.missing_rate) * f.strength(t)

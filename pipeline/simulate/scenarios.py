@@ -34,7 +34,15 @@ def _chat_8b(peak_rps: float, error_rate: float | None = None) -> tuple[RouteSpe
 
 def gradual_degradation() -> Scenario:
     """SPEC §5.1: over 13 min a free channel's P95 goes 180 -> 800 ms and its
-    error rate 0.2 % -> 4.6 %; then holds for 10 min."""
+    error rate 0.2 % -> 4.6 %; then holds for 10 min.
+
+    The P95 climbs linearly; failures grow as the square of the ramp's
+    progress (``curve`` 2: 1.3 % half-way, 4.6 % at the end), as on a
+    saturating backend whose queues, hence latency, build up before timeouts
+    and load shedding set in. With both linear the story could not be told:
+    the free line (0.35 %) is crossed 27 s into the ramp, P95 x 1.8 only
+    after 181 s, so any detector would trip on errors first.
+    """
     t0, ramp, hold = WARMUP_S, 780, 600
     faulty = ChannelProfile("lepton/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
                             latency_ms=180.0, latency_quantile=0.95, structured_share=0.1)
@@ -46,8 +54,8 @@ def gradual_degradation() -> Scenario:
     return Scenario(
         name="gradual-degradation",
         description=(
-            "Free channel lepton/llama-70b@free (~16 req/s at the fault) degrades linearly over 13 min "
-            "from 10:00: P95 180 -> 800 ms, failure rate 0.2 % -> 4.6 %, then holds 10 min. "
+            "Free channel lepton/llama-70b@free (~16 req/s at the fault) degrades over 13 min from 10:00: "
+            "P95 climbs 180 -> 800 ms, then failures accelerate 0.2 % -> 4.6 % (1.3 % half-way); holds 10 min. "
             "2 h healthy warm-up; paid sibling and chat-8b stay healthy."
         ),
         duration_s=duration,
@@ -56,7 +64,8 @@ def gradual_degradation() -> Scenario:
         faults=(
             Fault(faulty.name, "latency_ramp", t0, duration, {"factor": 800.0 / 180.0, "ramp_s": ramp}),
             Fault(faulty.name, "error_ramp", t0, duration,
-                  {"to_rate": 0.046, "ramp_s": ramp, "mix": {"error": 0.6, "timeout": 0.2, "rate_limited": 0.2}}),
+                  {"to_rate": 0.046, "ramp_s": ramp, "curve": 2.0,
+                   "mix": {"error": 0.6, "timeout": 0.2, "rate_limited": 0.2}}),
         ),
         expected=(
             _never_bad(faulty.name, t0),
@@ -64,6 +73,8 @@ def gradual_degradation() -> Scenario:
              "reasons_any": ["error_rate", "latency_p95_ratio"]},
             {"channel": faulty.name, "state_in": ["open"], "from_s": t0, "by_s": t0 + ramp,
              "reasons_any": ["error_rate", "consecutive_failures"]},
+            {"channel": faulty.name, "state_sequence": ["healthy", "degraded", "open"], "from_s": t0 - 60,
+             "by_s": t0 + ramp},
             _never_bad(sibling.name, duration),
             *(_never_bad(c.name, duration) for c in c8),
         ),
@@ -387,3 +398,15 @@ def get_scenario(name: str, data_dir: str | Path | None = None) -> Scenario:
     if data_dir is not None:
         sc = dataclasses.replace(sc, data_dir=Path(data_dir))
     return sc
+
+
+def headline(name: str) -> str:
+    """One line on scenario ``name``: the first paragraph of its builder's docstring
+    (``SPEC §5.x: what happens``), for ``--help`` and ``--list``.
+
+    Raises ``ValueError`` naming the valid scenarios for an unknown name.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(SCENARIOS)}")
+    doc = (_BUILDERS[name].__doc__ or "").strip().split("\n\n")[0]
+    return " ".join(doc.replace("``", "").split())

@@ -47,6 +47,23 @@ def test_gradual_degradation_trips_before_error_rate_reaches_1_5_percent(scenari
     check_expected(run)
 
 
+def test_gradual_degradation_shows_the_latency_creep_before_the_error_trip(scenario_run):
+    """Issue #17: the lead scenario tells its story in the verdict stream."""
+    run = scenario_run("gradual-degradation")
+    ch = "lepton/llama-70b@free"
+    vs = run.of(ch)
+    first_latency = next(v for v in vs if "latency_p95_ratio" in v.reasons)
+    trip = next(v for v in vs if v.state == "open")
+    assert first_latency.ts_ms < trip.ts_ms
+    assert (first_latency.state, first_latency.reasons) == ("degraded", ["latency_p95_ratio"])
+    assert first_latency.metrics["latency_p95_ratio"] >= 1.8
+    # the 5 min P95 passes 1.8 x baseline some time after the injected P95 does (181 s into the ramp)
+    assert 181 <= run.t(first_latency.ts_ms) - 7200 <= 300
+    # every active finding, hard first: the trip still names the latency finding
+    assert trip.reasons[0] in ("error_rate", "consecutive_failures")
+    assert trip.reasons[-1] == "latency_p95_ratio"
+
+
 def test_sparse_consecutive_failures_across_quiet_gaps(scenario_run):
     run = scenario_run("sparse-consecutive-failures")
     ch = "replicate/llama-13b@free"

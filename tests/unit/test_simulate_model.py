@@ -67,6 +67,17 @@ def test_fault_validation_lists_valid_kinds():
         Fault("a", "consecutive_failures", 0, 100, {"count": 7, "gap_s": 75})
     with pytest.raises(ValueError, match="to_rate"):
         Fault("a", "error_ramp", 0, 100, {"to_rate": 2.0})
+    with pytest.raises(ValueError, match="curve must be >= 1"):
+        Fault("a", "error_ramp", 0, 100, {"to_rate": 0.05, "curve": 0.5})
+
+
+def test_error_ramp_curve_accelerates_failures_late():
+    ch = ChannelProfile("lepton/llama-70b@free", "chat-70b", "free")
+    fault = Fault(ch.name, "error_ramp", 100, 1000, {"to_rate": 0.046, "ramp_s": 600, "curve": 2.0})
+    t = np.array([100.0, 250.0, 400.0, 700.0, 999.0])
+    p = failure_probability(ch, channel_effects(ch, (fault,), t), np.zeros(len(t)))
+    # 0.2 % + 4.4 % x progress^2: a quarter of the way, 1/16 of the extra failures
+    np.testing.assert_allclose(p, [0.002, 0.002 + 0.044 / 16, 0.002 + 0.044 / 4, 0.046, 0.046])
 
 
 def test_ramped_faults_and_outage_effects():

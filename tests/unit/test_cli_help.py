@@ -1,0 +1,60 @@
+"""channel-health help texts and scenario listing (issue #17), through typer's CliRunner."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.simulate.scenarios import SCENARIOS
+
+runner = CliRunner()
+ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+def _command_paths() -> list[list[str]]:
+    """Every command and sub-command of the app, as argv prefixes (the root is [])."""
+    group = typer.main.get_command(app)
+    out, todo = [], [([], group)]
+    while todo:
+        path, cmd = todo.pop()
+        out.append(path)
+        for name, sub in getattr(cmd, "commands", {}).items():
+            todo.append(([*path, name], sub))
+    return out
+
+
+def test_simulate_list_works_without_a_scenario():
+    r = runner.invoke(app, ["simulate", "--list"], env=ENV)
+    assert r.exit_code == 0, r.output
+    names = [line.split()[0] for line in r.output.splitlines()]
+    assert names == sorted(SCENARIOS)
+    assert "gradual-degradation          SPEC §5.1: over 13 min a free channel's P95 goes 180 -> 800 ms" in r.output
+
+
+def test_simulate_without_scenario_or_list_is_a_clear_usage_error():
+    r = runner.invoke(app, ["simulate"], env=ENV)
+    assert r.exit_code == 2
+    assert "give --scenario NAME" in r.output
+
+
+def test_demo_help_lists_every_scenario_with_its_headline():
+    r = runner.invoke(app, ["demo", "--help"], env=ENV)
+    assert r.exit_code == 0
+    for name in SCENARIOS:
+        assert f"{name}:" in r.output
+    assert "SPEC §5.2: the primary fails hard for 15 min" in r.output
+
+
+@pytest.mark.parametrize("path", _command_paths(), ids=lambda p: " ".join(p) or "root")
+def test_help_shows_no_bool_type_for_flags(path):
+    r = runner.invoke(app, [*path, "--help"], env=ENV)
+    assert r.exit_code == 0, r.output
+    assert "--help" in r.output
+    assert "<bool>" not in r.output
+
+
+def test_query_usage_names_its_argument_in_capitals():
+    r = runner.invoke(app, ["query", "--help"], env=ENV)
+    assert "query [OPTIONS] SQL" in r.output and "{sql}" not in r.output
