@@ -229,7 +229,8 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int
     from pipeline.embedded.broker import EmbeddedBroker
     from pipeline.kafka_topics import ensure as ensure_topics
 
-    console = Console()
+    # Piped (CI logs, `| tee`): rich would wrap at 80 columns and cut the table's names; lines are the record there.
+    console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS") or 160))
     data_dir = choose_data_dir(data_dir, console)
     if "CHANNEL_HEALTH_CLICKHOUSE_URL" not in os.environ:
         settings = settings.with_overrides(clickhouse_url=f"chdb://{data_dir / 'chdb'}")
