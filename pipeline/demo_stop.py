@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import psutil
 
-from pipeline.parent_death import death_signal_preexec
+from pipeline.parent_death import death_signal_preexec, wait_ended
 from pipeline.stream.runtime import STOP_LIMIT_S
 
 #: Longest wait for the worker's own stop (drain and faust's shutdown, bounded by ``STOP_LIMIT_S``) (s).
@@ -70,7 +70,7 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
                     worker.wait(WORKER_STOP_S)
                 except subprocess.TimeoutExpired:
                     say(f"The worker did not stop within {WORKER_STOP_S:g} s; killing it.")
-            _, children = psutil.wait_procs(children, timeout=CHILDREN_STOP_S if worker is not None else 0)
+            children = wait_ended(children, CHILDREN_STOP_S if worker is not None else 0)
         except KeyboardInterrupt:
             say("Interrupted again: killing the worker and its sink process.")
         finally:
@@ -79,7 +79,7 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
             if worker is not None and worker.poll() is None:
                 worker.kill()
                 worker.wait()
-            psutil.wait_procs(children, timeout=CHILDREN_STOP_S)
+            wait_ended(children, CHILDREN_STOP_S)
             if broker is not None:
                 say("Stopping the broker…")
                 broker.stop()

@@ -28,7 +28,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +85,33 @@ def death_signal_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None
             os._exit(ORPHANED_EXIT_CODE)
 
     return preexec
+
+
+def wait_ended(procs: Iterable[Any], timeout_s: float) -> list[Any]:
+    """Wait up to ``timeout_s`` (>= 0) for ``procs`` (``psutil.Process``) to end; returns those still running.
+
+    For processes that may no longer be the caller's children (orphans re-parented to init): one that has
+    exited but not been reaped yet (a zombie; init reaps it in its own time) counts as ended. psutil tells
+    a reused pid apart from the original process.
+    """
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    alive = list(procs)
+    while True:
+        _gone, alive = psutil.wait_procs(alive, timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+        alive = [p for p in alive if not _zombie(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+
+
+def _zombie(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _prctl() -> Callable[..., int]:
