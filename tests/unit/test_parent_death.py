@@ -15,7 +15,8 @@ import pytest
 from pipeline.parent_death import ORPHANED_EXIT_CODE, POLL_S, death_signal_preexec, wait_ended, watch_parent
 
 REPO = Path(__file__).resolve().parents[2]
-_CHILD = "import sys, time; from pipeline.parent_death import watch_parent; watch_parent(int(sys.argv[1])); time.sleep(30)"
+_CHILD = ("import sys, time; from pipeline.parent_death import watch_parent; watch_parent(int(sys.argv[1])); "
+          "time.sleep(30)")
 
 
 def test_a_child_whose_parent_is_already_gone_exits_with_the_orphan_status():
