@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -94,21 +96,22 @@ def demo(
 
 @app.command()
 def broker(port: Optional[int] = typer.Option(None, help="Loopback port (default: a free one).")) -> None:
-    """Start only the embedded Kafka broker (Tansu, memory storage); print its bootstrap; run until Ctrl-C.
+    """Start only the embedded Kafka broker (Tansu, memory storage); print its bootstrap; run until Ctrl-C
+    or SIGTERM (systemd, Kubernetes), which stop the broker.
 
     Data is lost when it stops: for development, demos and tests.
     """
     from pipeline.embedded.broker import EmbeddedBroker
 
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Python's default SIGTERM ends the process without finally blocks
+        signal.signal(sig, lambda signum, frame: stop.set())
     b = EmbeddedBroker(port=port)
-    b.start()
-    typer.echo(b.bootstrap)
-    typer.echo(f"export CHANNEL_HEALTH_KAFKA_BOOTSTRAP={b.bootstrap}", err=True)
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
+        b.start()
+        typer.echo(b.bootstrap)
+        typer.echo(f"export CHANNEL_HEALTH_KAFKA_BOOTSTRAP={b.bootstrap}", err=True)
+        stop.wait()
     finally:
         b.stop()
 

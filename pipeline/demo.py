@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -221,11 +220,21 @@ def choose_data_dir(data_dir: Path | None, console: Console, root: Path = Path("
 
 def run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int = 0, timeout_s: float = 600.0,
              speed: float = 0.0) -> int:
-    """Run the whole demo; returns a process exit code.
+    """Run the whole demo; returns a process exit code (130 when stopped by Ctrl-C or SIGTERM).
 
     ``data_dir``: where chDB and the worker log go; None = a fresh
     ``data/demo-<UTC time>`` folder per run (:func:`choose_data_dir`).
+    Call from the main thread: it handles SIGINT and SIGTERM (:mod:`pipeline.demo_stop`).
     """
+    from pipeline.demo_stop import sigterm_interrupts
+
+    with sigterm_interrupts():
+        return _run_demo(settings, scenario, data_dir, seed, timeout_s, speed)
+
+
+def _run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int, timeout_s: float,
+              speed: float) -> int:
+    from pipeline.demo_stop import stop_in_order, worker_popen_kwargs
     from pipeline.embedded.broker import EmbeddedBroker
     from pipeline.kafka_topics import ensure as ensure_topics
 
@@ -250,7 +259,8 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int
         console.print(f"Starting the stream worker (log: {log_path})…")
         with open(log_path, "ab") as log:
             worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", "info"], env=env,
-                                      stdout=log, stderr=subprocess.STDOUT)
+                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      **worker_popen_kwargs())
         rc = asyncio.run(_run(settings, scenario, seed, timeout_s, console,
                               check=lambda: _check_worker(worker, log_path), speed=speed))
     except WorkerDied as exc:
@@ -260,15 +270,7 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int
         console.print("Interrupted.")
         rc = 130
     finally:
-        if worker is not None and worker.poll() is None:
-            console.print("Stopping the worker (flushes and commits)…")
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-        if broker is not None:
-            broker.stop()
+        stop_in_order(worker, broker, console.print)
     if rc == 0:
         _summary(settings, console)
     return rc

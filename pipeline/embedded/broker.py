@@ -7,8 +7,14 @@
                  --storage-engine memory://tansu/
 
 on a free loopback port (or the one given), waits until it answers a Kafka
-metadata request, and stops it on :meth:`EmbeddedBroker.stop` (SIGTERM, then
+metadata request, and stops it on :meth:`EmbeddedBroker.stop` (SIGINT, then
 SIGKILL). Memory storage: every message is lost when the broker stops.
+Started from the main thread on Linux, the broker also gets SIGINT from the
+kernel when this process dies by any signal (SIGKILL included:
+:func:`~pipeline.parent_death.death_signal_preexec`), so it never outlives it.
+It runs in its own session: a Ctrl-C in the terminal reaches this process
+only, which stops the broker when its users are done (``channel-health demo``
+stops the worker first).
 
 Known gaps of Tansu (SPEC §2): no log compaction, no exactly-once; use
 at-least-once processing. Consumer-group joins are slow with default
@@ -26,6 +32,7 @@ import atexit
 import logging
 import os
 import re
+import signal
 import socket
 import subprocess
 import tempfile
@@ -35,6 +42,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pipeline.embedded.topics import ensure_topics, ensure_topics_sync
+from pipeline.parent_death import death_signal_preexec
 
 __all__ = ["EmbeddedBroker", "BrokerStartError", "FAST_GROUP_SETTINGS", "ensure_topics", "ensure_topics_sync"]
 
@@ -51,6 +59,8 @@ FAST_GROUP_SETTINGS: dict[str, int] = {"session_timeout_ms": 6000, "heartbeat_in
 _LOG_TAIL_BYTES = 4000
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PORT_ATTEMPTS = 3
+#: The signal that stops Tansu at once (see :meth:`EmbeddedBroker.stop`).
+STOP_SIGNAL = signal.SIGINT
 
 
 class BrokerStartError(RuntimeError):
@@ -135,19 +145,22 @@ class EmbeddedBroker:
         raise AssertionError("unreachable")
 
     def stop(self, timeout_s: float = 5.0) -> int | None:
-        """Stop the broker: SIGTERM, wait ``timeout_s``, then SIGKILL. Idempotent.
+        """Stop the broker: SIGINT, wait ``timeout_s``, then SIGKILL. Idempotent.
 
+        SIGINT, not SIGTERM: on SIGTERM Tansu waits 5 s for open client
+        connections to close (measured with one idle client: 5.03 s; with
+        SIGINT 0.003 s), and memory storage has nothing to save.
         Returns the exit code, or None when it was not running.
         """
         proc, self._proc = self._proc, None
         code = None
         if proc is not None:
             if proc.poll() is None:
-                proc.terminate()
+                proc.send_signal(STOP_SIGNAL)
                 try:
                     proc.wait(timeout_s)
                 except subprocess.TimeoutExpired:
-                    log.warning("broker did not exit %.1fs after SIGTERM; killing it", timeout_s)
+                    log.warning("broker did not exit %.1fs after SIGINT; killing it", timeout_s)
                     proc.kill()
                     proc.wait(timeout_s)
             code = proc.returncode
@@ -193,7 +206,8 @@ class EmbeddedBroker:
         ]  # fmt: skip
         try:
             with os.fdopen(fd, "wb") as log_file:
-                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT)
+                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                              start_new_session=True, preexec_fn=death_signal_preexec(STOP_SIGNAL))
         except OSError as exc:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None

@@ -14,7 +14,9 @@ samples queue, then are dropped and counted (never the stream's events).
 ``score_async``, ``close``, ``counters``). The child keeps one
 :class:`~pipeline.quality.cache.CachedScorer` per loaded version; a model
 roll loads the new head in the same child (the embedding model stays).
-The child exits with the parent (its call pipe closes).
+The child exits with the parent, however the parent ends
+(:func:`~pipeline.parent_death.watch_parent`: the pool's call queue does not
+close when the parent dies, since the child holds both of its ends).
 """
 
 from __future__ import annotations
@@ -38,8 +40,13 @@ _scorers: dict[int, Any] = {}  # load handle -> CachedScorer
 _settings: dict[str, Any] = {}
 
 
-def _init_child(threads: int, nice: int, batch: int, models_dir: str | None) -> None:
-    """Process initialiser: priority and thread caps before torch is imported."""
+def _init_child(threads: int, nice: int, batch: int, models_dir: str | None, parent_pid: int | None = None) -> None:
+    """Process initialiser: exit with ``parent_pid`` (None: not watched), priority and thread caps before torch
+    is imported."""
+    if parent_pid is not None:
+        from pipeline.parent_death import watch_parent
+
+        watch_parent(parent_pid, name="quality scorer")
     if nice:
         os.nice(nice)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM"):
@@ -107,7 +114,7 @@ class ProcessScorer:
         pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_init_child,
                                    initargs=(int(threads), int(nice), int(batch),
-                                             None if models_dir is None else str(models_dir)))
+                                             None if models_dir is None else str(models_dir), os.getpid()))
         try:
             handle, loaded = pool.submit(_load, version).result()
         except BaseException:

@@ -1,8 +1,10 @@
 """The sink process's side of :class:`~pipeline.sinks.process.ProcessSink`: decode payloads, buffer, write.
 
-Started by the parent as ``python -m pipeline.sinks.child FD``; runs :func:`child_main`
-until the parent sends ``("close",)`` or its end of the pipe closes (the
-parent exited or was killed). A reader thread drains the pipe into a queue
+Started by the parent as ``python -m pipeline.sinks.child FD PARENT_PID``; runs
+:func:`child_main` until the parent sends ``("close",)`` or its end of the
+pipe closes (the parent exited or was killed). Should the socket not close
+(or an insert hang) after the parent died, :func:`~pipeline.parent_death.watch_parent`
+ends the process ``ORPHAN_GRACE_S`` later. A reader thread drains the pipe into a queue
 while the main thread buffers and inserts, so the parent's ``send`` never
 waits for an insert to finish. ``request_events`` payloads are JSON rows
 that ClickHouse parses itself (:class:`~pipeline.sinks.json_table.JsonTableSink`),
@@ -27,8 +29,9 @@ reply that could not be buffered, or that ClickHouse could not read in this
 flush (a bug: the parent checked the rows); they are reported instead of
 stalling every later flush. SIGINT and SIGTERM are
 ignored: the process ends when the parent closes the socket (or with
-SIGKILL), so a Ctrl-C or a process-group SIGTERM meant for the worker does
-not take the sink away in the middle of the worker's drain.
+SIGKILL, or the parent's death), so a Ctrl-C or a process-group SIGTERM
+(systemd's default stop signals every process of the unit) meant for the
+worker does not take the sink away in the middle of the worker's drain.
 """
 
 from __future__ import annotations
@@ -42,9 +45,13 @@ from typing import Any, Callable
 
 import msgspec
 
+from pipeline.parent_death import watch_parent
 from pipeline.sinks.buffer import FLUSH_SHARE
 
 log = logging.getLogger("channel_health.sink_process")
+
+#: Time the sink process has to finish a write and exit after its parent died, before it is ended (s).
+ORPHAN_GRACE_S = 5.0
 
 
 #: An adder's arguments: the sink, the payload, its ``ingested_ms``, its row count and its seq.
@@ -75,16 +82,20 @@ def _register_secrets(settings: Any) -> None:
     register_url_password(settings.clickhouse_url)
 
 
-def child_main(conn: Any) -> None:
+def child_main(conn: Any, parent_pid: int | None = None) -> None:
     """Entry point of the sink process: open ClickHouse, then serve the parent until closed.
 
     ``conn``: this side of the socket pair; the first message is the
-    worker's :class:`~pipeline.config.Settings`. Buffers are unbounded here:
+    worker's :class:`~pipeline.config.Settings`. ``parent_pid``: the worker's
+    pid; the process ends at most ``ORPHAN_GRACE_S`` after the worker is gone
+    (None: only when the socket closes). Buffers are unbounded here:
     the parent bounds what it sends (it keeps a copy of every unwritten payload).
     """
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [sink process] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if parent_pid is not None:
+        watch_parent(parent_pid, grace_s=ORPHAN_GRACE_S, name="sink process")
     try:
         settings = conn.recv()
     except (EOFError, OSError):
@@ -172,4 +183,4 @@ if __name__ == "__main__":
     import sys
     from multiprocessing.connection import Connection
 
-    child_main(Connection(int(sys.argv[1])))
+    child_main(Connection(int(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -1,6 +1,6 @@
 """One running sink process, seen from the worker: start it, send to it, read its replies, stop it.
 
-:class:`SinkChild` starts ``python -m pipeline.sinks.child FD`` (see
+:class:`SinkChild` starts ``python -m pipeline.sinks.child FD PID`` (see
 :mod:`pipeline.sinks.child` for the messages) in its own session, so a
 Ctrl-C in the worker's terminal reaches the worker only; the worker's drain
 flushes through the child, then stops it. Sends go through a queue to a
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import queue
 import signal
 import socket
@@ -60,7 +61,8 @@ class SinkChild:
     def __init__(self, settings: Any, start_timeout_s: float) -> None:
         ours, theirs = socket.socketpair()
         with theirs:
-            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.sinks.child", str(theirs.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.sinks.child", str(theirs.fileno()),
+                                          str(os.getpid())],
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          start_new_session=True)
         self.conn = Connection(ours.detach())

@@ -38,8 +38,8 @@ partition's input is taken strictly in order from that committed offset
 records past the committed offset can arrive first; they are dropped and
 read again, never let through ahead of the ones before them).
 
-On SIGTERM the worker drains: a last flush, snapshot and commit (bounded by
-``DRAIN_TIMEOUT_S``).
+On SIGTERM or SIGINT the worker drains: a last flush, snapshot and commit (``DRAIN_TIMEOUT_S``),
+and exits within ``runtime.STOP_LIMIT_S`` even with the broker gone (``runtime.BoundedStopWorker``).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ from pipeline.stream.runtime import (
     STREAM_BUFFER_MAX,
     TAKE_MAX,
     TAKE_WITHIN_S,
+    BoundedStopWorker,
     cap_fetch_wait,
     disable_read_offset_filter,
     faust_broker_kwargs,
@@ -90,8 +91,8 @@ FLUSH_BACKOFF_MIN_S = 0.5
 FLUSH_BACKOFF_MAX_S = 2.0
 #: Processed but unacked input messages above which the agent waits for acks.
 MAX_UNACKED_MESSAGES = 100_000
-#: Longest graceful drain on shutdown (s).
-DRAIN_TIMEOUT_S = 10.0
+#: Longest graceful drain on shutdown (s), within the stop limit of the worker (``runtime.STOP_LIMIT_S``).
+DRAIN_TIMEOUT_S = 5.0
 
 
 def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None,
@@ -498,5 +499,5 @@ def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel:
     sink = open_sink_and_topics(settings)
     app, _state = build_app(settings, policy, sink)
     tune_gc()
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker = BoundedStopWorker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

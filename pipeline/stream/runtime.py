@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import os
+import sys
+import threading
 from typing import Any, Iterable, Optional
 
 import faust
 
 from pipeline.config import Settings
+
+log = logging.getLogger("channel_health.worker")
 
 #: Bytes per producer batch and partition (faust ``producer_max_batch_size``, default 16,384). aiokafka's
 #: ``send`` waits for the broker whenever a partition's batch is full (``MessageAccumulator.add_message``):
@@ -169,3 +175,69 @@ async def send_and_wait(producer: Any, topic: str, records: Iterable[Record]) ->
     if futures:
         await asyncio.gather(*futures)
     return len(futures)
+
+
+#: Longest stop of a worker process, from the signal to its exit (s): the drain (``DRAIN_TIMEOUT_S``) and
+#: faust's own shutdown. Below the 10 s within which a stop must be complete (issue #17) and Kubernetes'
+#: 30 s grace period.
+STOP_LIMIT_S = 8.0
+#: Longest wait of faust for its consumer thread to stop (s; mode's ``Service.shutdown_timeout``, 60 s by
+#: default). With the broker gone, aiokafka's fetcher re-raises a cancelled fetch in ``consumer.stop()``, the
+#: thread never reports that it stopped, and faust waited the whole 60 s (issue #17).
+CONSUMER_THREAD_STOP_S = 2.0
+#: Exit status of a worker whose stop was cut short at ``STOP_LIMIT_S``: its unacked input is re-read after
+#: a restart (at-least-once), but faust's shutdown did not finish.
+STOP_CUT_SHORT_EXIT_CODE = 3
+
+
+def bound_consumer_thread_stop(app: faust.App, timeout_s: float = CONSUMER_THREAD_STOP_S) -> None:
+    """Make faust wait at most ``timeout_s`` (> 0) for its consumer thread to stop (see
+    :data:`CONSUMER_THREAD_STOP_S`); then it logs the timeout and carries on with its shutdown."""
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    app.consumer._thread.shutdown_timeout = float(timeout_s)
+
+
+class BoundedStopWorker(faust.Worker):
+    """:class:`faust.Worker` whose stop takes at most :data:`STOP_LIMIT_S`, whatever it waits for.
+
+    faust stops on SIGTERM and SIGINT (mode installs the handlers; a second
+    signal is ignored). Once a stop begins, a timer thread ends the process
+    with :data:`STOP_CUT_SHORT_EXIT_CODE` if it still runs ``STOP_LIMIT_S``
+    later: a broker or ClickHouse that stopped answering cannot hold the
+    stop (and a terminal or service manager) for faust's 60 s timeouts
+    (the consumer thread's own wait is :data:`CONSUMER_THREAD_STOP_S`). The
+    sink process ends on its own when this process is gone
+    (:mod:`pipeline.parent_death`).
+    """
+
+    stop_limit_s: float = STOP_LIMIT_S
+    _stop_timer: threading.Timer | None = None
+
+    def __init__(self, app: faust.App, *args: Any, **kwargs: Any) -> None:
+        bound_consumer_thread_stop(app)
+        super().__init__(app, *args, **kwargs)
+
+    async def on_stop(self) -> None:
+        """Arm the stop limit (once), then stop as faust does."""
+        if self._stop_timer is None:
+            self._stop_timer = threading.Timer(self.stop_limit_s, _cut_stop_short, args=(self.stop_limit_s,))
+            self._stop_timer.daemon = True
+            self._stop_timer.start()
+        await super().on_stop()
+
+
+def _cut_stop_short(limit_s: float) -> None:
+    log.error("the worker did not stop within %.0f s (broker or ClickHouse not answering?); exiting now, "
+              "unacked input is re-read after a restart", limit_s)
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:  # a broken handler: nothing more to save
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed stream
+            pass
+    os._exit(STOP_CUT_SHORT_EXIT_CODE)

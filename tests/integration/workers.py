@@ -33,6 +33,7 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.contracts import Verdict, decode_verdict
+from pipeline.parent_death import death_signal_preexec
 
 REPO = Path(__file__).resolve().parents[2]
 STATUS_RE = re.compile(
@@ -68,6 +69,31 @@ def make_settings(bootstrap: str, partitions: int) -> Settings:
     t = settings.topics
     ensure_topics_sync(bootstrap, [t.requests, t.health, t.dlq, t.state], partitions)
     return settings
+
+
+# -- process trees ------------------------------------------------------------------------------------------
+
+def descendants(pid: int) -> list:
+    """The ``psutil.Process`` objects of every descendant of ``pid`` now (capture them while ``pid`` runs:
+    once it is gone, its orphans are init's)."""
+    import psutil
+
+    return psutil.Process(pid).children(recursive=True)
+
+
+def wait_gone(procs: list, timeout_s: float) -> list:
+    """Wait up to ``timeout_s`` for every process of ``procs`` to end (an unreaped orphan counts as ended);
+    returns those still running (:func:`pipeline.parent_death.wait_ended`)."""
+    from pipeline.parent_death import wait_ended
+
+    return wait_ended(procs, timeout_s)
+
+
+def port_free(port: int) -> bool:
+    """True when nothing listens on ``127.0.0.1:port``."""
+    from pipeline.embedded.broker import _port_free
+
+    return _port_free(port)
 
 
 # -- workers -------------------------------------------------------------------------------------------------
@@ -110,9 +136,10 @@ class WorkerProcess:
         with open(self.log_path, "ab") as fh:
             fh.write(f"\n===== start {self.name} at {time.time():.3f} =====\n".encode())
             fh.flush()
+            # SIGKILL from the kernel should the test process die: no worker outlives a killed test run.
             self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", "info"],
                                          cwd=REPO, env=self.env(), stdout=fh, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL, preexec_fn=death_signal_preexec(signal.SIGKILL))
         self.started_at = time.monotonic()
         self.exit_code = None
         return self
