@@ -409,6 +409,8 @@ def _mount_quality() -> None:
     app.add_typer(quality_app, name="quality", help="The data team's loop for the quality model: train, evaluate, import-labels.")
 
 
+from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
+app.command("alert")(_alert)
 _mount_quality()
 use_plain_help(app)
 
