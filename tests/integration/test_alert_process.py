@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.contracts import Verdict, encode
-from workers import REPO, make_settings, start_broker
+from workers import REPO, PacedTraffic, Stack, make_settings, start_broker, steady_events
 
 pytestmark = pytest.mark.integration
 
@@ -62,6 +63,10 @@ class Hooks:
         with self.cond:
             return [(t, b) for t, p, b in self.received
                     if p == "/pager" and b.get("dedup_key") == key and b.get("event_action") == action]
+
+    def backup_or_primary(self, action: str) -> list[tuple[float, dict]]:
+        """Heartbeat events with ``event_action == action`` received on ``/pager``."""
+        return self.backup("channel-health/heartbeat", action)
 
     def wait(self, predicate, timeout_s: float) -> None:
         """Block until ``predicate()`` is true (re-checked on every request), or fail after ``timeout_s``."""
@@ -211,3 +216,65 @@ silent_after_s = {SILENT_AFTER_S}
             proc.wait(10)
         hooks.close()
         broker.stop()
+
+
+@pytest.mark.slow
+def test_real_worker_stopping_raises_the_heartbeat_and_its_restart_resolves_it(tmp_path: Path) -> None:
+    """Issue #20 acceptance with a real worker: SIGTERM it -> "pipeline silent" within silent_after_s; start it
+    again -> the resolve. Traffic keeps flowing meanwhile (the gateways do not stop with the worker)."""
+    silent_after_s = 4.0
+    stack = Stack(tmp_path, partitions=1).start()
+    hooks = Hooks()
+    traffic = proc = None
+    try:
+        w = stack.worker("w").start()
+        w.wait_for_log(r"status: generation", timeout_s=120)
+        # 30 s of event time per wall second: one evaluation round (30 s) per second, a verdict each.
+        events = steady_events({"a/m@paid": "chat", "b/m@paid": "chat"}, int(time.time() * 1000) - 3_600_000, 3000)
+        traffic = PacedTraffic(stack.settings, events, speed=30.0)
+        w.wait_status(lambda st: st["verdicts_out"] > 0, 60, "verdicts out")
+        config = tmp_path / "alerts.toml"
+        config.write_text(f'''
+[[route]]
+name = "im"
+url = "http://127.0.0.1:{hooks.port}/pager"
+format = "pagerduty"
+routing_key = "rk-0123456789"
+min_severity = "warning"
+
+[heartbeat]
+silent_after_s = {silent_after_s}
+''')
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHANNEL_HEALTH_")}
+        env.update(CHANNEL_HEALTH_KAFKA_BOOTSTRAP=stack.settings.kafka_bootstrap,
+                   CHANNEL_HEALTH_TOPIC_PREFIX=stack.settings.topic_prefix, PYTHONUNBUFFERED="1")
+        log_path = tmp_path / "alert.log"
+        with log_path.open("w") as log_file:
+            proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "alert", "--config", str(config)],
+                                    cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while "assigned" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+        before = len(hooks.backup_or_primary("trigger"))
+        w.stop()
+        stopped_at = time.monotonic()
+        hooks.wait(lambda: len(hooks.backup_or_primary("trigger")) > before, silent_after_s + 15)
+        arrived, alert = hooks.backup_or_primary("trigger")[-1]
+        assert alert["payload"]["severity"] == "critical"
+        # Verdicts the worker published up to its stop may still be read for a moment after it (consumer lag on
+        # a loaded machine), so the bound from the stop has slack; the silence the alert reports is exact.
+        silent = float(re.search(r"No channel.health verdict for (\d+) s", alert["payload"]["custom_details"]
+                                 ["detail"]).group(1))
+        assert silent_after_s <= silent <= silent_after_s + 1, alert
+        assert arrived - stopped_at <= silent_after_s + 8.0
+        w.start()
+        hooks.wait(lambda: hooks.backup_or_primary("resolve"), 120)
+    finally:
+        if traffic is not None:
+            traffic.stop()
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(20)
+        hooks.close()
+        stack.close()
