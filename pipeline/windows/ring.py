@@ -16,7 +16,38 @@ Two rings per worker (see :mod:`pipeline.windows.store`):
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
+
 import numpy as np
+
+#: Linux ``madvise(2)`` advice that drops private anonymous pages (they read back as zeros).
+_MADV_DONTNEED = 4
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PAGE = mmap.PAGESIZE
+
+
+def release_zero(a: np.ndarray) -> None:
+    """Set the C-contiguous array ``a`` to zeros, handing its whole memory pages back to the OS.
+
+    The pages inside ``a`` are dropped with ``madvise(MADV_DONTNEED)`` (Linux, Linux man-pages
+    madvise(2): private anonymous pages read back zero-filled and are resident again only when
+    written), the partial pages at either end are zeroed in place. Elsewhere (no Linux libc), or when
+    the call fails, ``a`` is zeroed in place (same contents, memory stays resident).
+    """
+    if not a.flags.c_contiguous:
+        raise ValueError("release_zero needs a C-contiguous array")
+    start, n = a.ctypes.data, a.nbytes
+    lo, hi = -(-start // _PAGE) * _PAGE, (start + n) // _PAGE * _PAGE
+    if _LIBC is None or hi <= lo:
+        a[...] = 0
+        return
+    b = a.reshape(-1).view(np.uint8)
+    b[: lo - start] = 0
+    b[hi - start:] = 0
+    if _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), _MADV_DONTNEED) != 0:
+        b[lo - start: hi - start] = 0
 
 
 class IntervalRing:
@@ -54,14 +85,24 @@ class IntervalRing:
         if n_channels <= cap:
             return
         new = max(n_channels, 2 * cap)
+        held = np.nonzero(self.slot_id >= 0)  # (channel, slot) pairs holding an interval
         self.slot_id = np.concatenate([self.slot_id, np.full((new - cap, self.n_slots), -1, np.int64)])
         # np.zeros takes zeroed pages from the OS lazily: rows not yet used add no resident memory
-        # (a reserve for channels that may never come costs nothing), and only the used rows are copied.
+        # (a reserve for channels that may never come costs nothing). Only the slots that hold an
+        # interval are copied, so the empty slots of sparse channels (one event: one slot of 30) and of
+        # released rows (:meth:`clear_rows`) stay untouched pages.
         for name in ("counts", "hist"):
             old = getattr(self, name)
             grown = np.zeros((new, *old.shape[1:]), np.float32)
-            grown[:cap] = old
+            grown[held] = old[held]
             setattr(self, name, grown)
+
+    def clear_rows(self, rows: np.ndarray | list[int]) -> None:
+        """Empty channels ``rows`` (all slots), giving their histogram memory back (:func:`release_zero`)."""
+        for r in np.asarray(rows, dtype=np.int64).tolist():
+            self.slot_id[r] = -1
+            self.counts[r] = 0.0
+            release_zero(self.hist[r])
 
     def add(
         self,

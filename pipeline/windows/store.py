@@ -156,6 +156,17 @@ class WindowStore:
                 self.tiers[idx] = tier
         return idx
 
+    def clear_rows(self, rows: np.ndarray) -> None:
+        """Empty the windows of channels ``rows`` (evicted channels; their registry entries stay):
+        rings emptied with their histogram memory handed back, runs and cached baselines reset."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.short.clear_rows(rows)
+        self.base.clear_rows(rows)
+        self.quality.reset(rows)
+        for r in rows.tolist():
+            self.runs.reset(r)
+            self.invalidate_baseline(r)
+
     def route_members(self) -> dict[str, list[int]]:
         """Route -> indices of its channels, in index order (cached until a channel is added or moves route)."""
         if self._members is None:
