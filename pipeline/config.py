@@ -27,6 +27,15 @@ Variables (SPEC §7):
     ``on`` (default): the worker writes ClickHouse from a child process
     (:mod:`pipeline.sinks.process`), so inserts and an embedded chDB stay
     out of the detection process; ``off``: in-process.
+``CHANNEL_HEALTH_MAX_CHANNELS``
+    Channels one worker holds state for (default 25 000); events of further
+    new channels are dead-lettered ``too_many_channels`` (:class:`StateLimits`).
+``CHANNEL_HEALTH_EVICT_IDLE_S``
+    Event-time seconds without events after which a channel's windows leave
+    memory, kept as a compressed snapshot until it returns (default 3600).
+``CHANNEL_HEALTH_DEDUP_HORIZON_S`` / ``CHANNEL_HEALTH_DEDUP_MAX_IDS``
+    The ``event_id`` dedup horizon: event-time seconds (default 600) and ids
+    held (default 1 000 000); see :class:`StateLimits` and docs/RELIABILITY.md.
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -187,6 +196,34 @@ class KafkaSecurity:
 
 
 @dataclass(frozen=True)
+class StateLimits:
+    """Bounds of one worker's per-channel state and of its ``event_id`` dedup (SPEC §8).
+
+    ``max_channels`` >= 1: channels held (resident or evicted); a new channel
+    beyond it is refused (its events dead-lettered ``too_many_channels``).
+    ``evict_idle_ms`` >= 0: a channel without events for this long (event
+    time) is evicted: its windows leave memory, its state is kept as a
+    compressed snapshot and restored on its next event (0: never evict).
+    ``dedup_horizon_ms`` > 0 and ``dedup_max_ids`` >= 2: an ``event_id`` seen
+    again is dropped while its first copy is within the last
+    ``dedup_horizon_ms / 2`` of event time and the last ``dedup_max_ids / 2``
+    distinct ids (two generations, :class:`pipeline.ingest.dedup.EventIdDedup`);
+    memory ≈ 70 bytes per id held. Defaults: 25 000 channels (≈ 0.5 GB of
+    windows if all were busy), 1 h idle, 10 min / 1 000 000 ids.
+    Raises ``ValueError`` for values outside these ranges.
+    """
+
+    max_channels: int = 25_000
+    evict_idle_ms: int = 3_600_000
+    dedup_horizon_ms: int = 600_000
+    dedup_max_ids: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.max_channels < 1 or self.evict_idle_ms < 0 or self.dedup_horizon_ms <= 0 or self.dedup_max_ids < 2:
+            raise ValueError(f"invalid state limits: {self!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     """All runtime settings, read once by :func:`load_settings`."""
 
@@ -203,6 +240,8 @@ class Settings:
     fault_sink_down_file: str | None = None
     #: Write ClickHouse from a child process (:mod:`pipeline.sinks.process`); False: in the worker's process.
     sink_process: bool = True
+    #: Channel-state and dedup bounds (``CHANNEL_HEALTH_MAX_CHANNELS`` etc.).
+    state_limits: StateLimits = StateLimits()
 
     @property
     def topics(self) -> Topics:
@@ -312,6 +351,21 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     sink_process_raw = env.get(f"{ENV_PREFIX}SINK_PROCESS", "on").strip().lower()
     if sink_process_raw not in _SWITCH:
         raise ConfigError(f"{ENV_PREFIX}SINK_PROCESS must be one of {sorted(_SWITCH)}, got {sink_process_raw!r}")
+    limits = {}
+    for name, field_name, scale, low in (("MAX_CHANNELS", "max_channels", 1, 1),
+                                         ("EVICT_IDLE_S", "evict_idle_ms", 1000, 0),
+                                         ("DEDUP_HORIZON_S", "dedup_horizon_ms", 1000, 1),
+                                         ("DEDUP_MAX_IDS", "dedup_max_ids", 1, 2)):
+        raw = env.get(f"{ENV_PREFIX}{name}")
+        if raw is None:
+            continue
+        try:
+            value = int(raw)
+            if value < low:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{name} must be an integer >= {low}, got {raw!r}") from None
+        limits[field_name] = value * scale
     security = KafkaSecurity(
         protocol=protocol,
         sasl_mechanism=env.get(f"{ENV_PREFIX}KAFKA_SASL_MECHANISM"),
@@ -329,5 +383,6 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         partitions=partitions,
         fault_sink_down_file=env.get(f"{ENV_PREFIX}FAULT_SINK_DOWN_FILE") or None,
         sink_process=_SWITCH[sink_process_raw],
+        state_limits=StateLimits(**limits),
         **bounds,  # type: ignore[arg-type]
     )

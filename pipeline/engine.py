@@ -13,7 +13,14 @@ event-time order, split at the 30 s round boundaries:
    newest event is returned as late, for the dead-letter queue);
 3. consecutive-failure runs are checked at once (pre-trip, SPEC §4.2);
 4. channels without events are evaluated up to the low watermark (all input
-   seen up to there), which is how ``no_data`` is noticed.
+   seen up to there), which is how ``no_data`` is noticed; ``no_data`` is
+   published on the transition, then every ``no_data_heartbeat_ms``.
+
+Bounded state (SPEC §8, :class:`~pipeline.config.StateLimits`): a channel
+idle for ``evict_idle_ms`` is evicted (its snapshot kept as compressed bytes
+in :attr:`Engine.evicted`, its window rows emptied and their memory handed
+back; it is no longer evaluated) and restored exactly on its next event; a
+new channel beyond ``max_channels`` is refused (:attr:`BatchResult.refused`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pipeline.config import StateLimits
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
 from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ThresholdArrays
 from pipeline.ingest.structure import resolve_structure
@@ -93,24 +101,39 @@ class BatchResult:
     ``verdicts``: published in order; ``late``: events older than the
     watermark minus the allowed lateness (not counted; dead-letter them);
     ``accepted``: the events counted; ``structure``: per accepted event
-    ``(parse_ok, missing_fields)`` as resolved for storage.
+    ``(parse_ok, missing_fields)`` as resolved for storage; ``refused``:
+    events of new channels over the channel limit (not counted; dead-letter
+    them as ``too_many_channels``).
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
     late: list[RequestEvent] = field(default_factory=list)
     accepted: list[RequestEvent] = field(default_factory=list)
     structure: list[tuple[bool | None, list[str] | None]] = field(default_factory=list)
+    refused: list[RequestEvent] = field(default_factory=list)
+
+
+#: At most this many channels are evicted per :meth:`Engine.advance` (each costs a snapshot export).
+EVICT_PER_CALL = 256
 
 
 class Engine:
     """Windows + detectors + policy for all channels of one worker.
 
-    ``policy``: thresholds and timings (SPEC §4 defaults). ``state_seq``
-    continues verdict ``seq`` numbers after a restore.
+    ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
+    channel limit and idle eviction (:class:`~pipeline.config.StateLimits`).
     """
 
-    def __init__(self, policy: PolicyConfig | None = None):
+    def __init__(self, policy: PolicyConfig | None = None, limits: StateLimits | None = None):
         self.policy = policy or PolicyConfig()
+        self.limits = limits or StateLimits()
+        #: channel → snapshot bytes of an evicted channel (restored on its next event).
+        self.evicted: dict[str, bytes] = {}
+        #: per channel: its windows are in memory (False: evicted).
+        self.resident = np.zeros(0, bool)
+        self.evictions = 0
+        self.returns = 0
+        self.refused_count = 0
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000)
         self.machines: list[ChannelMachine] = []
@@ -169,6 +192,8 @@ class Engine:
             self.fail_since_eval = np.concatenate([self.fail_since_eval, np.zeros(n - self.fail_since_eval.shape[0])])
         if self.next_eval.shape[0] < n:
             self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
+        if self.resident.shape[0] < n:
+            self.resident = np.concatenate([self.resident, np.ones(n - self.resident.shape[0], bool)])
 
     def thresholds(self) -> ThresholdArrays:
         """Per-channel thresholds (rebuilt when channels are added)."""
@@ -205,6 +230,14 @@ class Engine:
         result = BatchResult()
         if not events:
             return result
+        names = set(map(_CHANNEL, events))
+        if self.evicted and not names.isdisjoint(self.evicted):
+            self._restore_evicted(names.intersection(self.evicted))
+        new = names.difference(self.store._index)
+        if new and len(new) > self.limits.max_channels - self.store.n_channels:
+            events, structure = self._refuse(events, structure, new, result)
+            if not events:
+                return result
         n = len(events)
         if structure is None:
             structure, checked, missing = _resolve_all(events)
@@ -234,6 +267,55 @@ class Engine:
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
+
+    def _refuse(self, events: Sequence[RequestEvent], structure: Sequence | None, new: set[str],
+                result: BatchResult) -> tuple[list[RequestEvent], list | None]:
+        """Keep the first new channels (in order of first sight) that fit the limit; the events of the
+        others go to ``result.refused``."""
+        room = max(self.limits.max_channels - self.store.n_channels, 0)
+        order = [c for c in dict.fromkeys(map(_CHANNEL, events)) if c in new]
+        out = set(order[room:])
+        keep = [e.channel not in out for e in events]
+        result.refused.extend(compress(events, [not k for k in keep]))
+        self.refused_count += len(result.refused)
+        return list(compress(events, keep)), (list(compress(structure, keep)) if structure is not None else None)
+
+    def _restore_evicted(self, names: set[str]) -> None:
+        """Load evicted channels ``names`` back from their snapshots (their rows are still registered)."""
+        from pipeline.state.snapshot import decode_snapshot, import_channel
+
+        for name in names:
+            i = import_channel(self, decode_snapshot(self.evicted.pop(name)))
+            self.resident[i] = True
+            self.returns += 1
+
+    def evict_idle(self, now_ms: int, limit: int = EVICT_PER_CALL) -> int:
+        """Evict up to ``limit`` resident channels without events for ``evict_idle_ms`` at event time ``now_ms``.
+
+        Each is exported (:func:`pipeline.state.snapshot.export_channel`) into :attr:`evicted`, its
+        window rows are emptied (histogram memory handed back to the OS) and it is no longer
+        evaluated; its registry entry, state machine and ``seq`` stay. Returns the number evicted.
+        """
+        idle_ms = self.limits.evict_idle_ms
+        c = self.store.n_channels
+        if idle_ms <= 0 or c == 0:
+            return 0
+        from pipeline.state.snapshot import export_channel
+
+        idle = np.flatnonzero(self.resident[:c] & (self.store.last_ts_ms[:c] <= now_ms - idle_ms))[:limit]
+        names = self.store.names
+        for i in idle.tolist():
+            self.evicted[names[i]] = export_channel(self, i)
+        if idle.size:
+            self.resident[idle] = False
+            self.store.clear_rows(idle)
+            self.evictions += int(idle.size)
+        return int(idle.size)
+
+    @property
+    def n_resident(self) -> int:
+        """Channels whose windows are in memory."""
+        return int(self.resident[: self.store.n_channels].sum())
 
     def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult,
                        cols: EventColumns | None = None) -> None:
@@ -337,7 +419,10 @@ class Engine:
         self.low_watermark_ms = now_ms if self.low_watermark_ms is None else max(self.low_watermark_ms, now_ms)
         if c == 0:
             return []
-        return self._evaluate_until(np.arange(c), now_ms)
+        rows = np.arange(c) if not self.evicted else np.flatnonzero(self.resident[:c])
+        out = self._evaluate_until(rows, now_ms)
+        self.evict_idle(now_ms)
+        return out
 
     def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:
         """Rounds for channels ``rows`` at their due boundaries up to ``now_ms``, oldest first."""
@@ -404,13 +489,23 @@ class Engine:
         columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft) for k, v in f.metrics.items()]
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
-            if m.state == NO_DATA and not changed[j]:
+            if m.state == NO_DATA and not changed[j] and not self._heartbeat_due(m, now_ms):
                 continue
             metrics = {k: v[j] for k, v in columns}
             metrics["route_share"] = shares[i]
             metrics["penalty"] = round(m.penalty, 4)
             out.append(self._verdict(i, now_ms, metrics))
         return out
+
+    def _heartbeat_due(self, m: ChannelMachine, now_ms: int) -> bool:
+        """An idle ``no_data`` channel is published again at ``entered + k × no_data_heartbeat_ms`` (k >= 1):
+        at the first round at or after each such time (the machine's entry time is all it takes, so the
+        cadence survives restarts and evictions)."""
+        hb = self.policy.no_data_heartbeat_ms
+        if hb <= 0:
+            return False
+        since = now_ms - m.entered_ms
+        return since >= hb and since // hb != (since - self.policy.eval_interval_ms) // hb
 
     def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.

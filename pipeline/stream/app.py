@@ -122,7 +122,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         **faust_broker_kwargs(settings),
     )
     disable_read_offset_filter(app.consumer)  # the OffsetGate orders and de-duplicates input instead
-    state = WorkerState(processor=BatchProcessor(Engine(policy)), sink=sink, last_batch_wall_s=time.monotonic())
+    state = WorkerState(processor=BatchProcessor(Engine(policy, settings.state_limits)), sink=sink, last_batch_wall_s=time.monotonic())
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
 
@@ -150,7 +150,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                                      assigned, settings.kafka_security.aiokafka_kwargs())
         state.gate = OffsetGate(starts)
         state.skipped_logged = 0
-        state.processor.reset(Engine(policy))
+        state.processor.reset(Engine(policy, settings.state_limits))
         restored = state.processor.load_snapshots(records, assigned)
         state.ledger.clear()
         state.generation = generation

@@ -16,6 +16,7 @@ windows, baselines, runs, timers and ``seq`` continue exactly.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -28,6 +29,9 @@ from pipeline.engine import BatchResult, Engine
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
+from pipeline.ingest.reasons import TOO_MANY_CHANNELS
+
+log = logging.getLogger(__name__)
 
 _TS = attrgetter("ts_ms")
 _CHANNEL = attrgetter("channel")
@@ -35,6 +39,8 @@ _CHANNEL = attrgetter("channel")
 #: A partition that delivered nothing for this long (wall clock) no longer
 #: holds the low watermark back (the usual idle-source rule).
 PARTITION_IDLE_S = 10.0
+#: Refused channels are logged at most once per this many seconds (wall clock), with counts.
+LOG_EVERY_S = 60.0
 
 
 @dataclass
@@ -67,6 +73,9 @@ class BatchProcessor:
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
         self.engine = engine or Engine()
         self.decoder = decoder or Decoder()
+        #: events dead-lettered ``too_many_channels``.
+        self.refused = 0
+        self._logged_at = (0.0, 0)  # (monotonic time, refused) of the last log line
         self.clock_ms = clock_ms
         self.counters = DecodeCounters()
         self.events_in = 0
@@ -191,6 +200,8 @@ class BatchProcessor:
             result = self.engine.process(events, low_watermark_ms=self.low_watermark_ms() or 0)
         out.verdicts.extend(result.verdicts)
         late.extend(result.late)
+        if result.refused:
+            self._refuse(result.refused, out)
         if envelopes:
             self._take_envelopes(envelopes, events, owner, result, out)
         elif result.accepted:  # (event, parse_ok, missing_fields) tuples built by zip in C: ~0.15 µs per event less
@@ -216,15 +227,38 @@ class BatchProcessor:
         looked at; else each accepted event's message is found by identity."""
         whole = {k: (raw, n) for k, raw, n in envelopes}
         own: dict[int, int] | None = None
-        if result.late:
+        if result.late or result.refused:
             own = dict(zip(map(id, events), owner))
-            for e in result.late:
+            for e in (*result.late, *result.refused):
                 whole.pop(own[id(e)], None)
         out.envelopes.extend(whole.values())
         if not result.accepted or len(whole) == len(set(owner)):
             return
         own = own if own is not None else dict(zip(map(id, events), owner))
         out.stored.extend(row for row in zip(result.accepted, *zip(*result.structure)) if own[id(row[0])] not in whole)
+
+    def _refuse(self, refused: list[RequestEvent], out: ProcessedBatch) -> None:
+        """Dead-letter events of channels over the engine's channel limit."""
+        limit = self.engine.limits.max_channels
+        for e in refused:
+            out.dead_letters.append(DeadLetter(
+                reason=TOO_MANY_CHANNELS,
+                detail=f"channel {e.channel[:100]!r} is new and this worker already holds its limit of {limit} "
+                       f"channels (CHANNEL_HEALTH_MAX_CHANNELS)",
+                raw=encode(e), event_id=e.event_id))
+            self.counters.add_dead_letter(TOO_MANY_CHANNELS)
+        self.refused += len(refused)
+        self._log_bounded()
+
+    def _log_bounded(self) -> None:
+        """One warning per ``LOG_EVERY_S`` with the refusals since the last one."""
+        at, refused = self._logged_at
+        wall = time.monotonic()
+        if wall - at < LOG_EVERY_S:
+            return
+        log.warning("dead-lettered %d events of channels over the limit since the last report (total %d)",
+                    self.refused - refused, self.refused)
+        self._logged_at = (wall, self.refused)
 
     def _note_partitions(self, events: list[RequestEvent], parts: list[int]) -> None:
         """Per input partition, the newest event time delivered (for the low watermark), and per channel
@@ -297,7 +331,9 @@ class BatchProcessor:
         """``(channel, snapshot bytes)`` for every channel this worker holds."""
         from pipeline.state.snapshot import export_channel
 
-        return [(name, export_channel(self.engine, i)) for i, name in enumerate(self.engine.store.names)]
+        evicted = self.engine.evicted
+        return [(name, evicted.get(name) or export_channel(self.engine, i))
+                for i, name in enumerate(self.engine.store.names)]
 
     def snapshot_records(self, offsets: Mapping[int, int]) -> list[tuple[str, bytes, dict[int, int], int | None]]:
         """``(channel, snapshot bytes, covered input offsets, input partition)`` for every channel this worker holds.
