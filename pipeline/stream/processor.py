@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 from typing import Callable, Collection, Mapping, Sequence
 
@@ -29,6 +30,7 @@ from pipeline.engine import BatchResult, Engine
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
+from pipeline.ingest.dedup import EventIdDedup
 from pipeline.ingest.reasons import TOO_MANY_CHANNELS
 
 log = logging.getLogger(__name__)
@@ -39,7 +41,7 @@ _CHANNEL = attrgetter("channel")
 #: A partition that delivered nothing for this long (wall clock) no longer
 #: holds the low watermark back (the usual idle-source rule).
 PARTITION_IDLE_S = 10.0
-#: Refused channels are logged at most once per this many seconds (wall clock), with counts.
+#: Duplicates and refused channels are logged at most once per this many seconds (wall clock), with counts.
 LOG_EVERY_S = 60.0
 
 
@@ -67,15 +69,24 @@ class BatchProcessor:
 
     ``clock_ms`` returns wall-clock UTC epoch ms (used only to reject
     timestamps absurdly far from now; windows run on event time).
+    ``dedup``: the ``event_id`` memory (default: horizon and size of the
+    engine's :class:`~pipeline.config.StateLimits`); a re-sent event is
+    dropped before the engine and the sink (counted in ``duplicates``, logged
+    at most every ``LOG_EVERY_S``), so it is counted and stored once.
     """
 
     def __init__(self, engine: Engine | None = None, decoder: Decoder | None = None,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 dedup: EventIdDedup | None = None):
         self.engine = engine or Engine()
         self.decoder = decoder or Decoder()
+        limits = self.engine.limits
+        self.dedup = dedup or EventIdDedup(limits.dedup_horizon_ms, limits.dedup_max_ids)
+        #: re-sent events dropped (their ``event_id`` seen within the dedup horizon).
+        self.duplicates = 0
         #: events dead-lettered ``too_many_channels``.
         self.refused = 0
-        self._logged_at = (0.0, 0)  # (monotonic time, refused) of the last log line
+        self._logged_at = (0.0, 0, 0)  # (monotonic time, duplicates, refused) of the last log line
         self.clock_ms = clock_ms
         self.counters = DecodeCounters()
         self.events_in = 0
@@ -105,10 +116,13 @@ class BatchProcessor:
     def reset(self, engine: Engine) -> None:
         """Start over with ``engine`` (fresh) after a rebalance; counters are kept.
 
-        Drops pending snapshots, restore bookkeeping and partition watermarks;
+        Drops pending snapshots, restore bookkeeping, partition watermarks and the ``event_id`` memory;
         call :meth:`load_snapshots` afterwards.
         """
         self.engine = engine
+        # Input after a rebalance is re-read from the committed offsets: rows of the old assignment that
+        # were not yet written must be stored again, so the ids of the old assignment are forgotten.
+        self.dedup = EventIdDedup(self.dedup.horizon_ms, self.dedup.max_ids)
         self.pending_snapshots = {}
         self.pending_offsets = {}
         self.covered = {}
@@ -176,6 +190,9 @@ class BatchProcessor:
         given = partitions is not None and offsets is not None
         track = given and self._may_be_covered(partitions, offsets)  # type: ignore[arg-type]
         events, owner, out.dead_letters, envelopes = self.decoder.decode_many(raws, now)
+        dup = self.dedup.filter(events, self.engine.store.watermark_ms) if events else None
+        if dup:
+            events, owner, envelopes = self._drop_duplicates(events, owner, envelopes, dup)
         if track:  # events a snapshot covers go to ``stored`` on their own (below): keep their messages as rows
             envelopes = []
         origin: list[tuple[int, int]] = []
@@ -237,6 +254,19 @@ class BatchProcessor:
         own = own if own is not None else dict(zip(map(id, events), owner))
         out.stored.extend(row for row in zip(result.accepted, *zip(*result.structure)) if own[id(row[0])] not in whole)
 
+    def _drop_duplicates(self, events: list[RequestEvent], owner: list[int], envelopes: list,
+                         dup: list[int]) -> tuple[list[RequestEvent], list[int], list]:
+        """Events and owners without the positions ``dup``; envelopes without the messages that held one
+        (their other events are then stored as rows)."""
+        gone = set(dup)
+        keep = [i not in gone for i in range(len(events))]
+        if envelopes:
+            bad = {owner[i] for i in dup}
+            envelopes = [env for env in envelopes if env[0] not in bad]
+        self.duplicates += len(dup)
+        self._log_bounded()
+        return list(compress(events, keep)), list(compress(owner, keep)), envelopes
+
     def _refuse(self, refused: list[RequestEvent], out: ProcessedBatch) -> None:
         """Dead-letter events of channels over the engine's channel limit."""
         limit = self.engine.limits.max_channels
@@ -251,14 +281,15 @@ class BatchProcessor:
         self._log_bounded()
 
     def _log_bounded(self) -> None:
-        """One warning per ``LOG_EVERY_S`` with the refusals since the last one."""
-        at, refused = self._logged_at
+        """One warning per ``LOG_EVERY_S`` with the duplicates and refusals since the last one."""
+        at, dups, refused = self._logged_at
         wall = time.monotonic()
         if wall - at < LOG_EVERY_S:
             return
-        log.warning("dead-lettered %d events of channels over the limit since the last report (total %d)",
-                    self.refused - refused, self.refused)
-        self._logged_at = (wall, self.refused)
+        log.warning("dropped %d re-sent events (event_id seen within the dedup horizon) and dead-lettered %d "
+                    "events of channels over the limit since the last report (totals %d, %d)",
+                    self.duplicates - dups, self.refused - refused, self.duplicates, self.refused)
+        self._logged_at = (wall, self.duplicates, self.refused)
 
     def _note_partitions(self, events: list[RequestEvent], parts: list[int]) -> None:
         """Per input partition, the newest event time delivered (for the low watermark), and per channel
