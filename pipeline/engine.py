@@ -230,14 +230,16 @@ class Engine:
         result = BatchResult()
         if not events:
             return result
-        names = set(map(_CHANNEL, events))
-        if self.evicted and not names.isdisjoint(self.evicted):
-            self._restore_evicted(names.intersection(self.evicted))
-        new = names.difference(self.store._index)
-        if new and len(new) > self.limits.max_channels - self.store.n_channels:
-            events, structure = self._refuse(events, structure, new, result)
-            if not events:
-                return result
+        if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:
+            # (else no channel of the batch can be evicted or over the limit: no per-event look-up)
+            names = set(map(_CHANNEL, events))
+            if self.evicted and not names.isdisjoint(self.evicted):
+                self._restore_evicted(names.intersection(self.evicted))
+            new = names.difference(self.store._index)
+            if new and len(new) > self.limits.max_channels - self.store.n_channels:
+                events, structure = self._refuse(events, structure, new, result)
+                if not events:
+                    return result
         n = len(events)
         if structure is None:
             structure, checked, missing = _resolve_all(events)

@@ -61,11 +61,11 @@ class EventIdDedup:
         """
         if not events:
             return None
-        keys = list(map(hash, map(_EVENT_ID, events)))
-        batch = set(keys)
-        if len(batch) == len(keys) and batch.isdisjoint(self.current) and batch.isdisjoint(self.previous):
+        batch = set(map(hash, map(_EVENT_ID, events)))
+        if len(batch) == len(events) and batch.isdisjoint(self.current) and batch.isdisjoint(self.previous):
             self._remember(batch, event_time_ms)
             return None
+        keys = list(map(hash, map(_EVENT_ID, events)))
         seen_before = (batch & self.current) | (batch & self.previous)
         dup: list[int] = []
         first: set[int] = set()
