@@ -452,8 +452,13 @@ def _ring_counts(engine: Engine, stored: list[RequestEvent]) -> None:
             for col in (JUDGED, FAILURES, OK, NEUTRAL, RATE_LIMITED):
                 got = float(store.short.counts[row, held[s], col]) if s in held else 0.0
                 assert got == ref[(s, col)], (ch, s, col, got, ref[(s, col)])
-            got = float(store.short.hist[row, held[s]].sum()) if s in held else 0.0
-            assert got == ref[(s, "latency")], (ch, s, "latency", got)
+        lat = store.short_lat  # latency histograms: 30 s slots
+        per, top_l = lat.slot_ms // SHORT_SLOT_MS, newest[ch] // lat.slot_ms
+        held_l = {int(s): p for p, s in enumerate(lat.slot_id[row]) if s > top_l - lat.n_slots}
+        for s in range(top_l - lat.n_slots + 1, top_l + 1):
+            got = float(lat.hist[row, held_l[s]].sum()) if s in held_l else 0.0
+            want = sum(ref[(t, "latency")] for t in range(s * per, (s + 1) * per))
+            assert got == want, (ch, s, "latency", got, want)
         top_h = newest[ch] // BASE_SLOT_MS
         held_h = {int(s): p for p, s in enumerate(store.base.slot_id[row]) if s > top_h - store.base.n_slots}
         for h in range(top_h - store.base.n_slots + 1, top_h + 1):
