@@ -190,6 +190,7 @@ class BatchProcessor:
         given = partitions is not None and offsets is not None
         track = given and self._may_be_covered(partitions, offsets)  # type: ignore[arg-type]
         events, owner, out.dead_letters, envelopes = self.decoder.decode_many(raws, now)
+        self.events_in += len(events)  # decoded, duplicates included
         dup = self.dedup.filter(events, self.engine.store.watermark_ms) if events else None
         if dup:
             events, owner, envelopes = self._drop_duplicates(events, owner, envelopes, dup)
@@ -203,7 +204,6 @@ class BatchProcessor:
                 origin = list(zip(parts, map(offsets.__getitem__, owner)))  # type: ignore[union-attr]
         for d in out.dead_letters:
             self.counters.add_dead_letter(d.reason)
-        self.events_in += len(events)
         if self.pending_snapshots:
             self._restore_channels(events)
         if track and self.covered and events:
