@@ -120,3 +120,27 @@ def test_the_limits_are_read_from_the_environment() -> None:
     assert load_settings({}).state_limits == StateLimits()
     with pytest.raises(ConfigError, match="CHANNEL_HEALTH_MAX_CHANNELS must be an integer >= 1"):
         load_settings({"CHANNEL_HEALTH_MAX_CHANNELS": "0"})
+
+
+def test_a_snapshot_with_10_s_latency_histograms_loads_into_the_30_s_ring() -> None:
+    """Snapshots written before the 30 s latency ring hold 30 x 10 s histograms: summed into 30 s slots."""
+    from pipeline.state.snapshot import _pack, decode_snapshot, export_channel, import_channel
+
+    events = _traffic("a", "r", T0, T0 + 4 * MIN, 1_000, 100.0)
+    engine = Engine()
+    engine.process(events, low_watermark_ms=T0)
+    i = engine.store._index["a"]
+    lat = engine.store.short_lat
+    keys = engine.store.buckets.key_of(np.array([e.latency_ms for e in events]))
+    slot10 = np.array([e.ts_ms for e in events]) // 10_000
+    old = np.zeros((engine.store.short.n_slots, lat.n_buckets), np.float32)  # per 10 s slot, as written before
+    for p, s in enumerate(engine.store.short.slot_id[i].tolist()):
+        if s >= 0:
+            old[p] = np.bincount(keys[slot10 == s], minlength=lat.n_buckets)
+    snap = decode_snapshot(export_channel(engine, i))
+    snap.short_hist, snap.short_lat_slot_id = _pack(old), b""
+    fresh = Engine()
+    j = import_channel(fresh, snap)
+    np.testing.assert_array_equal(fresh.store.short_lat.slot_id[j], lat.slot_id[i])
+    np.testing.assert_array_equal(fresh.store.short_lat.hist[j], lat.hist[i])
+    assert lat.hist[i].sum() == 240
