@@ -25,6 +25,7 @@ new channel beyond ``max_channels`` is refused (:attr:`BatchResult.refused`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from math import isfinite
 from itertools import compress, repeat
@@ -41,6 +42,8 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, RECOVERING, ChannelMachine
 from pipeline.windows.store import EventColumns, WindowStore
+
+log = logging.getLogger(__name__)
 
 #: States judged only on traffic since the state was entered.
 _SINCE_STATES = (HALF_OPEN, RECOVERING)
@@ -133,6 +136,8 @@ class Engine:
         self.resident = np.zeros(0, bool)
         self.evictions = 0
         self.returns = 0
+        #: evicted channels whose snapshot could not be loaded when they returned (started fresh).
+        self.bad_snapshots = 0
         self.refused_count = 0
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000)
@@ -284,10 +289,17 @@ class Engine:
 
     def _restore_evicted(self, names: set[str]) -> None:
         """Load evicted channels ``names`` back from their snapshots (their rows are still registered)."""
-        from pipeline.state.snapshot import decode_snapshot, import_channel
+        from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
 
         for name in names:
-            i = import_channel(self, decode_snapshot(self.evicted.pop(name)))
+            raw = self.evicted.pop(name)
+            i = self.store._index[name]
+            try:
+                import_channel(self, decode_snapshot(raw))
+            except SnapshotError as exc:  # a corrupt record read from the state topic: start the channel fresh
+                self.bad_snapshots += 1
+                log.error("channel %r: evicted state cannot be restored (%s); its windows start empty",
+                          name[:100], exc)
             self.resident[i] = True
             self.returns += 1
 

@@ -171,6 +171,34 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     for k2, v in snap.active.items():
         if k2 in engine.active:
             engine.active[k2][i] = v
+    engine.machines[i] = _machine(snap)
+    return i
+
+
+def _machine(snap: ChannelSnapshot) -> ChannelMachine:
     fields = {f.name for f in dataclasses.fields(ChannelMachine)}
-    engine.machines[i] = ChannelMachine(**{k2: v for k2, v in snap.machine.items() if k2 in fields})
+    return ChannelMachine(**{k: v for k, v in snap.machine.items() if k in fields})
+
+
+def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
+    """Register ``snap``'s channel in ``engine`` as evicted (``raw``: its snapshot bytes); returns its index.
+
+    Only the registry, state machine, ``seq``, newest event time and next round are loaded (for
+    route shares and the channel limit); the windows stay in ``raw`` until the channel's next event
+    (:meth:`pipeline.engine.Engine.process` imports it then). Raises :class:`SnapshotError` when the
+    bucket layout differs from the engine's.
+    """
+    st = engine.store
+    if snap.n_buckets != st.buckets.n_buckets:
+        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {st.buckets.n_buckets}")
+    i = st.channel_index(snap.channel, snap.route, snap.tier)
+    engine._grow(st.n_channels)
+    engine.resident[i] = False
+    engine.evicted[snap.channel] = raw
+    st.last_ts_ms[i] = max(int(st.last_ts_ms[i]), snap.last_ts_ms)
+    if snap.watermark_ms is not None:
+        st.watermark_ms = max(st.watermark_ms or snap.watermark_ms, snap.watermark_ms)
+    engine.next_eval[i] = snap.next_eval_ms or 0
+    engine.seq[i] = max(engine.seq[i], snap.seq)
+    engine.machines[i] = _machine(snap)
     return i

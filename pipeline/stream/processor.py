@@ -166,7 +166,7 @@ class BatchProcessor:
                 if assigned is not None and partition in assigned:
                     now.append(name)
         before = self.restored
-        self._restore(now)
+        self._restore(now, hold_idle=True)
         return self.restored - before
 
     def process(self, raws: Sequence[bytes | None], partitions: Sequence[int] | None = None,
@@ -341,17 +341,27 @@ class BatchProcessor:
         known = self.engine.store._index
         self._restore({e.channel for e in events if e.channel not in known})
 
-    def _restore(self, names: Collection[str]) -> None:
-        """Load the pending snapshots of ``names`` into the engine (a bad one: the channel starts fresh)."""
-        from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
+    def _restore(self, names: Collection[str], hold_idle: bool = False) -> None:
+        """Load the pending snapshots of ``names`` into the engine (a bad one: the channel starts fresh).
 
+        ``hold_idle``: a channel that was already idle for the engine's ``evict_idle_ms`` when its
+        snapshot was saved is registered as evicted (:func:`~pipeline.state.snapshot.hold_channel`:
+        its windows are loaded on its next event), so a restart does not load every idle channel."""
+        from pipeline.state.snapshot import SnapshotError, decode_snapshot, hold_channel, import_channel
+
+        idle_ms = self.engine.limits.evict_idle_ms
         for name in names:
             raw = self.pending_snapshots.pop(name, None)
             offsets = self.pending_offsets.pop(name, None)
             if raw is None:
                 continue
             try:
-                import_channel(self.engine, decode_snapshot(raw))
+                snap = decode_snapshot(raw)
+                if (hold_idle and idle_ms > 0 and snap.watermark_ms is not None
+                        and snap.watermark_ms - snap.last_ts_ms >= idle_ms):
+                    hold_channel(self.engine, snap, raw)
+                else:
+                    import_channel(self.engine, snap)
                 self.restored += 1
                 if offsets:
                     self.covered[name] = offsets

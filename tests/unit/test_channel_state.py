@@ -144,3 +144,35 @@ def test_a_snapshot_with_10_s_latency_histograms_loads_into_the_30_s_ring() -> N
     np.testing.assert_array_equal(fresh.store.short_lat.slot_id[j], lat.slot_id[i])
     np.testing.assert_array_equal(fresh.store.short_lat.hist[j], lat.hist[i])
     assert lat.hist[i].sum() == 240
+
+
+def _restarted(evict_idle_ms: int) -> tuple[BatchProcessor, list]:
+    """A worker with channel a idle for 2 h and b busy, restarted from its state records; then a returns.
+    (No heartbeats: a resident idle channel has them, an evicted one not.)"""
+    enc = msgspec.json.Encoder()
+    clock = T0 + 6 * HOUR
+    limits, policy = StateLimits(evict_idle_ms=evict_idle_ms), PolicyConfig(no_data_heartbeat_ms=0)
+    warm = BatchProcessor(Engine(policy, limits), clock_ms=lambda: clock)
+    a = _traffic("a", "ra", T0, T0 + 2 * HOUR, 10_000, 100.0)
+    b = _traffic("b", "rb", T0, T0 + 4 * HOUR, 10_000, 100.0)
+    msgs = [enc.encode(e) for e in sorted(a + b, key=lambda e: e.ts_ms)]
+    for k in range(0, len(msgs), 200):
+        warm.process(msgs[k:k + 200], [0] * len(msgs[k:k + 200]), list(range(k, k + len(msgs[k:k + 200]))))
+    records = {name: (blob, cov, part) for name, blob, cov, part in warm.snapshot_records({0: len(msgs) - 1})}
+    proc = BatchProcessor(Engine(policy, limits), clock_ms=lambda: clock)
+    assert proc.load_snapshots(records, {0}) == 2
+    back = [enc.encode(e) for e in _traffic("a", "ra", T0 + 4 * HOUR, T0 + 4 * HOUR + 10 * MIN, 5_000, 300.0)]
+    verdicts = []
+    for k in range(0, len(back), 20):
+        verdicts += proc.process(back[k:k + 20], [0] * len(back[k:k + 20]),
+                                 list(range(len(msgs) + k, len(msgs) + k + len(back[k:k + 20])))).verdicts
+    return proc, verdicts
+
+
+def test_a_restart_holds_idle_channels_evicted_and_they_return_exactly() -> None:
+    held, held_verdicts = _restarted(evict_idle_ms=HOUR)
+    loaded, loaded_verdicts = _restarted(evict_idle_ms=0)
+    assert held.engine.returns == 1 and loaded.engine.returns == 0  # a was held evicted until its event
+    assert [msgspec.to_builtins(v) for v in held_verdicts if v.channel == "a"] == [
+        msgspec.to_builtins(v) for v in loaded_verdicts if v.channel == "a"]
+    assert any(v.channel == "a" and v.metrics["baseline_samples"] == 720 for v in held_verdicts)
