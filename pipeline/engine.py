@@ -16,16 +16,12 @@ event-time order, split at the 30 s round boundaries:
    seen up to there), which is how ``no_data`` is noticed; ``no_data`` is
    published on the transition, then every ``no_data_heartbeat_ms``.
 
-Bounded state (SPEC §8, :class:`~pipeline.config.StateLimits`): a channel
-idle for ``evict_idle_ms`` is evicted (its snapshot kept as compressed bytes
-in :attr:`Engine.evicted`, its window rows emptied and their memory handed
-back; it is no longer evaluated) and restored exactly on its next event; a
-new channel beyond ``max_channels`` is refused (:attr:`BatchResult.refused`).
+Bounded state (SPEC §8): idle channels are evicted, new ones over the
+limit refused (:mod:`pipeline.residency`).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from math import isfinite
 from itertools import compress, repeat
@@ -34,6 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
+from pipeline import residency
 from pipeline.config import StateLimits
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
 from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ThresholdArrays
@@ -42,8 +39,6 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, RECOVERING, ChannelMachine
 from pipeline.windows.store import EventColumns, WindowStore
-
-log = logging.getLogger(__name__)
 
 #: States judged only on traffic since the state was entered.
 _SINCE_STATES = (HALF_OPEN, RECOVERING)
@@ -104,9 +99,8 @@ class BatchResult:
     ``verdicts``: published in order; ``late``: events older than the
     watermark minus the allowed lateness (not counted; dead-letter them);
     ``accepted``: the events counted; ``structure``: per accepted event
-    ``(parse_ok, missing_fields)`` as resolved for storage; ``refused``:
-    events of new channels over the channel limit (not counted; dead-letter
-    them as ``too_many_channels``).
+    ``(parse_ok, missing_fields)`` as resolved for storage; ``refused``: events
+    of new channels over the limit (not counted; dead-letter them).
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
@@ -114,10 +108,6 @@ class BatchResult:
     accepted: list[RequestEvent] = field(default_factory=list)
     structure: list[tuple[bool | None, list[str] | None]] = field(default_factory=list)
     refused: list[RequestEvent] = field(default_factory=list)
-
-
-#: At most this many channels are evicted per :meth:`Engine.advance` (each costs a snapshot export).
-EVICT_PER_CALL = 256
 
 
 class Engine:
@@ -130,15 +120,10 @@ class Engine:
     def __init__(self, policy: PolicyConfig | None = None, limits: StateLimits | None = None):
         self.policy = policy or PolicyConfig()
         self.limits = limits or StateLimits()
-        #: channel → snapshot bytes of an evicted channel (restored on its next event).
+        #: channel → snapshot bytes of an evicted channel; per channel: windows in memory (see residency).
         self.evicted: dict[str, bytes] = {}
-        #: per channel: its windows are in memory (False: evicted).
         self.resident = np.zeros(0, bool)
-        self.evictions = 0
-        self.returns = 0
-        #: evicted channels whose snapshot could not be loaded when they returned (started fresh).
-        self.bad_snapshots = 0
-        self.refused_count = 0
+        self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000)
         self.machines: list[ChannelMachine] = []
@@ -235,16 +220,10 @@ class Engine:
         result = BatchResult()
         if not events:
             return result
-        if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:
-            # (else no channel of the batch can be evicted or over the limit: no per-event look-up)
-            names = set(map(_CHANNEL, events))
-            if self.evicted and not names.isdisjoint(self.evicted):
-                self._restore_evicted(names.intersection(self.evicted))
-            new = names.difference(self.store._index)
-            if new and len(new) > self.limits.max_channels - self.store.n_channels:
-                events, structure = self._refuse(events, structure, new, result)
-                if not events:
-                    return result
+        if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
+            events, structure = residency.admit(self, events, structure, result.refused)
+            if not events:
+                return result
         n = len(events)
         if structure is None:
             structure, checked, missing = _resolve_all(events)
@@ -275,61 +254,8 @@ class Engine:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
 
-    def _refuse(self, events: Sequence[RequestEvent], structure: Sequence | None, new: set[str],
-                result: BatchResult) -> tuple[list[RequestEvent], list | None]:
-        """Keep the first new channels (in order of first sight) that fit the limit; the events of the
-        others go to ``result.refused``."""
-        room = max(self.limits.max_channels - self.store.n_channels, 0)
-        order = [c for c in dict.fromkeys(map(_CHANNEL, events)) if c in new]
-        out = set(order[room:])
-        keep = [e.channel not in out for e in events]
-        result.refused.extend(compress(events, [not k for k in keep]))
-        self.refused_count += len(result.refused)
-        return list(compress(events, keep)), (list(compress(structure, keep)) if structure is not None else None)
-
-    def _restore_evicted(self, names: set[str]) -> None:
-        """Load evicted channels ``names`` back from their snapshots (their rows are still registered)."""
-        from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
-
-        for name in names:
-            raw = self.evicted.pop(name)
-            i = self.store._index[name]
-            try:
-                import_channel(self, decode_snapshot(raw))
-            except SnapshotError as exc:  # a corrupt record read from the state topic: start the channel fresh
-                self.bad_snapshots += 1
-                log.error("channel %r: evicted state cannot be restored (%s); its windows start empty",
-                          name[:100], exc)
-            self.resident[i] = True
-            self.returns += 1
-
-    def evict_idle(self, now_ms: int, limit: int = EVICT_PER_CALL) -> int:
-        """Evict up to ``limit`` resident channels without events for ``evict_idle_ms`` at event time ``now_ms``.
-
-        Each is exported (:func:`pipeline.state.snapshot.export_channel`) into :attr:`evicted`, its
-        window rows are emptied (histogram memory handed back to the OS) and it is no longer
-        evaluated; its registry entry, state machine and ``seq`` stay. Returns the number evicted.
-        """
-        idle_ms = self.limits.evict_idle_ms
-        c = self.store.n_channels
-        if idle_ms <= 0 or c == 0:
-            return 0
-        from pipeline.state.snapshot import export_channel
-
-        idle = np.flatnonzero(self.resident[:c] & (self.store.last_ts_ms[:c] <= now_ms - idle_ms))[:limit]
-        names = self.store.names
-        for i in idle.tolist():
-            self.evicted[names[i]] = export_channel(self, i)
-        if idle.size:
-            self.resident[idle] = False
-            self.store.clear_rows(idle)
-            self.evictions += int(idle.size)
-        return int(idle.size)
-
-    @property
-    def n_resident(self) -> int:
-        """Channels whose windows are in memory."""
-        return int(self.resident[: self.store.n_channels].sum())
+    n_resident = property(lambda self: int(self.resident[: self.store.n_channels].sum()),
+                          doc="Channels whose windows are in memory.")
 
     def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult,
                        cols: EventColumns | None = None) -> None:
@@ -435,7 +361,7 @@ class Engine:
             return []
         rows = np.arange(c) if not self.evicted else np.flatnonzero(self.resident[:c])
         out = self._evaluate_until(rows, now_ms)
-        self.evict_idle(now_ms)
+        residency.evict_idle(self, now_ms)
         return out
 
     def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:
@@ -512,14 +438,9 @@ class Engine:
         return out
 
     def _heartbeat_due(self, m: ChannelMachine, now_ms: int) -> bool:
-        """An idle ``no_data`` channel is published again at ``entered + k × no_data_heartbeat_ms`` (k >= 1):
-        at the first round at or after each such time (the machine's entry time is all it takes, so the
-        cadence survives restarts and evictions)."""
-        hb = self.policy.no_data_heartbeat_ms
-        if hb <= 0:
-            return False
-        since = now_ms - m.entered_ms
-        return since >= hb and since // hb != (since - self.policy.eval_interval_ms) // hb
+        """``no_data`` again at the first round at or after ``entered + k × no_data_heartbeat_ms`` (k >= 1)."""
+        hb, since = self.policy.no_data_heartbeat_ms, now_ms - m.entered_ms
+        return hb > 0 and since >= hb and since // hb != (since - self.policy.eval_interval_ms) // hb
 
     def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.
