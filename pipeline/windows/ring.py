@@ -36,7 +36,11 @@ def _madvise(a: np.ndarray, advice: int) -> tuple[int, int, bool]:
     lo, hi = -(-start // _PAGE) * _PAGE, (start + n) // _PAGE * _PAGE
     if _LIBC is None or hi <= lo:
         return lo, hi, False
-    return lo, hi, _LIBC.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), advice) == 0
+    return lo, hi, _advise(lo, hi - lo, advice)
+
+
+def _advise(address: int, length: int, advice: int) -> bool:
+    return _LIBC is not None and _LIBC.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), advice) == 0
 
 
 def small_pages(a: np.ndarray) -> np.ndarray:
@@ -50,24 +54,35 @@ def small_pages(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def release_zero(a: np.ndarray) -> None:
-    """Set the C-contiguous array ``a`` to zeros, handing its whole memory pages back to the OS.
+def release_zero(a: np.ndarray, within: np.ndarray | None = None) -> None:
+    """Set the C-contiguous array ``a`` to zeros, handing its memory pages back to the OS.
 
     The pages inside ``a`` are dropped with ``madvise(MADV_DONTNEED)`` (Linux, Linux man-pages
     madvise(2): private anonymous pages read back zero-filled and are resident again only when
-    written), the partial pages at either end are zeroed in place. Elsewhere (no Linux libc), or when
-    the call fails, ``a`` is zeroed in place (same contents, memory stays resident).
+    written). A page ``a`` shares with its neighbours is zeroed in place where it holds data, and
+    dropped too when it then is all zeros and lies inside ``within`` (the C-contiguous array ``a`` is
+    part of, e.g. a ring's whole ``hist``; only this thread writes it). Elsewhere (no Linux libc), or
+    when a call fails, ``a`` is zeroed in place (same contents, memory stays resident).
     """
     if not a.flags.c_contiguous:
         raise ValueError("release_zero needs a C-contiguous array")
-    start = a.ctypes.data
+    start, end = a.ctypes.data, a.ctypes.data + a.nbytes
     lo, hi, done = _madvise(a, _MADV_DONTNEED)
-    if not done:
-        a[...] = 0
-        return
     b = a.reshape(-1).view(np.uint8)
-    b[: max(lo - start, 0)] = 0
-    b[hi - start:] = 0
+    if not done:
+        lo = hi = start  # no whole page released: every byte is an "edge"
+    for edge in (b[: max(min(lo, end) - start, 0)], b[max(hi, start) - start:]):
+        if edge.any():  # reading an untouched page allocates nothing
+            edge[:] = 0
+    if within is None or not within.flags.c_contiguous or _LIBC is None:
+        return
+    w0, w1 = within.ctypes.data, within.ctypes.data + within.nbytes
+    whole = within.reshape(-1).view(np.uint8)
+    for page in range(start // _PAGE * _PAGE, end, _PAGE):
+        if (lo <= page < hi) or page < w0 or page + _PAGE > w1:
+            continue  # released above, or not wholly inside ``within``
+        if not whole[page - w0: page - w0 + _PAGE].any():
+            _advise(page, _PAGE, _MADV_DONTNEED)
 
 
 class IntervalRing:
@@ -121,8 +136,8 @@ class IntervalRing:
         """Empty channels ``rows`` (all slots), giving their histogram memory back (:func:`release_zero`)."""
         for r in np.asarray(rows, dtype=np.int64).tolist():
             self.slot_id[r] = -1
-            self.counts[r] = 0.0
-            release_zero(self.hist[r])
+            release_zero(self.counts[r], self.counts)
+            release_zero(self.hist[r], self.hist)
 
     def add(
         self,

@@ -172,7 +172,8 @@ class WindowStore:
         self.short.clear_rows(rows)
         self.short_lat.clear_rows(rows)
         self.base.clear_rows(rows)
-        self.quality.reset(rows)
+        self.quality.short.clear_rows(rows)  # = quality.reset, handing the memory back
+        self.quality.base.clear_rows(rows)
         for r in rows.tolist():
             self.runs.reset(r)
             self.invalidate_baseline(r)
