@@ -28,14 +28,14 @@ Variables (SPEC §7):
     (:mod:`pipeline.sinks.process`), so inserts and an embedded chDB stay
     out of the detection process; ``off``: in-process.
 ``CHANNEL_HEALTH_MAX_CHANNELS``
-    Channels one worker holds state for (default 25 000); events of further
+    Channels one worker holds state for (default 20 000); events of further
     new channels are dead-lettered ``too_many_channels`` (:class:`StateLimits`).
 ``CHANNEL_HEALTH_EVICT_IDLE_S``
     Event-time seconds without events after which a channel's windows leave
     memory, kept as a compressed snapshot until it returns (default 3600).
 ``CHANNEL_HEALTH_DEDUP_HORIZON_S`` / ``CHANNEL_HEALTH_DEDUP_MAX_IDS``
     The ``event_id`` dedup horizon: event-time seconds (default 600) and ids
-    held (default 1 000 000); see :class:`StateLimits` and docs/RELIABILITY.md.
+    held (default 500 000); see :class:`StateLimits` and docs/RELIABILITY.md.
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -208,15 +208,19 @@ class StateLimits:
     again is dropped while its first copy is within the last
     ``dedup_horizon_ms / 2`` of event time and the last ``dedup_max_ids / 2``
     distinct ids (two generations, :class:`pipeline.ingest.dedup.EventIdDedup`);
-    memory ≈ 70 bytes per id held. Defaults: 25 000 channels (≈ 0.5 GB of
-    windows if all were busy), 1 h idle, 10 min / 1 000 000 ids.
+    memory ≈ 95 bytes per id held (≈ 48 MB at the default).
+
+    Defaults: 20 000 channels, 1 h idle, 10 min / 500 000 ids. Window memory
+    per channel (in-process RSS, docs/RELIABILITY.md): ≈ 16 KB with one
+    event, ≈ 54 KB busy with a 24 h baseline, ≈ 7-12 KB once evicted; size
+    ``max_channels`` to the worker's memory (20 000 busy channels ≈ 1.1 GB).
     Raises ``ValueError`` for values outside these ranges.
     """
 
-    max_channels: int = 25_000
+    max_channels: int = 20_000
     evict_idle_ms: int = 3_600_000
     dedup_horizon_ms: int = 600_000
-    dedup_max_ids: int = 1_000_000
+    dedup_max_ids: int = 500_000
 
     def __post_init__(self) -> None:
         if self.max_channels < 1 or self.evict_idle_ms < 0 or self.dedup_horizon_ms <= 0 or self.dedup_max_ids < 2:

@@ -6,7 +6,7 @@ C-level set operations and no per-event Python code on the usual batch
 without duplicates). The current generation is retired (it becomes the
 previous one, the previous one is dropped) when it holds ``max_ids / 2`` ids
 or spans ``horizon_ms / 2`` of event time, so memory stays bounded
-(≈ 70 bytes per id, ``max_ids`` ids at most) and the horizon is stated:
+(≈ 95 bytes per id measured, ``max_ids`` ids at most) and the horizon is stated:
 
   a copy is dropped when its first copy was seen at most ``horizon_ms / 2``
   of event time and at most ``max_ids / 2`` distinct ids before it (it may
@@ -36,7 +36,7 @@ class EventIdDedup:
     out-of-range arguments.
     """
 
-    def __init__(self, horizon_ms: int = 600_000, max_ids: int = 1_000_000):
+    def __init__(self, horizon_ms: int = 600_000, max_ids: int = 500_000):
         if horizon_ms <= 0 or max_ids < 2:
             raise ValueError(f"horizon_ms must be > 0 and max_ids >= 2, got {horizon_ms}, {max_ids}")
         self.horizon_ms = int(horizon_ms)
