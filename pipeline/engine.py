@@ -387,11 +387,11 @@ class Engine:
         return out
 
     def evaluate(self, now_ms: int, rows: np.ndarray | None = None) -> list[Verdict]:
-        """One evaluation round at event time ``now_ms`` for channels ``rows`` (default: all)."""
+        """One evaluation round at event time ``now_ms`` for channels ``rows`` (default: all resident)."""
         c = self.store.n_channels
         if c == 0:
             return []
-        rows = np.arange(c) if rows is None else np.asarray(rows, dtype=np.int64)
+        rows = np.flatnonzero(self.resident[:c]) if rows is None else np.asarray(rows, dtype=np.int64)
         cfg = self.policy
         th_all = self.thresholds()
         th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})

@@ -50,7 +50,7 @@ class ProcessedBatch:
     """Outputs of one batch.
 
     ``verdicts`` in publication order; ``dead_letters`` (invalid or late
-    input); the ``request_events`` rows as ``stored`` rows ``(event,
+    input, or of a channel over the limit); the ``request_events`` rows as ``stored`` rows ``(event,
     parse_ok, missing_fields)`` and ``envelopes``: ``(message bytes,
     events)`` of the batch envelopes whose every event is stored as the
     message holds it (:func:`pipeline.ingest.envelope.storable_envelope`, none
