@@ -13,7 +13,11 @@ event-time order, split at the 30 s round boundaries:
    newest event is returned as late, for the dead-letter queue);
 3. consecutive-failure runs are checked at once (pre-trip, SPEC §4.2);
 4. channels without events are evaluated up to the low watermark (all input
-   seen up to there), which is how ``no_data`` is noticed.
+   seen up to there), which is how ``no_data`` is noticed; ``no_data`` is
+   published on the transition, then every ``no_data_heartbeat_ms``.
+
+Bounded state (SPEC §8): idle channels are evicted, new ones over the
+limit refused (:mod:`pipeline.residency`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
+from pipeline import residency
+from pipeline.config import StateLimits
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
 from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ThresholdArrays
 from pipeline.ingest.structure import resolve_structure
@@ -94,24 +100,31 @@ class BatchResult:
     ``verdicts``: published in order; ``late``: events older than the
     watermark minus the allowed lateness (not counted; dead-letter them);
     ``accepted``: the events counted; ``structure``: per accepted event
-    ``(parse_ok, missing_fields)`` as resolved for storage.
+    ``(parse_ok, missing_fields)`` as resolved for storage; ``refused``: events
+    of new channels over the limit (not counted; dead-letter them).
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
     late: list[RequestEvent] = field(default_factory=list)
     accepted: list[RequestEvent] = field(default_factory=list)
     structure: list[tuple[bool | None, list[str] | None]] = field(default_factory=list)
+    refused: list[RequestEvent] = field(default_factory=list)
 
 
 class Engine:
     """Windows + detectors + policy for all channels of one worker.
 
-    ``policy``: thresholds and timings (SPEC §4 defaults). ``state_seq``
-    continues verdict ``seq`` numbers after a restore.
+    ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
+    channel limit and idle eviction (:class:`~pipeline.config.StateLimits`).
     """
 
-    def __init__(self, policy: PolicyConfig | None = None):
+    def __init__(self, policy: PolicyConfig | None = None, limits: StateLimits | None = None):
         self.policy = policy or PolicyConfig()
+        self.limits = limits or StateLimits()
+        #: channel → snapshot bytes of an evicted channel; per channel: windows in memory (see residency).
+        self.evicted: dict[str, bytes] = {}
+        self.resident = np.zeros(0, bool)
+        self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000)
         self.machines: list[ChannelMachine] = []
@@ -170,6 +183,8 @@ class Engine:
             self.fail_since_eval = np.concatenate([self.fail_since_eval, np.zeros(n - self.fail_since_eval.shape[0])])
         if self.next_eval.shape[0] < n:
             self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
+        if self.resident.shape[0] < n:
+            self.resident = np.concatenate([self.resident, np.ones(n - self.resident.shape[0], bool)])
 
     def thresholds(self) -> ThresholdArrays:
         """Per-channel thresholds (rebuilt when channels are added)."""
@@ -206,6 +221,10 @@ class Engine:
         result = BatchResult()
         if not events:
             return result
+        if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
+            events, structure = residency.admit(self, events, structure, result.refused)
+            if not events:
+                return result
         n = len(events)
         if structure is None:
             structure, checked, missing = _resolve_all(events)
@@ -235,6 +254,9 @@ class Engine:
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
+
+    n_resident = property(lambda self: int(self.resident[: self.store.n_channels].sum()),
+                          doc="Channels whose windows are in memory.")
 
     def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult,
                        cols: EventColumns | None = None) -> None:
@@ -339,7 +361,10 @@ class Engine:
         self.low_watermark_ms = now_ms if self.low_watermark_ms is None else max(self.low_watermark_ms, now_ms)
         if c == 0:
             return []
-        return self._evaluate_until(np.arange(c), now_ms)
+        rows = np.arange(c) if not self.evicted else np.flatnonzero(self.resident[:c])
+        out = self._evaluate_until(rows, now_ms)
+        residency.evict_idle(self, now_ms)
+        return out
 
     def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:
         """Rounds for channels ``rows`` at their due boundaries up to ``now_ms``, oldest first."""
@@ -364,11 +389,11 @@ class Engine:
         return out
 
     def evaluate(self, now_ms: int, rows: np.ndarray | None = None) -> list[Verdict]:
-        """One evaluation round at event time ``now_ms`` for channels ``rows`` (default: all)."""
+        """One evaluation round at event time ``now_ms`` for channels ``rows`` (default: all resident)."""
         c = self.store.n_channels
         if c == 0:
             return []
-        rows = np.arange(c) if rows is None else np.asarray(rows, dtype=np.int64)
+        rows = np.flatnonzero(self.resident[:c]) if rows is None else np.asarray(rows, dtype=np.int64)
         cfg = self.policy
         th_all = self.thresholds()
         th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})
@@ -406,7 +431,7 @@ class Engine:
         columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft) for k, v in f.metrics.items()]
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
-            if m.state == NO_DATA and not changed[j]:
+            if m.state == NO_DATA and not changed[j] and not self._heartbeat_due(m, now_ms):
                 continue
             metrics = {k: v[j] for k, v in columns}
             metrics["route_share"] = shares[i]
@@ -416,6 +441,11 @@ class Engine:
             out.append(self._verdict(i, now_ms, metrics, hard_now=hard_now,
                                      soft_now=[f.reason for f in soft if f.fired[j]]))
         return out
+
+    def _heartbeat_due(self, m: ChannelMachine, now_ms: int) -> bool:
+        """``no_data`` again at the first round at or after ``entered + k × no_data_heartbeat_ms`` (k >= 1)."""
+        hb, since = self.policy.no_data_heartbeat_ms, now_ms - m.entered_ms
+        return hb > 0 and since >= hb and since // hb != (since - self.policy.eval_interval_ms) // hb
 
     def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.

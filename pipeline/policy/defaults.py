@@ -137,6 +137,9 @@ class PolicyConfig:
     max_share_growth: float = 1.5
     #: SPEC §4: no events for this long (event time) → ``no_data``.
     no_data_after_ms: int = 300_000
+    #: SPEC §4: ``no_data`` is published on the transition, then again every this long
+    #: (event time) while the channel stays idle and in memory; 0: only on the transition.
+    no_data_heartbeat_ms: int = 600_000
     #: Events older than the watermark minus this are late: counted and dead-lettered.
     allowed_lateness_ms: int = 120_000
 

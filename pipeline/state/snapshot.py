@@ -1,11 +1,13 @@
 """Export / import one channel's complete detector state as bytes.
 
-A snapshot holds the channel's rows of both rings (30 × 10 s counters and
-latency histograms, 25 × 1 h baseline histograms), its quality-score rings
+A snapshot holds the channel's rows of its rings (30 × 10 s counters,
+10 × 30 s latency histograms, 25 × 1 h baseline histograms), its quality-score rings
 (30 × 10 s and 25 × 1 h of count / sum / sum of squares, with the model
 version they came from; SPEC §4.5), its failure run, newest event time,
 soft-finding flags, circuit-breaker machine and verdict ``seq``.
-Snapshots written before the quality rings existed load with empty ones.
+Snapshots written before the quality rings existed load with empty ones;
+those written with 30 × 10 s latency histograms (no ``short_lat_slot_id``)
+load with them summed into the 30 s slots.
 Histograms are mostly zeros, so the arrays are zlib-compressed: a busy
 channel's snapshot is a few KB (raw ≈ 75 KB).
 
@@ -57,6 +59,9 @@ class ChannelSnapshot(msgspec.Struct):
     quality_base_slot_id: bytes = b""
     quality_base_counts: bytes = b""
     quality_model: str | None = None
+    #: Slot ids of ``short_hist`` when it holds the latency ring's slots (empty: the 10 s slots of
+    #: ``short_slot_id``, as written before the 30 s latency ring).
+    short_lat_slot_id: bytes = b""
 
 
 def _pack(a: np.ndarray) -> bytes:
@@ -80,7 +85,7 @@ def export_channel(engine, index: int) -> bytes:
         channel=st.names[index], route=st.routes[index], tier=st.tiers[index],
         n_buckets=st.buckets.n_buckets,
         short_slot_id=_pack(st.short.slot_id[index]), short_counts=_pack(st.short.counts[index]),
-        short_hist=_pack(st.short.hist[index]),
+        short_hist=_pack(st.short_lat.hist[index]), short_lat_slot_id=_pack(st.short_lat.slot_id[index]),
         base_slot_id=_pack(st.base.slot_id[index]), base_hist=_pack(st.base.hist[index]),
         run=int(st.runs.trailing[index]), last_ts_ms=int(st.last_ts_ms[index]),
         seq=int(engine.seq[index]), watermark_ms=st.watermark_ms, next_eval_ms=int(engine.next_eval[index]),
@@ -107,6 +112,21 @@ def decode_snapshot(raw: bytes) -> ChannelSnapshot:
     return snap
 
 
+def _load_10s_hist(lat, i: int, ids: np.ndarray, hist: np.ndarray, slot_ms: int) -> None:
+    """Sum a snapshot's 10 s latency histograms (slot ids ``ids``) into row ``i`` of the latency ring
+    ``lat``, keeping its ``n_slots`` newest slots."""
+    lat.slot_id[i] = -1
+    lat.hist[i] = 0.0
+    held = ids >= 0
+    if not held.any():
+        return
+    target = ids[held] * slot_ms // lat.slot_ms
+    keep = target > target.max() - lat.n_slots
+    for t, h in zip(target[keep].tolist(), hist[held][keep]):
+        lat.slot_id[i, t % lat.n_slots] = t
+        lat.hist[i, t % lat.n_slots] += h
+
+
 def import_channel(engine, snap: ChannelSnapshot) -> int:
     """Load ``snap`` into ``engine`` (registering the channel); returns its index.
 
@@ -121,7 +141,12 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     ns, nb, k = st.short.n_slots, st.base.n_slots, st.buckets.n_buckets
     st.short.slot_id[i] = _unpack(snap.short_slot_id, np.int64, (ns,))
     st.short.counts[i] = _unpack(snap.short_counts, np.float32, (ns, st.short.n_counters))
-    st.short.hist[i] = _unpack(snap.short_hist, np.float32, (ns, k))
+    lat = st.short_lat
+    if snap.short_lat_slot_id:
+        lat.slot_id[i] = _unpack(snap.short_lat_slot_id, np.int64, (lat.n_slots,))
+        lat.hist[i] = _unpack(snap.short_hist, np.float32, (lat.n_slots, k))
+    else:
+        _load_10s_hist(lat, i, st.short.slot_id[i], _unpack(snap.short_hist, np.float32, (ns, k)), st.short.slot_ms)
     st.base.slot_id[i] = _unpack(snap.base_slot_id, np.int64, (nb,))
     st.base.hist[i] = _unpack(snap.base_hist, np.float32, (nb, k))
     q = st.quality
@@ -146,6 +171,34 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     for k2, v in snap.active.items():
         if k2 in engine.active:
             engine.active[k2][i] = v
+    engine.machines[i] = _machine(snap)
+    return i
+
+
+def _machine(snap: ChannelSnapshot) -> ChannelMachine:
     fields = {f.name for f in dataclasses.fields(ChannelMachine)}
-    engine.machines[i] = ChannelMachine(**{k2: v for k2, v in snap.machine.items() if k2 in fields})
+    return ChannelMachine(**{k: v for k, v in snap.machine.items() if k in fields})
+
+
+def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
+    """Register ``snap``'s channel in ``engine`` as evicted (``raw``: its snapshot bytes); returns its index.
+
+    Only the registry, state machine, ``seq``, newest event time and next round are loaded (for
+    route shares and the channel limit); the windows stay in ``raw`` until the channel's next event
+    (:meth:`pipeline.engine.Engine.process` imports it then). Raises :class:`SnapshotError` when the
+    bucket layout differs from the engine's.
+    """
+    st = engine.store
+    if snap.n_buckets != st.buckets.n_buckets:
+        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {st.buckets.n_buckets}")
+    i = st.channel_index(snap.channel, snap.route, snap.tier)
+    engine._grow(st.n_channels)
+    engine.resident[i] = False
+    engine.evicted[snap.channel] = raw
+    st.last_ts_ms[i] = max(int(st.last_ts_ms[i]), snap.last_ts_ms)
+    if snap.watermark_ms is not None:
+        st.watermark_ms = max(st.watermark_ms or snap.watermark_ms, snap.watermark_ms)
+    engine.next_eval[i] = snap.next_eval_ms or 0
+    engine.seq[i] = max(engine.seq[i], snap.seq)
+    engine.machines[i] = _machine(snap)
     return i

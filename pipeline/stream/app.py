@@ -155,7 +155,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                                      assigned, settings.kafka_security.aiokafka_kwargs())
         state.gate = OffsetGate(starts)
         state.skipped_logged = 0
-        state.processor.reset(Engine(policy))
+        state.processor.reset(Engine(policy, settings.state_limits))
         restored = state.processor.load_snapshots(records, assigned)
         state.ledger.clear()
         state.generation = generation

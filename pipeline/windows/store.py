@@ -23,6 +23,9 @@ JUDGED, FAILURES, OK, NEUTRAL, CHECKED, MISSING, RATE_LIMITED = range(7)
 N_COUNTERS = 7
 
 SHORT_SLOT_MS = 10_000
+#: Slot of the short latency histograms: 30 s, the round interval (SPEC §4), so a round's 5 min
+#: window is the same whole slots as with 10 s ones at a third of the memory.
+LAT_SLOT_MS = 30_000
 BASE_SLOT_MS = 3_600_000
 
 
@@ -109,7 +112,11 @@ class WindowStore:
 
     ``buckets``: latency bucket mapping; ``window_ms`` / ``short_window_ms``:
     the 5 min and 1 min windows (multiples of 10 s); ``baseline_hours``: 24.
-    Memory per channel ≈ (30 + 25) × (n_buckets + 7) × 4 bytes ≈ 75 KB.
+    Rings: ``short`` 30 × 10 s counters, ``short_lat`` 10 × 30 s latency
+    histograms (10 s slots when ``window_ms`` is not a multiple of 30 s),
+    ``base`` 25 × 1 h histograms. Memory per busy channel ≈ (10 + 25) ×
+    n_buckets × 4 + 30 × 7 × 4 bytes ≈ 48 KB; a slot never written costs no
+    resident memory (see :mod:`pipeline.windows.ring`).
     """
 
     def __init__(self, buckets: LatencyBuckets | None = None, window_ms: int = 300_000,
@@ -121,7 +128,9 @@ class WindowStore:
         self.short_window_ms = short_window_ms
         self.baseline_hours = baseline_hours
         k = self.buckets.n_buckets
-        self.short = IntervalRing(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, N_COUNTERS, k)
+        self.short = IntervalRing(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, N_COUNTERS, 0)
+        lat_ms = LAT_SLOT_MS if window_ms % LAT_SLOT_MS == 0 else SHORT_SLOT_MS
+        self.short_lat = IntervalRing(lat_ms, window_ms // lat_ms, 0, k)
         self.base = IntervalRing(BASE_SLOT_MS, baseline_hours + 1, 0, k)
         self.runs = RunTracker(run_window)
         self.quality = QualityWindows(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, BASE_SLOT_MS, baseline_hours + 1)
@@ -156,6 +165,19 @@ class WindowStore:
                 self.tiers[idx] = tier
         return idx
 
+    def clear_rows(self, rows: np.ndarray) -> None:
+        """Empty the windows of channels ``rows`` (evicted channels; their registry entries stay):
+        rings emptied with their histogram memory handed back, runs and cached baselines reset."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.short.clear_rows(rows)
+        self.short_lat.clear_rows(rows)
+        self.base.clear_rows(rows)
+        self.quality.short.clear_rows(rows)  # = quality.reset, handing the memory back
+        self.quality.base.clear_rows(rows)
+        for r in rows.tolist():
+            self.runs.reset(r)
+            self.invalidate_baseline(r)
+
     def route_members(self) -> dict[str, list[int]]:
         """Route -> indices of its channels, in index order (cached until a channel is added or moves route)."""
         if self._members is None:
@@ -170,6 +192,7 @@ class WindowStore:
         snapshots; registering them one by one grows the arrays by doubling, copying them each time)."""
         n = int(n_channels)
         self.short.ensure_capacity(n)
+        self.short_lat.ensure_capacity(n)
         self.base.ensure_capacity(n)
         self.runs.ensure_capacity(n)
         self.quality.ensure_capacity(n)
@@ -231,7 +254,8 @@ class WindowStore:
         rows[:, MISSING] = cols.missing & cols.checked & cols.ok
         rows[:, RATE_LIMITED] = cols.rate_limited
         key = self.buckets.key_of(cols.latency_ms)
-        late = self.short.add(cols.channel, cols.ts_ms, rows, cols.ok, key)
+        late = self.short.add(cols.channel, cols.ts_ms, rows)
+        self.short_lat.add(cols.channel, cols.ts_ms, None, cols.ok & ~late, key)
         self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
         hours = cols.ts_ms // BASE_SLOT_MS
         if self._base_hour.shape[0] > 0:
@@ -307,7 +331,11 @@ class WindowStore:
         m1 = ((ids >= lo_short[:, None]) & (ids < hi)).astype(np.float32)
         s5 = ring.sum_counts(m5, sel)
         s1 = ring.sum_counts(m1, sel)
-        h5 = ring.sum_hist(m5, sel)
+        lat = self.short_lat
+        per = lat.slot_ms // SHORT_SLOT_MS  # 10 s slots per latency slot; window ends are whole latency slots
+        lat_ids = lat.slot_id[sel]
+        lat_lo = -(-lo_long // per)
+        h5 = lat.sum_hist(((lat_ids >= lat_lo[:, None]) & (lat_ids < -(-hi // per))).astype(np.float32), sel)
         n_lat = h5.sum(axis=1)
         p95 = self.buckets.quantile(h5, 0.95, min_count=min_latency)
         base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline, rows)
@@ -327,7 +355,8 @@ class WindowStore:
     def state(self) -> dict[str, object]:
         """Everything needed to resume after a restart (arrays + registry)."""
         return {
-            "short": self.short.state(), "base": self.base.state(), "runs": self.runs.state(),
+            "short": self.short.state(), "short_lat": self.short_lat.state(), "base": self.base.state(),
+            "runs": self.runs.state(),
             "names": list(self.names), "routes": list(self.routes), "tiers": list(self.tiers),
             "last_ts_ms": self.last_ts_ms, "watermark_ms": self.watermark_ms,
             "quality": self.quality.state(),
@@ -336,6 +365,7 @@ class WindowStore:
     def load(self, state: dict[str, object]) -> None:
         """Restore from :meth:`state` (raises ``ValueError`` on shape mismatch)."""
         self.short.load(state["short"])  # type: ignore[arg-type]
+        self.short_lat.load(state["short_lat"])  # type: ignore[arg-type]
         self.base.load(state["base"])  # type: ignore[arg-type]
         self.runs.load(state["runs"])  # type: ignore[arg-type]
         self.names = list(state["names"])  # type: ignore[arg-type]

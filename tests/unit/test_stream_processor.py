@@ -147,5 +147,6 @@ def test_no_envelope_is_passed_while_restored_state_may_cover_input():
     msg = _env(_ev(3, t + 10), _ev(6, t + 11))
     out = proc.process([msg], [0], [5])  # offset 5: covered by the snapshot
     assert out.envelopes == [] and sorted(row[0].event_id for row in out.stored) == ["e3", "e6"]
-    out = proc.process([msg], [0], [6])
-    assert out.envelopes == [(msg, 2)] and out.stored == []
+    later = _env(_ev(7, t + 12), _ev(8, t + 13))  # new event ids: a message's ids are counted once
+    out = proc.process([later], [0], [6])
+    assert out.envelopes == [(later, 2)] and out.stored == []
