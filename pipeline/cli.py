@@ -45,21 +45,21 @@ def _settings():
 
 
 def _scenario_names() -> list[str]:
-    from pipeline.simulate.scenarios import SCENARIOS
+    from pipeline.tools.simulate.scenarios import SCENARIOS
 
     return sorted(SCENARIOS)
 
 
 def scenario_lines() -> list[str]:
     """One line per scenario: its name padded to 28 characters, then ``SPEC §5.x: what happens``."""
-    from pipeline.simulate.scenarios import SCENARIOS, headline
+    from pipeline.tools.simulate.scenarios import SCENARIOS, headline
 
     return [f"{name:<28} {headline(name)}" for name in sorted(SCENARIOS)]
 
 
 def _scenario_epilog() -> str:
     """The scenario list for ``demo --help`` and ``simulate --help`` (markdown)."""
-    from pipeline.simulate.scenarios import SCENARIOS, headline
+    from pipeline.tools.simulate.scenarios import SCENARIOS, headline
 
     items = "\n".join(f"- `{name}`: {headline(name)}" for name in sorted(SCENARIOS))
     return f"**Scenarios** (`--scenario NAME`; also `channel-health simulate --list`):\n\n{items}"
@@ -80,8 +80,8 @@ def demo(
     Shows the verdict timeline live (channel, state, weight, reasons) and ends with where the data lives
     and one example SQL query with its result. Set CHANNEL_HEALTH_KAFKA_BOOTSTRAP to use your own Kafka.
     """
-    from pipeline.demo import run_demo
-    from pipeline.simulate.traces import DataNotFoundError
+    from pipeline.tools.demo import run_demo
+    from pipeline.tools.simulate.traces import DataNotFoundError
 
     if scenario not in _scenario_names():
         typer.secho(f"unknown scenario {scenario!r}; choose one of: {', '.join(_scenario_names())}", fg="red", err=True)
@@ -101,7 +101,7 @@ def broker(port: Optional[int] = typer.Option(None, help="Loopback port (default
 
     Data is lost when it stops: for development, demos and tests.
     """
-    from pipeline.embedded.broker import EmbeddedBroker
+    from pipeline.tools.embedded.broker import EmbeddedBroker
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # Python's default SIGTERM ends the process without finally blocks
@@ -187,8 +187,8 @@ def simulate(
     Event time ends at the current time, or starts at --start (a replay of a past day); with --speed the
     publisher paces itself by event time.
     """
-    from pipeline.simulate.scenarios import get_scenario
-    from pipeline.simulate.traces import DataNotFoundError, describe_data_source
+    from pipeline.tools.simulate.scenarios import get_scenario
+    from pipeline.tools.simulate.traces import DataNotFoundError, describe_data_source
 
     if list_scenarios:
         for line in scenario_lines():
@@ -312,11 +312,11 @@ def bench(
     baselines; then 1 vs 2 workers, the verdict delay at half the batched rate, peak RSS, and the CPU per
     event of each step. Prints events/s and the ratios; see README "Throughput".
     """
-    from pipeline.bench import report
-    from pipeline.bench.run import BenchOptions, run_bench
+    from pipeline.tools.bench import report
+    from pipeline.tools.bench.run import BenchOptions, run_bench
 
     if quality:
-        from pipeline.bench.quality import run_quality, table
+        from pipeline.tools.bench.quality import run_quality, table
 
         result = run_quality(quality_texts, workdir)
         typer.echo(table(result))
@@ -403,7 +403,7 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
 
 def _mount_quality() -> None:
     try:
-        from pipeline.quality.cli import app as quality_app
+        from pipeline.tools.quality.cli import app as quality_app
     except ImportError:  # quality extras (torch, sentence-transformers) not installed
         return
     app.add_typer(quality_app, name="quality", help="The data team's loop for the quality model: train, evaluate, import-labels.")

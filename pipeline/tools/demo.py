@@ -23,7 +23,7 @@ from rich.text import Text
 
 from pipeline.config import Settings
 from pipeline.contracts import Verdict
-from pipeline.demo_timeline import Timeline, fmt_offset, summary_lines
+from pipeline.tools.demo_timeline import Timeline, fmt_offset, summary_lines
 
 STATE_STYLE = {"healthy": "green", "degraded": "yellow", "open": "bold red", "half_open": "magenta",
                "recovering": "cyan", "no_data": "dim"}
@@ -99,8 +99,8 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
 
     from pipeline.producer import BatchingProducer
     from pipeline.router.subscriber import HealthSubscriber
-    from pipeline.simulate.scenarios import get_scenario
-    from pipeline.simulate.traces import describe_data_source
+    from pipeline.tools.simulate.scenarios import get_scenario
+    from pipeline.tools.simulate.traces import describe_data_source
 
     scenario = get_scenario(scenario_name)
     console.print(describe_data_source(scenario.data_dir))
@@ -224,9 +224,9 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int
 
     ``data_dir``: where chDB and the worker log go; None = a fresh
     ``data/demo-<UTC time>`` folder per run (:func:`choose_data_dir`).
-    Call from the main thread: it handles SIGINT and SIGTERM (:mod:`pipeline.demo_stop`).
+    Call from the main thread: it handles SIGINT and SIGTERM (:mod:`pipeline.tools.demo_stop`).
     """
-    from pipeline.demo_stop import sigterm_interrupts
+    from pipeline.tools.demo_stop import sigterm_interrupts
 
     with sigterm_interrupts():
         return _run_demo(settings, scenario, data_dir, seed, timeout_s, speed)
@@ -234,8 +234,8 @@ def run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int
 
 def _run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int, timeout_s: float,
               speed: float) -> int:
-    from pipeline.demo_stop import stop_in_order, worker_popen_kwargs
-    from pipeline.embedded.broker import EmbeddedBroker
+    from pipeline.tools.demo_stop import stop_in_order, worker_popen_kwargs
+    from pipeline.tools.embedded.broker import EmbeddedBroker
     from pipeline.kafka_topics import ensure as ensure_topics
 
     # Piped (CI logs, `| tee`): rich would wrap at 80 columns and cut the table's names; lines are the record there.

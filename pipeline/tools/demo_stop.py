@@ -54,7 +54,7 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
     """Stop ``worker`` (SIGTERM: it drains), then what is left of its children, then ``broker``.
 
     ``worker``: the worker process or None; ``broker``: an object with ``stop()`` (an
-    :class:`~pipeline.embedded.broker.EmbeddedBroker`) or None; ``say``: prints a progress line.
+    :class:`~pipeline.tools.embedded.broker.EmbeddedBroker`) or None; ``say``: prints a progress line.
     Takes at most ``WORKER_STOP_S + CHILDREN_STOP_S`` plus the broker's stop (SIGINT: milliseconds). A
     Ctrl-C or SIGTERM meanwhile (the second of the demo) kills the worker and its children at once; later
     ones are ignored until the broker is stopped. Returns when none of them runs; call from the main thread.

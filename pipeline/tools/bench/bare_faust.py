@@ -13,9 +13,9 @@ import os
 import sys
 from typing import Any, Callable
 
-from pipeline.bench.consume import Clock
-from pipeline.bench.rss import peak_rss_mb
-from pipeline.bench.stage import scratch_dir, stage_main, write_result
+from pipeline.tools.bench.consume import Clock
+from pipeline.tools.bench.rss import peak_rss_mb
+from pipeline.tools.bench.stage import scratch_dir, stage_main, write_result
 
 
 def finish(args: dict[str, Any], result: dict[str, Any]) -> None:

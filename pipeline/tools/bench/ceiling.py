@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from pipeline.bench.consume import Clock, open_reader
-from pipeline.bench.rss import peak_rss_mb
-from pipeline.bench.stage import stage_main
+from pipeline.tools.bench.consume import Clock, open_reader
+from pipeline.tools.bench.rss import peak_rss_mb
+from pipeline.tools.bench.stage import stage_main
 from pipeline.contracts import RequestEvent
 
 

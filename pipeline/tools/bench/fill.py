@@ -10,7 +10,7 @@ slower, so with a 100 ms flush deadline it would carry a handful of events).
 Single-event messages are keyed by channel and partitioned by the producer.
 
 The state topic of each pipeline stage is seeded with the same 1,000
-channel snapshots (24 h baselines, see :mod:`pipeline.bench.warm`), as a
+channel snapshots (24 h baselines, see :mod:`pipeline.tools.bench.warm`), as a
 worker restarting with that state would find it.
 """
 

@@ -40,9 +40,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.bench.consume import Clock
-from pipeline.bench.rss import RssSampler, peak_rss_mb
-from pipeline.bench.stage import scratch_dir, stage_main
+from pipeline.tools.bench.consume import Clock
+from pipeline.tools.bench.rss import RssSampler, peak_rss_mb
+from pipeline.tools.bench.stage import scratch_dir, stage_main
 from pipeline.config import Settings, Topics
 
 log = logging.getLogger("channel_health.bench")
@@ -189,7 +189,7 @@ def _profiler(args: dict[str, Any]) -> Any:
 # -- faust driver ---------------------------------------------------------------------------------------------
 
 def run_faust(args: dict[str, Any]) -> None:
-    from pipeline.bench.bare_faust import finish, run_worker
+    from pipeline.tools.bench.bare_faust import finish, run_worker
     from pipeline.sinks.process import open_sink
     from pipeline.stream.app import build_app
     from pipeline.stream.runtime import tune_gc
@@ -246,7 +246,7 @@ def run_faust(args: dict[str, Any]) -> None:
 async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]:
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.bench.consume import open_reader
+    from pipeline.tools.bench.consume import open_reader
     from pipeline.contracts import encode
     from pipeline.engine import Engine
     from pipeline.sinks.buffer import FLUSH_SHARE

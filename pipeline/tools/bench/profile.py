@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import msgspec
 
-from pipeline.bench import workload as W
-from pipeline.bench.fill import PartitionBatcher, single_messages
-from pipeline.bench.stage import scratch_dir, stage_main
+from pipeline.tools.bench import workload as W
+from pipeline.tools.bench.fill import PartitionBatcher, single_messages
+from pipeline.tools.bench.stage import scratch_dir, stage_main
 
 
 def _cpu(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -49,7 +49,7 @@ def _engine_with_state(snapshots_path: str | None) -> Any:
 
 
 def run(args: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.bench.ceiling import Envelope
+    from pipeline.tools.bench.ceiling import Envelope
     from pipeline.config import Settings
     from pipeline.contracts import RequestEvent
     from pipeline.ingest.decode import Decoder

@@ -32,13 +32,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.bench.rss import peak_rss_mb, rss_mb
-from pipeline.bench.stage import stage_main
+from pipeline.tools.bench.rss import peak_rss_mb, rss_mb
+from pipeline.tools.bench.stage import stage_main
 
 
 def load_texts(n: int) -> tuple[list[str], list[str], str]:
     """``(prompts, responses, description)``: ``n`` MT-bench answers, or synthetic ones without the data."""
-    from pipeline.quality.train import default_labels_path
+    from pipeline.tools.quality.train import default_labels_path
 
     path = default_labels_path()
     if path.is_file():
@@ -125,9 +125,9 @@ def _while_busy(seconds: float, messages: list[bytes], score: Callable[[list, li
 def run(args: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from pipeline.bench import workload as W
-    from pipeline.bench.fill import PartitionBatcher
-    from pipeline.bench.run import measure_start_ms
+    from pipeline.tools.bench import workload as W
+    from pipeline.tools.bench.fill import PartitionBatcher
+    from pipeline.tools.bench.run import measure_start_ms
     from pipeline.quality.artifact import current_version
     from pipeline.quality.embedding import shared_embedder
     from pipeline.quality.scorer import QualityScorer
@@ -228,7 +228,7 @@ def run_quality(texts: int = 256, workdir: Path | None = None, timeout_s: float 
     """Run :func:`run` in its own process; returns its result."""
     import tempfile
 
-    from pipeline.bench.stage import run_stage
+    from pipeline.tools.bench.stage import run_stage
 
     wd = workdir or Path(tempfile.mkdtemp(prefix="channel-health-bench-quality-"))
     wd.mkdir(parents=True, exist_ok=True)

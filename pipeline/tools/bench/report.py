@@ -204,7 +204,7 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
                                     ("faust_worker", "pipeline_faust_{kind}/runs_events_per_s"),
                                     ("aiokafka_driver", "pipeline_aiokafka_{kind}/runs_events_per_s"))}
         doc[kind]["runs_events_per_s"] = {k: v for k, v in runs.items() if v}
-    # run k of every stage ran in round k (pipeline.bench.run interleaves them): the ratio within each round
+    # run k of every stage ran in round k (pipeline.tools.bench.run interleaves them): the ratio within each round
     doc["batched"]["ratio_to_ceiling_by_round"] = _by_round(doc["batched"]["runs_events_per_s"], "ceiling")
     doc["single"]["ratio_to_bare_faust_by_round"] = _by_round(doc["single"]["runs_events_per_s"], "bare_faust")
     doc["targets"] = {

@@ -1,17 +1,17 @@
 """``channel-health bench``: the whole benchmark in one run on the embedded broker.
 
-Order (each measured stage is its own process, see :mod:`pipeline.bench.stage`):
+Order (each measured stage is its own process, see :mod:`pipeline.tools.bench.stage`):
 
 1. start the embedded broker; pre-fill two topics with the same synthetic
    events -- ``--events`` in 500-event envelopes, the first
    ``--single-events`` of them one per message -- while, in parallel,
-   :mod:`~pipeline.bench.warm` replays a compact 24 h of event time through
+   :mod:`~pipeline.tools.bench.warm` replays a compact 24 h of event time through
    the pipeline in-process (RSS per hour) and exports every channel's state;
-2. (a) :mod:`~pipeline.bench.ceiling` reads both topics with a bare aiokafka
+2. (a) :mod:`~pipeline.tools.bench.ceiling` reads both topics with a bare aiokafka
    consumer that only decodes;
-3. (b) :mod:`~pipeline.bench.bare_faust`: a faust agent that does nothing,
+3. (b) :mod:`~pipeline.tools.bench.bare_faust`: a faust agent that does nothing,
    on each topic;
-4. (c) :mod:`~pipeline.bench.pipeline_run`: the full pipeline on each topic,
+4. (c) :mod:`~pipeline.tools.bench.pipeline_run`: the full pipeline on each topic,
    as the production faust worker and as a plain aiokafka driver of the same
    processor and sink; each starts from a state topic seeded with the 24 h
    state of all channels (the assigned partitions' channels are restored
@@ -26,7 +26,7 @@ Order (each measured stage is its own process, see :mod:`pipeline.bench.stage`):
    (an upper bound of "consumed → produced": it also holds the producer's
    batching and two broker hops); the aiokafka driver also reports the
    exact fetch → verdict acknowledged time per verdict;
-7. :mod:`~pipeline.bench.profile`: CPU per event of each step, in-process.
+7. :mod:`~pipeline.tools.bench.profile`: CPU per event of each step, in-process.
 
 Stages run one after another (this is a 2-core machine); a failed stage is
 reported and the rest still run. With ``--repeat N`` the throughput stages of
@@ -56,10 +56,10 @@ from typing import Any, Callable
 import msgspec
 import numpy as np
 
-from pipeline.bench import report
-from pipeline.bench import workload as W
-from pipeline.bench.fill import PartitionBatcher, Publisher, seed_state, single_messages
-from pipeline.bench.stage import StageFailed, log_tail, run_stage, spawn, wait_result
+from pipeline.tools.bench import report
+from pipeline.tools.bench import workload as W
+from pipeline.tools.bench.fill import PartitionBatcher, Publisher, seed_state, single_messages
+from pipeline.tools.bench.stage import StageFailed, log_tail, run_stage, spawn, wait_result
 
 HOUR_MS = 3_600_000
 STAGE_TIMEOUT_S = 420.0
@@ -170,7 +170,7 @@ def measure_start_ms(now_ms: int | None = None) -> int:
 
 async def fill_topics(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms: int,
                       batched_topic: str, single_topic: str) -> dict[str, Any]:
-    from pipeline.embedded.topics import ensure_topics
+    from pipeline.kafka_admin import ensure_topics
 
     await ensure_topics(bootstrap, [batched_topic, single_topic], opts.partitions)
     t0 = time.perf_counter()
@@ -212,7 +212,7 @@ async def paced_run(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from pipeline.config import Topics
-    from pipeline.embedded.topics import ensure_topics
+    from pipeline.kafka_admin import ensure_topics
 
     name = "paced" if driver == "faust" else f"paced_{driver}"
     prefix = f"bench{tag}.{name}."
@@ -305,10 +305,10 @@ async def paced_run(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms
 
 
 def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run every stage; return the JSON document (:func:`pipeline.bench.report.build`)."""
+    """Run every stage; return the JSON document (:func:`pipeline.tools.bench.report.build`)."""
     from pipeline.config import Topics
-    from pipeline.embedded.broker import EmbeddedBroker
-    from pipeline.embedded.topics import ensure_topics_sync
+    from pipeline.tools.embedded.broker import EmbeddedBroker
+    from pipeline.kafka_admin import ensure_topics_sync
 
     opts.validate()
     tag = uuid.uuid4().hex[:6]

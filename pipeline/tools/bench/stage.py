@@ -1,6 +1,6 @@
 """How the benchmark runs its stages: one subprocess each, JSON in and out.
 
-Every measured stage runs in a fresh ``python -m pipeline.bench.<module>
+Every measured stage runs in a fresh ``python -m pipeline.tools.bench.<module>
 '<json args>'`` process, so its peak RSS is its own, chDB gets its own data
 directory in its own process (chDB allows one process per directory), and
 faust's event loop and signal handling are not shared. A stage writes its
@@ -50,14 +50,14 @@ def scratch_dir(args: dict[str, Any], prefix: str) -> str:
 
 
 def spawn(module: str, args: dict[str, Any], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start stage ``module`` (``pipeline.bench.<module>``) in the background.
+    """Start stage ``module`` (``pipeline.tools.bench.<module>``) in the background.
 
     Its chDB and faust data go under ``<log dir>/scratch`` unless ``args`` names another place.
     """
     args = {"scratch": str(log_path.parent / "scratch"), **args}
     log = open(log_path, "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", f"pipeline.bench.{module}", json.dumps(args)],
+        return subprocess.Popen([sys.executable, "-m", f"pipeline.tools.bench.{module}", json.dumps(args)],
                                 stdout=log, stderr=subprocess.STDOUT, env=env or dict(os.environ))
     finally:
         log.close()

@@ -24,10 +24,10 @@ from typing import Any
 
 import msgspec
 
-from pipeline.bench import workload as W
-from pipeline.bench.fill import PartitionBatcher
-from pipeline.bench.rss import RssSampler, peak_rss_mb
-from pipeline.bench.stage import scratch_dir, stage_main
+from pipeline.tools.bench import workload as W
+from pipeline.tools.bench.fill import PartitionBatcher
+from pipeline.tools.bench.rss import RssSampler, peak_rss_mb
+from pipeline.tools.bench.stage import scratch_dir, stage_main
 
 
 def run(args: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ gateway (``expected_fields`` + ``missing_fields``), so every detector has
 work. Events are the same small JSON objects a gateway sends (about 260
 bytes each), generated column-wise with numpy and encoded with msgspec.
 
-The same events are published twice (:mod:`pipeline.bench.fill`): in batch
+The same events are published twice (:mod:`pipeline.tools.bench.fill`): in batch
 envelopes ``{"events": [...]}`` of 500 and one event per message.
 
 :func:`warmup_day` is a compact 24 h of history (``per_hour`` events per

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from pipeline.embedded.topics import ensure_topics, ensure_topics_sync
+from pipeline.kafka_admin import ensure_topics, ensure_topics_sync
 from pipeline.parent_death import death_signal_preexec
 
 __all__ = ["EmbeddedBroker", "BrokerStartError", "FAST_GROUP_SETTINGS", "ensure_topics", "ensure_topics_sync"]

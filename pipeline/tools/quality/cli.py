@@ -98,7 +98,7 @@ def write_labels(client: Any, table_rows: Sequence[tuple], batch: int = 2000) ->
 
 def read_labels(client: Any, source: str | None = None):
     """``quality_labels`` -> ``LabelledRow``s (group from the ``label_id`` prefix)."""
-    from pipeline.quality.train import LabelledRow, LoadedLabels
+    from pipeline.tools.quality.train import LabelledRow, LoadedLabels
     from pipeline.sinks.rows import QUALITY_LABELS_TABLE
 
     sql = f"SELECT label_id, prompt, response, label, source FROM {QUALITY_LABELS_TABLE} FINAL"
@@ -146,7 +146,7 @@ def import_labels(
     source: Optional[str] = typer.Option(None, help="Value of the `source` column (default: the file's stem)."),
 ) -> None:
     """Load labelled answers into ClickHouse `quality_labels` (CHANNEL_HEALTH_CLICKHOUSE_URL)."""
-    from pipeline.quality.train import load_rows
+    from pipeline.tools.quality.train import load_rows
 
     loaded = load_rows(file)
     table_rows, skipped = label_rows_for_table(loaded.rows, source or file.stem)
@@ -173,7 +173,7 @@ def train(
     cache: bool = typer.Option(True, "--cache/--no-cache", help="Reuse/extend the embedding cache in .cache/quality."),
 ) -> None:
     """Fit a new quality-model version, split by model/channel; promote only if not worse."""
-    from pipeline.quality import ship, train as tr
+    from pipeline.tools.quality import ship, train as tr
     from pipeline.quality.embedding import EmbeddingCache
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
@@ -235,9 +235,9 @@ def evaluate(
     """ROC-AUC of a model version on a labelled file (last line: JSON with roc_auc, n, model_version)."""
     from pipeline.quality.artifact import ArtifactError, load_model
     from pipeline.quality.embedding import EmbeddingCache
-    from pipeline.quality.train import default_cache_dir
-    from pipeline.quality.train import evaluate as run_eval
-    from pipeline.quality.train import load_rows
+    from pipeline.tools.quality.train import default_cache_dir
+    from pipeline.tools.quality.train import evaluate as run_eval
+    from pipeline.tools.quality.train import load_rows
 
     loaded = load_rows(labels)
     emb = _embedder(embedding_model)

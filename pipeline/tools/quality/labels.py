@@ -25,7 +25,8 @@ GROUP_KEYS = ("group", "model", "channel")
 
 
 def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
+    """The repository holding this package (``pipeline/tools/quality/labels.py`` is three levels down)."""
+    return Path(__file__).resolve().parents[3]
 
 
 def default_cache_dir() -> Path:

@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.quality.embedding import Embedder, EmbeddingCache
 from pipeline.quality.features import FeatureInputs, get_recipe
 from pipeline.quality.head import roc_auc
-from pipeline.quality.train import (
+from pipeline.tools.quality.train import (
     DEFAULT_L2_GRID,
     DEFAULT_RECIPE,
     LabelledRow,

@@ -49,7 +49,7 @@ from pipeline.quality.features import (
 from pipeline.quality.head import LogisticHead, fit_logistic, fit_platt, roc_auc
 
 log = logging.getLogger(__name__)
-from pipeline.quality.labels import (  # noqa: F401  (re-exported: the data team's entry points)
+from pipeline.tools.quality.labels import (  # noqa: F401  (re-exported: the data team's entry points)
     BAD_MAX,
     DEFAULT_L2_GRID,
     DEFAULT_RECIPE,
@@ -356,7 +356,7 @@ def train_and_maybe_promote(
 ) -> PromotionResult:
     """Train a new version, save it, and promote it only if its held-out ROC-AUC
     is >= the current model's on the same held-out rows (or ``force``)."""
-    from pipeline.quality.card import render_card
+    from pipeline.tools.quality.card import render_card
 
     root = Path(models_dir or default_models_dir())
     embedder = embedder or Embedder()

@@ -14,7 +14,7 @@ model), :mod:`.answers` (structured answers from BFCL), :mod:`.faults`
 
 Typical use::
 
-    from pipeline.simulate import get_scenario
+    from pipeline.tools.simulate import get_scenario
     sc = get_scenario("gradual-degradation")
     for event in sc.events(start_ms=1_700_000_000_000, seed=1):
         ...  # dict with RequestEvent field names

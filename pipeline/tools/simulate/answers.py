@@ -162,7 +162,7 @@ def _bank_cached(data_dir: Path) -> AnswerBank:
 def load_answer_bank(data_dir: str | Path | None = None) -> AnswerBank:
     """Build (once per data folder) the :class:`AnswerBank` from BFCL outputs.
 
-    Raises :class:`~pipeline.simulate.traces.DataNotFoundError` if the file is
+    Raises :class:`~pipeline.tools.simulate.traces.DataNotFoundError` if the file is
     missing, ``ValueError`` if no row is usable.
     """
     return _bank_cached(resolve_data_dir(data_dir))

@@ -78,7 +78,7 @@ def pick_rows(rows: list[dict], size: int) -> list[tuple[str, dict]]:
     """The pool's ``(question, row)`` pairs: the first ``size`` questions in hash order (module doc).
 
     Any superset of the picked rows picks the same pairs, which is what lets
-    the shipped sample (:mod:`pipeline.simulate.samples`) hold only those.
+    the shipped sample (:mod:`pipeline.tools.simulate.samples`) hold only those.
     """
     good = [
         r for r in rows
@@ -135,10 +135,10 @@ def _pool_sample(size: int) -> tuple[ChatAnswer, ...]:
 def load_chat_pool(data_dir: str | Path | None = None, size: int = DEFAULT_POOL_SIZE) -> tuple[ChatAnswer, ...]:
     """The pool of good chat answers (cached per data folder and size).
 
-    From the shipped samples (:mod:`pipeline.simulate.samples`) the pool is
+    From the shipped samples (:mod:`pipeline.tools.simulate.samples`) the pool is
     the same as from the full set for ``size`` up to
-    :data:`~pipeline.simulate.samples.CHAT_POOL_SIZE`. Raises
-    :class:`~pipeline.simulate.traces.DataNotFoundError` if the file is
+    :data:`~pipeline.tools.simulate.samples.CHAT_POOL_SIZE`. Raises
+    :class:`~pipeline.tools.simulate.traces.DataNotFoundError` if the file is
     missing, ``ValueError`` if fewer than 2 answers qualify or (samples) if
     ``size`` exceeds the sample.
     """

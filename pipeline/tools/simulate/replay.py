@@ -5,7 +5,7 @@ one channel ``<provider>/<size>`` on route ``llama-<size>``. Its requests
 are replayed in file order, one every ``spacing_s`` seconds starting at
 ``offset_s``; each finishes ``end_to_end_latency_s`` later with the status
 the provider really gave (``error_code`` 429 -> ``rate_limited``, other
-codes -> ``error``, null -> ``ok``; :func:`~pipeline.simulate.traces.status_for_error_code`),
+codes -> ``error``, null -> ``ok``; :func:`~pipeline.tools.simulate.traces.status_for_error_code`),
 its measured TTFT and token counts. No synthetic traffic is added.
 """
 

@@ -1,6 +1,6 @@
 """The scenario type: traffic, injected faults and the expected verdicts (SPEC §5).
 
-The named scenarios are built in :mod:`pipeline.simulate.scenarios`.
+The named scenarios are built in :mod:`pipeline.tools.simulate.scenarios`.
 
 ``SCENARIOS`` maps each name to a :class:`Scenario`; :func:`get_scenario`
 looks one up (``ValueError`` listing the valid names otherwise). A scenario
@@ -82,7 +82,7 @@ class Scenario:
     night_fraction, latency_swing: day/night curve (:class:`DiurnalCurve`).
     warmup_s: healthy time before the first fault. data_dir: data folder
     (``None``: ``../shared/data`` if present, else the shipped samples; see
-    :func:`~pipeline.simulate.traces.resolve_data_dir`).
+    :func:`~pipeline.tools.simulate.traces.resolve_data_dir`).
 
     Raises ``ValueError`` if a fault or route names an unknown channel, a
     channel's route is missing, or a fault starts before ``warmup_s``.
@@ -182,7 +182,7 @@ class Scenario:
 
         Yields dicts with a unique ``event_id`` (``sim-<hash>-<n>``,
         increasing) and non-decreasing ``ts_ms``. Raises
-        :class:`~pipeline.simulate.traces.DataNotFoundError` if the data is
+        :class:`~pipeline.tools.simulate.traces.DataNotFoundError` if the data is
         missing, ``TypeError`` for a non-int ``start_ms``, ``ValueError``
         for a bad ``block_s`` or a negative share.
         """

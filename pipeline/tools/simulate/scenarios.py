@@ -1,7 +1,7 @@
 """The SPEC §5 scenario catalogue: one builder per scenario, ``SCENARIOS`` and
-:func:`get_scenario`. The :class:`~pipeline.simulate.scenario.Scenario` type
+:func:`get_scenario`. The :class:`~pipeline.tools.simulate.scenario.Scenario` type
 (traffic, faults, expected timeline, injected truth) lives in
-:mod:`pipeline.simulate.scenario`.
+:mod:`pipeline.tools.simulate.scenario`.
 """
 
 from __future__ import annotations

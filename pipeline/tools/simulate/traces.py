@@ -21,7 +21,7 @@ Three sources feed the simulator:
 
 The data folder defaults to ``<repo>/../shared/data`` when that folder
 exists, else to the compact samples shipped in the package
-(:data:`SAMPLES_DIR`, :mod:`pipeline.simulate.samples`: the same requests,
+(:data:`SAMPLES_DIR`, :mod:`pipeline.tools.simulate.samples`: the same requests,
 so a scenario gives the same events on either). A ``data_dir`` argument,
 accepted everywhere, names a folder holding the full sets (or
 :data:`SAMPLES_DIR`); a named folder that does not exist, or a missing file,
@@ -46,7 +46,7 @@ from . import samples
 from .samples import SAMPLES_DIR
 
 #: ``<repo>/../shared/data``: the shared data folder beside the repository.
-DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DEFAULT_DATA_DIR: Path = Path(__file__).resolve().parents[3].parent / "shared" / "data"
 
 AZURE_DIR = "azure-llm-inference-2023"
 LLMPERF_DIR = "llmperf-leaderboard"
@@ -89,14 +89,14 @@ def describe_data_source(data_dir: str | Path | None = None) -> str:
     """One line naming the trace source :func:`resolve_data_dir` picks, e.g. for the demo.
 
     ``"traces: full sets (/x/shared/data)"`` or ``"traces: shipped samples
-    (pipeline/simulate/samples; full sets not found at /x/shared/data)"``.
+    (pipeline/tools/simulate/samples; full sets not found at /x/shared/data)"``.
     Raises :class:`DataNotFoundError` as :func:`resolve_data_dir`.
     """
     folder = resolve_data_dir(data_dir)
     if not is_samples(folder):
         return f"traces: full sets ({folder})"
     why = "" if data_dir is not None else f"; full sets not found at {DEFAULT_DATA_DIR}"
-    return f"traces: shipped samples (pipeline/simulate/samples{why})"
+    return f"traces: shipped samples (pipeline/tools/simulate/samples{why})"
 
 
 def _require_file(path: Path) -> Path:

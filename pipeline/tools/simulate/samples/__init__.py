@@ -1,9 +1,9 @@
 """Compact samples of the real traces, shipped in the package (SPEC §6).
 
-Used by the loaders of :mod:`pipeline.simulate.traces` when the full sets
+Used by the loaders of :mod:`pipeline.tools.simulate.traces` when the full sets
 (``../shared/data``) are absent, so the demo and the simulator run from a
 plain clone. Each file is derived from one full set by :mod:`.derive`
-(deterministic; ``python -m pipeline.simulate.samples.derive``) and keeps
+(deterministic; ``python -m pipeline.tools.simulate.samples.derive``) and keeps
 exactly what the simulator reads, so a scenario built on the samples yields
 the same events as on the full sets. ``README.md`` beside this file says
 what each sample holds; each source's licence and attribution lie in the
@@ -46,7 +46,7 @@ SAMPLES_DIR: Path = Path(__file__).resolve().parent
 AZURE_SAMPLE = "azure-llm-inference-2023/AzureLLMInferenceTrace_{kind}.csv.gz"
 AZURE_HEADER = ["second_step", "ContextTokens", "GeneratedTokens"]
 LLMPERF_SAMPLE = "llmperf-leaderboard/llmperf.jsonl.gz"
-#: The llmperf fields the simulator reads (:func:`pipeline.simulate.traces.load_llmperf`).
+#: The llmperf fields the simulator reads (:func:`pipeline.tools.simulate.traces.load_llmperf`).
 LLMPERF_FIELDS: tuple[str, ...] = (
     "end_to_end_latency_s", "ttft_s", "inter_token_latency_s", "number_input_tokens",
     "number_output_tokens", "error_code", "error_msg",

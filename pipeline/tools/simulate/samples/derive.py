@@ -2,10 +2,10 @@
 
 Usage::
 
-    python -m pipeline.simulate.samples.derive [--data-dir ../shared/data] [--check]
+    python -m pipeline.tools.simulate.samples.derive [--data-dir ../shared/data] [--check]
 
-Reads the full sets with the loaders of :mod:`pipeline.simulate.traces`,
-writes the files named in :mod:`pipeline.simulate.samples` (gzip, mtime 0)
+Reads the full sets with the loaders of :mod:`pipeline.tools.simulate.traces`,
+writes the files named in :mod:`pipeline.tools.simulate.samples` (gzip, mtime 0)
 and copies each source's licence and attribution file beside its sample.
 ``--check`` writes nothing and exits 1 if a shipped sample's content differs
 from its derivation (the gzip bytes may differ between zlib builds; the
