@@ -17,11 +17,49 @@ from typing import Optional
 
 import typer
 
-from pipeline.cli_help import PlainHelpGroup, use_plain_help
+from pipeline.cli_help import PlainHelpCommand, PlainHelpGroup, use_plain_help
 from pipeline.config import ConfigError, load_settings, redact_secrets
 
+# Tools (pipeline.tools: demo, simulator, bench, broker, quality training) are imported only inside the
+# commands that run them, so `channel-health worker` never loads them (issue #15; tests/unit/test_import_graph.py).
+QUALITY_HELP = "The data team's loop for the quality model: train, evaluate, import-labels."
+
+
+class _AppGroup(PlainHelpGroup):
+    """The ``channel-health`` group: ``quality`` (:mod:`pipeline.tools.quality.cli`) is built only when named
+    or listed, so the worker's start imports no training code."""
+
+    def list_commands(self, ctx):  # noqa: D102 (click API)
+        return [*super().list_commands(ctx), "quality"]
+
+    def get_command(self, ctx, name):  # noqa: D102 (click API)
+        return _quality_group() if name == "quality" else super().get_command(ctx, name)
+
+
+def _quality_group():
+    """The ``quality`` sub-group as a click group, with the plain help classes."""
+    from pipeline.tools.quality.cli import app as quality_app
+
+    holder = typer.Typer()
+    holder.add_typer(quality_app, name="quality", help=QUALITY_HELP)
+    use_plain_help(holder)
+    return typer.main.get_group(holder).commands["quality"]
+
+
+class _ScenarioHelpCommand(PlainHelpCommand):
+    """``demo`` / ``simulate``: the scenario list (the epilog) is read from the simulator only when help shows."""
+
+    @property
+    def epilog(self):  # noqa: D102 (click API)
+        return _scenario_epilog()
+
+    @epilog.setter
+    def epilog(self, value) -> None:  # click's __init__ assigns None
+        pass
+
+
 app = typer.Typer(
-    cls=PlainHelpGroup,  # no `--help <bool>` / `{sql}` in help texts (issue #17)
+    cls=_AppGroup,  # no `--help <bool>` / `{sql}` in help texts (issue #17); `quality` built on use
     add_completion=False,
     no_args_is_help=True,
     # Docstrings are hard-wrapped paragraphs: markdown joins their lines and rewraps them to the terminal.
@@ -65,7 +103,7 @@ def _scenario_epilog() -> str:
     return f"**Scenarios** (`--scenario NAME`; also `channel-health simulate --list`):\n\n{items}"
 
 
-@app.command(epilog=_scenario_epilog())
+@app.command(cls=_ScenarioHelpCommand)
 def demo(
     scenario: str = typer.Option("gradual-degradation", help="Scenario to replay (listed below)."),
     data_dir: Optional[Path] = typer.Option(
@@ -169,7 +207,7 @@ def _utc_ms(text: str) -> int:
     return int(at.timestamp() * 1000)
 
 
-@app.command(epilog=_scenario_epilog())
+@app.command(cls=_ScenarioHelpCommand)
 def simulate(
     scenario: Optional[str] = typer.Option(None, help="Scenario name (SPEC §5; listed below)."),
     speed: float = typer.Option(0.0, help="Event-time speed-up (e.g. 720 = 24 h in 2 min); 0 = as fast as possible."),
@@ -401,15 +439,6 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
         raise typer.Exit(1)
 
 
-def _mount_quality() -> None:
-    try:
-        from pipeline.tools.quality.cli import app as quality_app
-    except ImportError:  # quality extras (torch, sentence-transformers) not installed
-        return
-    app.add_typer(quality_app, name="quality", help="The data team's loop for the quality model: train, evaluate, import-labels.")
-
-
-_mount_quality()
 use_plain_help(app)
 
 
