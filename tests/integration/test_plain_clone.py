@@ -65,7 +65,7 @@ def test_plain_clone_builds_a_scenario_from_the_shipped_samples(clone):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.splitlines()[-1])
     assert Path(out["pipeline"]).is_relative_to(clone)
-    assert out["folder"] == str(clone.resolve() / "pipeline" / "simulate" / "samples")
+    assert out["folder"] == str(clone.resolve() / "pipeline" / "tools" / "simulate" / "samples")
     assert out["source"] == ("traces: shipped samples (pipeline/tools/simulate/samples; full sets not found at "
                              f"{clone.resolve().parent / 'shared' / 'data'})")
     # 7 failures 75 s apart from the fault start; the breaker opens on the 5th (at 300 s + its 250 ms latency).
