@@ -9,8 +9,8 @@ view writes one ``request_events`` row per event
 (``infra/clickhouse/007_request_event_batches.sql``; ``parse_ok`` and
 ``missing_fields`` there by the rule of
 :func:`~pipeline.ingest.structure.resolve_structure`). Encoding the rows
-cost the worker's main thread ~0.7 µs per event, ~15 % of its time
-(README "Throughput").
+cost the worker's main thread a sizeable share of its time
+(docs/THROUGHPUT.md, "Design measurements").
 
 ClickHouse's JSON reader refuses a few inputs msgspec accepts (a key
 repeated in an event: "JSON object contains duplicate key"); such a

@@ -244,7 +244,7 @@ class BatchProcessor:
             self._refuse(result.refused, out)
         if envelopes:
             self._take_envelopes(envelopes, events, owner, result, out)
-        elif result.accepted:  # (event, parse_ok, missing_fields) tuples built by zip in C: ~0.15 µs per event less
+        elif result.accepted:  # (event, parse_ok, missing_fields) tuples built by zip in C, not a Python loop
             out.stored.extend(zip(result.accepted, *zip(*result.structure)))
         for e in late:
             idx = self.engine.store._index.get(e.channel)

@@ -178,8 +178,8 @@ class IntervalRing:
         else:
             newest_slot = self.slot_id[channel].max(axis=1)
         fits &= slot > newest_slot - self.n_slots
-        # Scatter-adds on the flat (1-D) arrays: numpy's ufunc.at is 4-8x slower with a 2-D target or a
-        # tuple index (measured: 91 → 23 ns per event for the counters, 186 → 29 ns for the histograms).
+        # Scatter-adds on the flat (1-D) arrays: numpy's ufunc.at is several times slower with a 2-D target
+        # or a tuple index (docs/THROUGHPUT.md, "Design measurements").
         if counter_rows is not None and self.n_counters:
             k = self.n_counters
             cells = (flat[fits][:, None] * k + np.arange(k)).reshape(-1)
@@ -230,7 +230,7 @@ def masked_sums(mask: np.ndarray, cube: np.ndarray, rows: slice | np.ndarray = s
 
     ``cube`` float32 (C, n_slots, k) (a ring's ``counts`` or ``hist``); ``rows`` a slice or unique channel
     indices; ``mask`` float32 (n, n_slots) of 0/1 for those channels. Sums are float32 (exact for integer
-    counts below 2**24). One ``einsum``, 2-4x faster than a batched ``matmul`` of (1, n_slots) @ (n_slots, k)
+    counts below 2**24). One ``einsum``, faster than a batched ``matmul`` of (1, n_slots) @ (n_slots, k)
     here; when the indices pick at least a quarter of the rows up to the largest, the mask is spread over
     those rows instead of copying the picked rows of ``cube`` (a channel's latency histograms: ~40 KB).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.simulate.traces import list_llmperf, load_llmperf
+from pipeline.tools.simulate.traces import list_llmperf, load_llmperf
 
 from .conftest import TRACES_DIR
 

@@ -20,8 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.simulate import traces
-from pipeline.simulate.scenarios import get_scenario
+from pipeline.tools.simulate import traces
+from pipeline.tools.simulate.scenarios import get_scenario
 from workers import Stack, VerdictTap
 
 pytestmark = pytest.mark.integration

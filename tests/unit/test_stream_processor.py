@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from pipeline.engine_replay import replay
-from pipeline.simulate.scenarios import get_scenario
-from pipeline.simulate.traces import DataNotFoundError
+from pipeline.tools.simulate.scenarios import get_scenario
+from pipeline.tools.simulate.traces import DataNotFoundError
 from pipeline.stream.processor import BatchProcessor
 
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
