@@ -348,7 +348,7 @@ def bench(
     full pipeline (validate → detectors → verdicts → ClickHouse) as the faust worker and as a plain aiokafka
     driver, each on 500-event envelopes and on single-event messages, with 1,000 channels holding full 24 h
     baselines; then 1 vs 2 workers, the verdict delay at half the batched rate, peak RSS, and the CPU per
-    event of each step. Prints events/s and the ratios; see README "Throughput".
+    event of each step. Prints events/s and the ratios; see docs/THROUGHPUT.md.
     """
     from pipeline.tools.bench import report
     from pipeline.tools.bench.run import BenchOptions, run_bench

@@ -147,7 +147,7 @@ def tune_gc() -> None:
     fetched messages); with CPython's default thresholds (700, 10, 10) every
     few thousand allocations walk them. ``GC_THRESHOLDS`` and the start-up
     objects frozen out of the collector's way (``gc.freeze``, Python docs
-    "gc") cut 25-35 % CPU per event (README "Throughput"); reference cycles
+    "gc") cut 25-35 % CPU per event (docs/THROUGHPUT.md); reference cycles
     are still collected.
     """
     gc.collect()

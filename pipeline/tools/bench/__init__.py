@@ -8,5 +8,5 @@ channel state), :mod:`~pipeline.tools.bench.ceiling`,
 :mod:`~pipeline.tools.bench.profile` and, with ``--quality``,
 :mod:`~pipeline.tools.bench.quality`. Traffic: :mod:`~pipeline.tools.bench.workload`
 and :mod:`~pipeline.tools.bench.fill`; figures: :mod:`~pipeline.tools.bench.report`.
-See README "Throughput".
+See docs/THROUGHPUT.md.
 """

@@ -402,7 +402,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
             return {"bootstrap": bootstrap, "driver": driver, "prefix": prefix, "group": f"bench{tag}-{name}",
                     "topic": kinds[kind]["topic"], "events": events, "partitions": opts.partitions,
                     "only_partitions": only, "sink_process": opts.sink_process,
-                    # for digging: a cProfile stats file per stage when the variable is set (README "Throughput")
+                    # for digging: a cProfile stats file per stage when the variable is set (docs/THROUGHPUT.md)
                     "cprofile": str(workdir / f"{name}.prof") if os.environ.get("CHANNEL_HEALTH_BENCH_CPROFILE") else None}
 
         for driver in ("faust", "aiokafka"):
