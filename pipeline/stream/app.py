@@ -370,13 +370,20 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
     # -- snapshots and acks -------------------------------------------------------------------
     async def capture_snapshot() -> None:
-        """Capture every channel's state after the last processed batch (published once its rows are written)."""
+        """Capture every channel's state after the last processed batch (published once its rows are written).
+
+        Under the lock the state is only copied; the snapshots are encoded from
+        the copy in a thread (``BatchProcessor.snapshot_capture``), so neither
+        the agent nor the event loop waits for the encoding (done on the loop,
+        it held up every verdict each ``SNAPSHOT_INTERVAL_S``, issue #15).
+        :func:`save_snapshot` awaits it.
+        """
         assert state.lock is not None
         async with state.lock:
             if not state.dirty or state.ledger.pending_snapshot_seq is not None or not current():
                 return
-            records = state.processor.snapshot_records(state.gate.last_offsets)
-            state.ledger.snapshot_taken((state.generation, records))
+            encode = state.processor.snapshot_capture(state.gate.last_offsets)
+            state.ledger.snapshot_taken((state.generation, asyncio.ensure_future(asyncio.to_thread(encode))))
             state.dirty = False
 
     async def save_snapshot() -> None:
@@ -388,11 +395,12 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             ready = state.ledger.ready_snapshot()
             if ready is None:
                 return
-            generation, records = ready
+            generation, encoding = ready
             if generation != state.generation or not current():
                 state.ledger.drop_snapshot()
                 return
             epoch = state.ledger.epoch
+            records = await encoding  # encoded in a thread since the capture; raises what the encoding raised
             await send_and_wait(app.producer, topics.state,
                                 [(name.encode(), blob, snapshot_headers(offs, part))
                                  for name, blob, offs, part in records])
