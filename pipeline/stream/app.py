@@ -3,8 +3,9 @@
 Delivery is at-least-once, restarts are exact, and a ClickHouse outage does
 not stop the verdicts:
 
-1. the agent takes batches with ``noack_take`` (faust's plain ``take()`` acks
-   even when the body raised -- a failed insert would be skipped for ever);
+1. the agent takes batches of unacked messages (:mod:`pipeline.stream.intake`;
+   faust's plain ``take()`` acks even when the body raised -- a failed insert
+   would be skipped for ever);
 2. a batch's verdicts and dead letters are sent and acknowledged by Kafka,
    and its rows are put in the sink's bounded buffer (by default a child
    process writes them: :mod:`pipeline.sinks.process`); a background flusher
@@ -61,6 +62,7 @@ from pipeline.ingest.dead_letter import raw_budget
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.sinks.buffer import FLUSH_SHARE
 from pipeline.stream.dead_letters import DeadLetterPublisher
+from pipeline.stream.intake import batches
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
@@ -68,7 +70,6 @@ from pipeline.stream.runtime import (
     CHUNK_BYTES,
     STREAM_BUFFER_MAX,
     TAKE_MAX,
-    TAKE_WITHIN_S,
     BoundedStopWorker,
     cap_fetch_wait,
     disable_read_offset_filter,
@@ -250,7 +251,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         init_sync()
         try:
             ended = None
-            async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
+            async for events in batches(stream.noack().events(), TAKE_MAX):  # not noack_take: see intake
                 if ended is not None:
                     state.wall_s["between"] += time.perf_counter() - ended
                 await handle(events)
