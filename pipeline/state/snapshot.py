@@ -18,8 +18,11 @@ of the saved state (see :mod:`pipeline.stream.app`).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import zlib
+from types import SimpleNamespace
+from typing import Sequence
 
 import msgspec
 import numpy as np
@@ -77,7 +80,7 @@ def _unpack(b: bytes, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def export_channel(engine, index: int) -> bytes:
-    """Snapshot of channel ``index`` of ``engine`` (a :class:`pipeline.engine.Engine`)."""
+    """Snapshot of channel ``index`` of ``engine`` (a :class:`pipeline.engine.Engine`, or its :func:`copy_state`)."""
     st = engine.store
     m: ChannelMachine = engine.machines[index]
     snap = ChannelSnapshot(
@@ -99,6 +102,46 @@ def export_channel(engine, index: int) -> bytes:
         quality_model=st.quality.version[index],
     )
     return msgspec.msgpack.encode(snap)
+
+
+def copy_state(engine, rows: Sequence[int] | None = None) -> SimpleNamespace:
+    """A copy of everything :func:`export_channel` reads from ``engine``, for channels ``rows`` (default: all).
+
+    ``export_channel(copy, k)`` returns the bytes ``export_channel(engine, rows[k])``
+    returned when the copy was taken, however the engine changes afterwards.
+    So a worker takes this copy while its state is consistent (between two
+    batches, under its lock) and encodes the snapshots from it in another
+    thread meanwhile the engine moves on: the copy is one memory copy of the
+    chosen channels' ring rows (pass only resident channels: an evicted one has
+    its snapshot already, and copying its released rows would commit their
+    memory again), while encoding them (mostly zlib) costs several times that
+    in CPU. zlib releases the GIL (CPython ``zlibmodule.c``), so most of the
+    encoding runs beside the event loop, not in it.
+    """
+    st = engine.store
+    idx = np.arange(st.n_channels) if rows is None else np.asarray(rows, dtype=np.int64)
+
+    def ring(r, *names: str) -> SimpleNamespace:
+        return SimpleNamespace(**{name: getattr(r, name)[idx] for name in names})  # fancy indexing: a copy
+
+    def pick(seq) -> list:
+        return [seq[i] for i in idx.tolist()]
+
+    q = st.quality
+    store = SimpleNamespace(
+        names=pick(st.names), routes=pick(st.routes), tiers=pick(st.tiers),
+        buckets=SimpleNamespace(n_buckets=st.buckets.n_buckets),
+        short=ring(st.short, "slot_id", "counts"), short_lat=ring(st.short_lat, "slot_id", "hist"),
+        base=ring(st.base, "slot_id", "hist"),
+        runs=SimpleNamespace(trailing=st.runs.trailing[idx]), last_ts_ms=st.last_ts_ms[idx],
+        watermark_ms=st.watermark_ms,
+        quality=SimpleNamespace(short=ring(q.short, "slot_id", "counts"), base=ring(q.base, "slot_id", "counts"),
+                                version=pick(q.version)))
+    return SimpleNamespace(
+        store=store, seq=pick(engine.seq), next_eval=engine.next_eval[idx],
+        fail_since_eval=engine.fail_since_eval[idx],
+        active={k: v[idx] for k, v in engine.active.items()},
+        machines=copy.deepcopy(pick(engine.machines)))
 
 
 def decode_snapshot(raw: bytes) -> ChannelSnapshot:

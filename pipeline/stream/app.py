@@ -3,8 +3,9 @@
 Delivery is at-least-once, restarts are exact, and a ClickHouse outage does
 not stop the verdicts:
 
-1. the agent takes batches with ``noack_take`` (faust's plain ``take()`` acks
-   even when the body raised -- a failed insert would be skipped for ever);
+1. the agent takes batches of unacked messages (:mod:`pipeline.stream.intake`;
+   faust's plain ``take()`` acks even when the body raised -- a failed insert
+   would be skipped for ever);
 2. a batch's verdicts and dead letters are sent and acknowledged by Kafka,
    and its rows are put in the sink's bounded buffer (by default a child
    process writes them: :mod:`pipeline.sinks.process`); a background flusher
@@ -61,6 +62,7 @@ from pipeline.ingest.dead_letter import raw_budget
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.sinks.buffer import FLUSH_SHARE
 from pipeline.stream.dead_letters import DeadLetterPublisher
+from pipeline.stream.intake import batches
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate, start_offsets
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
@@ -68,7 +70,6 @@ from pipeline.stream.runtime import (
     CHUNK_BYTES,
     STREAM_BUFFER_MAX,
     TAKE_MAX,
-    TAKE_WITHIN_S,
     BoundedStopWorker,
     cap_fetch_wait,
     disable_read_offset_filter,
@@ -250,7 +251,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         init_sync()
         try:
             ended = None
-            async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
+            async for events in batches(stream.noack().events(), TAKE_MAX):  # not noack_take: see intake
                 if ended is not None:
                     state.wall_s["between"] += time.perf_counter() - ended
                 await handle(events)
@@ -370,13 +371,20 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
 
     # -- snapshots and acks -------------------------------------------------------------------
     async def capture_snapshot() -> None:
-        """Capture every channel's state after the last processed batch (published once its rows are written)."""
+        """Capture every channel's state after the last processed batch (published once its rows are written).
+
+        Under the lock the state is only copied; the snapshots are encoded from
+        the copy in a thread (``BatchProcessor.snapshot_capture``), so neither
+        the agent nor the event loop waits for the encoding (done on the loop,
+        it held up every verdict each ``SNAPSHOT_INTERVAL_S``, issue #15).
+        :func:`save_snapshot` awaits it.
+        """
         assert state.lock is not None
         async with state.lock:
             if not state.dirty or state.ledger.pending_snapshot_seq is not None or not current():
                 return
-            records = state.processor.snapshot_records(state.gate.last_offsets)
-            state.ledger.snapshot_taken((state.generation, records))
+            encode = state.processor.snapshot_capture(state.gate.last_offsets)
+            state.ledger.snapshot_taken((state.generation, asyncio.ensure_future(asyncio.to_thread(encode))))
             state.dirty = False
 
     async def save_snapshot() -> None:
@@ -388,11 +396,12 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             ready = state.ledger.ready_snapshot()
             if ready is None:
                 return
-            generation, records = ready
+            generation, encoding = ready
             if generation != state.generation or not current():
                 state.ledger.drop_snapshot()
                 return
             epoch = state.ledger.epoch
+            records = await encoding  # encoded in a thread since the capture; raises what the encoding raised
             await send_and_wait(app.producer, topics.state,
                                 [(name.encode(), blob, snapshot_headers(offs, part))
                                  for name, blob, offs, part in records])

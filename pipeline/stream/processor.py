@@ -406,16 +406,38 @@ class BatchProcessor:
         channel also covers what its snapshot covered (the replay may not have
         passed it yet). The input partition is the one the channel's newest
         events came from (None if it never had events with a known partition).
+        Equal to ``snapshot_capture(offsets)()``.
         """
-        out = []
+        return self.snapshot_capture(offsets)()
+
+    def snapshot_capture(self, offsets: Mapping[int, int]) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
+        """Capture the state now; the returned function encodes it into :meth:`snapshot_records`' records.
+
+        The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`);
+        the encoding, the bulk of the cost, reads only that copy, so it may run
+        in another thread, later, while this processor goes on processing.
+        """
+        from pipeline.state.snapshot import copy_state, export_channel
+
+        evicted = dict(self.engine.evicted)  # name → its snapshot bytes (immutable): nothing to copy
+        names = self.engine.store.names
+        resident = [i for i, name in enumerate(names) if name not in evicted]
+        frozen = copy_state(self.engine, resident)
+        row = {names[i]: k for k, i in enumerate(resident)}
         part = self.input_partition
-        for name, blob in self.snapshots():
+        meta = []
+        for name in names:
             cov = dict(offsets)
             for p, o in self.covered.get(name, {}).items():
                 if o > cov.get(p, -1):
                     cov[p] = o
-            out.append((name, blob, cov, part.get(name)))
-        return out
+            meta.append((name, cov, part.get(name)))
+
+        def encode() -> list[tuple[str, bytes, dict[int, int], int | None]]:
+            return [(name, evicted[name] if name in evicted else export_channel(frozen, row[name]), cov, p)
+                    for name, cov, p in meta]
+
+        return encode
 
     def set_partition_status(self, caught_up: dict[int, bool]) -> None:
         """Record, per assigned input partition, whether it has been consumed to its end."""

@@ -5,7 +5,7 @@ and :class:`~pipeline.sinks.clickhouse.ClickHouseSink` on chDB):
 
 ``faust``
     The production worker itself: :func:`pipeline.stream.app.build_app`
-    (noack_take batches, verdict/DLQ publishing, background ClickHouse
+    (intake batches, verdict/DLQ publishing, background ClickHouse
     flusher, state snapshots and acks, quality sampling hook) run by a
     ``faust.Worker`` in this process. The bench only wraps
     ``processor.process`` and the events table's ``flush`` to count.
