@@ -139,6 +139,11 @@ class PolicyConfig:
     no_data_after_ms: int = 300_000
     #: Events older than the watermark minus this are late: counted and dead-lettered.
     allowed_lateness_ms: int = 120_000
+    #: SPEC §4 half_open → recovering "or below the channel's own pre-incident
+    #: baseline rate (an upper confidence bound)": one-sided confidence of the
+    #: probe's lower and the baseline's upper Wilson bound
+    #: (:func:`pipeline.policy.probe.probe_passes` gives the error rates).
+    probe_confidence: float = 0.99
 
     def thresholds(self, channel: str, tier: str | None) -> Thresholds:
         """Thresholds for a channel: the channel override, else its tier's."""
