@@ -278,6 +278,9 @@ def recovery() -> Scenario:
             {"channel": chan.name, "state_sequence": ["open", "half_open", "recovering", "healthy"],
              "from_s": t0, "by_s": end + 1500},
             {"channel": chan.name, "state_in": ["healthy"], "from_s": end, "by_s": end + 1500},
+            # issue #18: no re-open once the fault ended (an open entered before the end lasts
+            # at most the 90 s cooldown plus one 30 s round)
+            {"channel": chan.name, "never_in": ["open"], "from_s": end + 120, "to_s": duration},
             *(_never_bad(c.name, duration) for c in (free, p70, f70)),
         ),
         start_hour=8.0,
