@@ -29,7 +29,8 @@ T0 = 1_750_032_000_000 // H * H
 # --- the test itself -------------------------------------------------------------------------
 
 def test_baseline_upper_is_the_wilson_upper_bound_and_nan_without_enough_requests():
-    assert baseline_upper(7200.0, 36.0, Z, 500) == pytest.approx(0.0073403, abs=1e-7)  # scipy binomtest(36, 7200) wilson, 98 %
+    # scipy.stats.binomtest(36, 7200).proportion_ci(0.98, method="wilson").high
+    assert baseline_upper(7200.0, 36.0, Z, 500) == pytest.approx(0.0073403, abs=1e-7)
     assert math.isnan(baseline_upper(499.0, 2.0, Z, 500))
     assert math.isnan(baseline_upper(0.0, 0.0, Z, 1))
 
