@@ -145,6 +145,10 @@ class PolicyConfig:
     #: (:func:`pipeline.policy.probe.probe_passes` gives the error rates).
     probe_confidence: float = 0.99
 
+    def __post_init__(self) -> None:
+        if not 0.5 < self.probe_confidence < 1.0:
+            raise ValueError(f"probe_confidence must be in (0.5, 1), got {self.probe_confidence}")
+
     def thresholds(self, channel: str, tier: str | None) -> Thresholds:
         """Thresholds for a channel: the channel override, else its tier's."""
         if channel in self.channels:

@@ -56,6 +56,11 @@ def test_learn_baseline_decays_with_the_time_constant():
         learn_baseline(1.0, 0.0, 0, 1, 1.0, 0.0, 0)
 
 
+def test_probe_confidence_is_checked_when_the_policy_is_built():
+    with pytest.raises(ValueError, match="probe_confidence"):
+        PolicyConfig(probe_confidence=1.0)
+
+
 # --- the state machine ------------------------------------------------------------------------
 
 def _half_open_with_baseline(requests: float, failures: float) -> ChannelMachine:
