@@ -86,6 +86,36 @@ def cost_factor(channel: str, faults: tuple[Fault, ...] | list[Fault], t_s: np.n
     return out
 
 
+def _quota_pressure(f: Fault, level: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, wall)`` of a ``quota_drain`` fault: 0..1 how deep the level is under ``slow_below``
+    (1 at empty; 0 outside the window), and whether the 429 wall stands."""
+    on = f.active(t)
+    below = float(f.params.get("slow_below", QUOTA_SLOW_BELOW))
+    low = np.where(on, np.clip((below - level) / below, 0.0, 1.0), 0.0)
+    return low, on & (t >= f.start_s + float(f.params["drain_s"]))
+
+
+def quota_refusal_probability(profile: ChannelProfile, faults: tuple[Fault, ...] | list[Fault],
+                              t_s: np.ndarray) -> np.ndarray:
+    """Probability that a request of ``profile`` at ``t_s`` is refused for its quota (0..1, shape of ``t_s``).
+
+    1 behind the 429 wall; ``low x pre_429_share`` while the level is under
+    ``slow_below``; 0 without a quota. Used for the injected truth
+    (:meth:`~.scenario.Scenario.injected_error_rate`).
+    """
+    t = np.asarray(t_s, dtype=np.float64)
+    level = quota_level(profile, faults, t)
+    out = np.zeros(t.shape)
+    if level is None:
+        return out
+    for f in faults:
+        if f.kind == "quota_drain" and f.channel == profile.name:
+            low, wall = _quota_pressure(f, level, t)
+            p = np.where(wall, 1.0, low * float(f.params.get("pre_429_share", QUOTA_PRE_429)))
+            out = 1.0 - (1.0 - out) * (1.0 - p)
+    return out
+
+
 @dataclass
 class UsageMarks:
     """What :func:`apply_usage_faults` leaves for the event dicts of one call (arrays shape (n,)).
@@ -178,12 +208,9 @@ def apply_usage_faults(profile: ChannelProfile, faults: tuple[Fault, ...], t: np
     if drains and level is not None:
         u_ref, u_lat = rng.random((2, n))
         for f in drains:
-            on = f.active(t)
-            below = float(f.params.get("slow_below", QUOTA_SLOW_BELOW))
-            low = np.where(on, np.clip((below - level) / below, 0.0, 1.0), 0.0)  # 0 above, 1 at empty
-            wall = on & (t >= f.start_s + float(f.params["drain_s"]))
+            low, wall = _quota_pressure(f, level, t)
             pre = u_ref < low * float(f.params.get("pre_429_share", QUOTA_PRE_429))
-            refused |= wall | (pre & on & (status == 0))
+            refused |= wall | (pre & (status == 0))
             slow = 1.0 + (float(f.params.get("slow_factor", QUOTA_SLOW_FACTOR)) - 1.0) * low
             for arr in (latency, ttft, gap):
                 arr *= np.where(status == 0, slow, 1.0)

@@ -108,6 +108,17 @@ def test_quota_exhaustion_drains_to_zero_and_the_429_wall_comes_after():
     assert 0.02 < share < 0.10
 
 
+def test_quota_exhaustion_injected_error_rate_includes_the_refusals():
+    sc = SCENARIOS["quota-exhaustion"]
+    wall = WARMUP_S + QUOTA_DRAIN_S
+    # 0.2 % free baseline; the last 15 % of 0.55 start at 10:00 + 1745 s; x 0.1 at empty; wall: all
+    assert sc.injected_error_rate(FREE, np.array([WARMUP_S - 10.0, WARMUP_S + 1700, wall + 10])) == pytest.approx(
+        [0.002, 0.002, 1.0])
+    assert sc.injected_error_rate(FREE, wall - 1.0) == pytest.approx(1 - 0.998 * (1 - 0.1 * (1 - 0.55 / 2400 / 0.15)),
+                                                                     rel=1e-3)
+    assert sc.time_when(FREE, "error_rate", 0.5) == wall
+
+
 def test_quota_exhaustion_slows_before_it_refuses():
     wall = WARMUP_S + QUOTA_DRAIN_S
     p95_before = np.quantile([e["latency_ms"] for e in of("quota-exhaustion", FREE, WARMUP_S - 1800, WARMUP_S)
