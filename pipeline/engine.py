@@ -38,11 +38,8 @@ from pipeline.ingest.structure import resolve_structure
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import bounded_shares
-from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, RECOVERING, ChannelMachine
+from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
 from pipeline.windows.store import EventColumns, WindowStore
-
-#: States judged only on traffic since the state was entered.
-_SINCE_STATES = (HALF_OPEN, RECOVERING)
 
 _TS = attrgetter("ts_ms")
 _STATUS = attrgetter("status")
@@ -143,6 +140,11 @@ class Engine:
         self.last_eval_ms: int | None = None
         self._th: ThresholdArrays | None = None
         self.fail_since_eval = np.zeros(0, np.float64)
+        #: Judged requests (success or upstream failure) since the channel's last round: with
+        #: ``fail_since_eval`` what :meth:`ChannelMachine.learn` adds to the pre-incident
+        #: baseline rate of the half-open probe (issue #18 item 4). Not in snapshots: a restart
+        #: loses at most one round of it.
+        self.judged_since_eval = np.zeros(0, np.float64)
         self.late_count = 0
         #: Quality scores (SPEC §4.5) counted in the windows, and the ones not counted by reason
         #: (``unknown_channel``, ``not_finite``, ``too_old``); ``quality_resets``: channels whose
@@ -181,6 +183,9 @@ class Engine:
                 self.active[k] = np.concatenate([arr, np.zeros(n - arr.shape[0], bool)])
         if self.fail_since_eval.shape[0] < n:
             self.fail_since_eval = np.concatenate([self.fail_since_eval, np.zeros(n - self.fail_since_eval.shape[0])])
+        if self.judged_since_eval.shape[0] < n:  # issue #18 item 4: the probe's baseline rate
+            self.judged_since_eval = np.concatenate([self.judged_since_eval,
+                                                     np.zeros(n - self.judged_since_eval.shape[0])])
         if self.next_eval.shape[0] < n:
             self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
         if self.resident.shape[0] < n:
@@ -292,6 +297,7 @@ class Engine:
             result.accepted.extend(events)
             result.structure.extend(structure)
         np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
+        np.add.at(self.judged_since_eval, cols.channel, (cols.outcome >= 0).astype(np.float64))
         result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
@@ -397,8 +403,10 @@ class Engine:
         cfg = self.policy
         th_all = self.thresholds()
         th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})
-        since = np.array([self.machines[i].entered_ms if self.machines[i].state in _SINCE_STATES
-                          else np.iinfo(np.int64).min // 2 for i in rows], dtype=np.int64)
+        # half_open / recovering: judged on the traffic since the channel left open (issue #18 item 4)
+        never = np.iinfo(np.int64).min // 2
+        since = np.array([never if (s := self.machines[i].judged_since_ms) is None else s for i in rows],
+                         dtype=np.int64)
         view = self.store.view(now_ms, since_ms=since, rows=rows)
         n = rows.shape[0]
         hard = [d.detect(view, th, np.zeros(n, bool)) for d in HARD_DETECTORS]
@@ -424,7 +432,10 @@ class Engine:
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
             if m.state == HALF_OPEN and changed[j]:
                 self.store.runs.reset(i)
+            # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
+            m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
         self.fail_since_eval[rows] = 0.0
+        self.judged_since_eval[rows] = 0.0
         shares = self._route_shares(rows, now_ms)
         self.last_eval_ms = now_ms
         out = []

@@ -142,6 +142,15 @@ class PolicyConfig:
     no_data_heartbeat_ms: int = 600_000
     #: Events older than the watermark minus this are late: counted and dead-lettered.
     allowed_lateness_ms: int = 120_000
+    #: SPEC §4 half_open → recovering "or below the channel's own pre-incident
+    #: baseline rate (an upper confidence bound)": one-sided confidence of the
+    #: probe's lower and the baseline's upper Wilson bound
+    #: (:func:`pipeline.policy.probe.probe_passes` gives the error rates).
+    probe_confidence: float = 0.99
+
+    def __post_init__(self) -> None:
+        if not 0.5 < self.probe_confidence < 1.0:
+            raise ValueError(f"probe_confidence must be in (0.5, 1), got {self.probe_confidence}")
 
     def thresholds(self, channel: str, tier: str | None) -> Thresholds:
         """Thresholds for a channel: the channel override, else its tier's."""

@@ -31,6 +31,8 @@ NAMES = (
     "content-hollowing",
     "quality-drift",
     "sparse-consecutive-failures",
+    "slow-failure",
+    "quota-exhaustion",
     "recovery",
     "clean-day",
     "real-providers",

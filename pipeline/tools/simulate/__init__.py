@@ -9,8 +9,10 @@ Modules: :mod:`.traces` (loaders for the real data), :mod:`.samples` (the
 shipped samples and their derivation), :mod:`.load` (day/night
 curve, burstiness), :mod:`.channels` (channel and route profiles, latency
 model), :mod:`.answers` (structured answers from BFCL), :mod:`.faults`
-(injected faults), :mod:`.replay` (real-provider replay), :mod:`.generator`
-(the block-wise event engine), :mod:`.scenarios` (``SCENARIOS``).
+(injected faults), :mod:`.usage_faults` (stream stalls, quota drain, cost
+creep), :mod:`.replay` (real-provider replay), :mod:`.generator`
+(the block-wise event engine), :mod:`.scenarios` (``SCENARIOS``; the
+slow-failure and quota-exhaustion builders are in :mod:`.scenarios_usage`).
 
 Typical use::
 

@@ -114,6 +114,12 @@ class ChannelProfile:
         model scores (SPEC §4.5).
     price_in_usd_per_mtok, price_out_usd_per_mtok: list prices for
         ``cost_usd`` (USD per million input/output tokens, >= 0).
+    quota_remaining: share of the daily quota left at scenario time 0 that
+        the channel reports in ``quota_remaining`` (SPEC §3, [0, 1]);
+        ``None``: the channel reports no quota.
+    quota_drain_per_h: how much of the quota a normal hour uses (>= 0); the
+        reported level falls linearly (``quota_drain`` faults take over in
+        their window, :mod:`.usage_faults`).
 
     Raises ``ValueError`` on any value out of range.
     """
@@ -137,6 +143,8 @@ class ChannelProfile:
     chat_share: float = 0.0
     price_in_usd_per_mtok: float = 0.0
     price_out_usd_per_mtok: float = 0.0
+    quota_remaining: float | None = None
+    quota_drain_per_h: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name or not self.route:
@@ -164,6 +172,10 @@ class ChannelProfile:
             _check_share(f"{self.name}: {share}", getattr(self, share))
         if self.price_in_usd_per_mtok < 0 or self.price_out_usd_per_mtok < 0:
             raise ValueError(f"{self.name}: prices must be >= 0")
+        if self.quota_remaining is not None:
+            _check_share(f"{self.name}: quota_remaining", self.quota_remaining)
+        if not (self.quota_drain_per_h >= 0 and math.isfinite(self.quota_drain_per_h)):
+            raise ValueError(f"{self.name}: quota_drain_per_h must be >= 0")
 
     @property
     def base_error_rate(self) -> float:

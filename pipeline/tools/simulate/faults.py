@@ -45,6 +45,29 @@ Kinds and ``params``:
     ``overload_latency_gain`` / ``overload_error_gain``). Above capacity,
     latency x ``(1 + latency_gain * excess)`` and failure probability
     ``+ error_gain * excess`` with ``excess = load / capacity - 1``.
+
+Stream, quota and cost kinds (SPEC §5.6, §5.7, §4.8; their effects are in
+:mod:`.usage_faults`):
+
+``stream_stall``
+    ``to_rate`` in [0, 1]: share of successful streams that stall at full
+    strength; ``ramp_s``; ``stall_ms`` (> 0, default 8000): median stall,
+    lognormal with ``stall_sigma`` (default 0.2); ``repeat`` in [0, 1]
+    (default 0.5): share of stalled streams that stall a second time;
+    ``before_first_token`` in [0, 1] (default 0.25): share of first stalls
+    that delay the first token; ``client_timeout_ms`` (> 0, default 15000):
+    the client cancels a stream still running then (status ``cancelled``).
+``quota_drain``
+    the channel's quota (``ChannelProfile.quota_remaining``) drains
+    linearly from its level at ``start_s`` to 0 over ``drain_s`` (> 0,
+    <= the window); below ``slow_below`` (in (0, 1], default 0.1) latency
+    grows linearly to ``slow_factor`` (>= 1, default 2.5) and a share of
+    requests rising to ``pre_429_share`` (in [0, 1], default 0.1) is refused
+    with HTTP 429; from ``start_s + drain_s`` to ``end_s`` every request is
+    refused (429 ``quota_exhausted``). At ``end_s`` the daily quota resets.
+``cost_creep``
+    ``cost_usd`` x ``factor`` (> 0, e.g. 1.3 for +30 %) in the window: a
+    step at ``start_s``, or a linear ramp over ``ramp_s`` when given.
 """
 
 from __future__ import annotations
@@ -64,6 +87,9 @@ FAULT_KINDS: tuple[str, ...] = (
     "consecutive_failures",
     "overload",
     "quality_drift",
+    "stream_stall",
+    "quota_drain",
+    "cost_creep",
 )
 
 #: Kinds of useless answer a ``quality_drift`` fault produces, default mix.
@@ -147,6 +173,24 @@ class Fault:
         elif self.kind == "overload":
             if not float(p.get("capacity_rps", 0)) > 0:
                 raise ValueError("overload fault needs params['capacity_rps'] > 0")
+        elif self.kind == "stream_stall":
+            _rate(p, "to_rate", self.kind)
+            for key in ("repeat", "before_first_token"):
+                if key in p:
+                    _rate(p, key, self.kind)
+            for key in ("stall_ms", "client_timeout_ms", "stall_sigma"):
+                if key in p and not float(p[key]) > 0:
+                    raise ValueError(f"stream_stall fault: {key} must be > 0, got {p[key]}")
+        elif self.kind == "quota_drain":
+            if not 0 < float(p.get("drain_s", 0)) <= self.end_s - self.start_s:
+                raise ValueError("quota_drain fault needs params['drain_s'] in (0, end_s - start_s]")
+            if not 0 < float(p.get("slow_below", 0.1)) <= 1 or not float(p.get("slow_factor", 2.5)) >= 1:
+                raise ValueError("quota_drain fault: need 0 < slow_below <= 1 and slow_factor >= 1")
+            if "pre_429_share" in p:
+                _rate(p, "pre_429_share", self.kind)
+        elif self.kind == "cost_creep":
+            if not float(p.get("factor", 0)) > 0:
+                raise ValueError("cost_creep fault needs params['factor'] > 0")
 
     def __iter__(self):
         """Unpack as ``(channel, kind, start_s, end_s, params)``."""

@@ -62,6 +62,7 @@ from .run_state import (
     event_id_prefix,
 )
 from .traces import load_azure_trace, load_llmperf
+from .usage_faults import QUOTA_ERROR_TYPE, QUOTA_HTTP, apply_usage_faults, cost_factor
 
 if TYPE_CHECKING:  # pragma: no cover
     from .scenarios import Scenario
@@ -139,6 +140,10 @@ class Generator:
                 base_mix=p.base_failure_mix,
                 text_rng=np.random.default_rng(text_seqs[len(self.runs)]) if p.chat_share > 0 else None,
             )
+        # Stalls, quota, cost (:mod:`.usage_faults`): channel -> detail row of its 429 quota refusals.
+        self.usage = {n: r.detail.add("rate_limited", QUOTA_HTTP, QUOTA_ERROR_TYPE) for n, r in self.runs.items()
+                      if r.profile.quota_remaining is not None
+                      or any(f.kind in ("stream_stall", "quota_drain", "cost_creep") for f in r.faults)}
         self.scheduled = self._scheduled_failures()
         self.prefix = event_id_prefix(scenario.name, self.seed, self.start_ms)
 
@@ -222,13 +227,22 @@ class Generator:
                     status[m] = _STATUS_INDEX[f.params.get("status", "error")]
                     detail[m] = run.outage_detail[k]
                     latency = np.where(m, float(f.params.get("latency_ms", 60.0)) * (0.7 + 0.6 * jitter), latency)
+        marks = None
+        if p.name in self.usage:
+            rl = _STATUS_INDEX["rate_limited"]
+            latency = np.array(latency, dtype=np.float64)
+            refused, marks = apply_usage_faults(p, run.faults, t, status, latency, ttft, gap, rng,
+                                                (rl, *RATE_LIMITED_LATENCY_MS))
+            status[refused], detail[refused] = rl, self.usage[p.name]
         latency = np.round(latency, 1)
         ok = status == 0
         # Tokens from the route's Azure trace.
         tok = (pick * len(run.trace.context_tokens)).astype(np.int64)
         inp = run.trace.context_tokens[tok]
         out = np.where(ok, run.trace.generated_tokens[tok], 0)
-        cost = np.round((inp * p.price_in_usd_per_mtok + out * p.price_out_usd_per_mtok) / 1e6, 8)
+        cost = (inp * p.price_in_usd_per_mtok + out * p.price_out_usd_per_mtok) / 1e6
+        factor = cost_factor(p.name, run.faults, t) if marks is not None else None
+        cost = np.round(cost if factor is None else cost * factor, 8)
         gw = (s_gw * len(GATEWAY_IDS)).astype(np.int64)
         # Structured answers.
         if p.structured_share > 0:
@@ -242,8 +256,11 @@ class Generator:
         finish_ms = np.floor(t * 1000.0 + latency).astype(np.int64)
         block.ts.append(finish_ms)
         chat = (eff.useless_rate, eff.useless_mix) if eff is not None else None
+        k0 = len(block.events)
         self._emit(run, finish_ms, status, detail, latency, ttft, gap, inp, out, cost, gw,
                    structured, as_json, hollow, gw_check, s_ans, block, chat)
+        if marks is not None:
+            marks.annotate(block.events[k0:])
         return finish_ms / 1000.0, ~ok
 
     def _emit(self, run, finish_ms, status, detail, latency, ttft, gap, inp, out, cost, gw,

@@ -50,6 +50,7 @@ from .generator import Generator, SharesFn
 from .load import BurstEnvelope, DiurnalCurve
 from .replay import ReplayChannel
 from .traces import load_azure_trace, load_llmperf, resolve_data_dir
+from .usage_faults import quota_refusal_probability
 
 #: Healthy warm-up before any fault, scenario seconds (brief: >= 2 h, so
 #: the 24 h latency baselines of SPEC §4.3 have data).
@@ -271,7 +272,8 @@ class Scenario:
 
         Synthetic channels: baseline + ramps + overload at the expected load
         (:meth:`expected_load_rps`), 1.0 in an outage or a
-        ``consecutive_failures`` window (its only requests fail). Replay
+        ``consecutive_failures`` window (its only requests fail), with the
+        quota refusals of a ``quota_drain`` fault on top. Replay
         channels: share of failures among the requests that finished in the
         60 s up to ``t_s`` (``nan`` if none).
         """
@@ -283,6 +285,7 @@ class Scenario:
             eff = channel_effects(c, self.faults, t)
             _, ol_err = overload_factors(eff, self._load_if_limited(channel, eff, t))
             out = np.where(eff.suppressed, 1.0, failure_probability(c, eff, ol_err))
+            out = 1.0 - (1.0 - out) * (1.0 - quota_refusal_probability(c, self.faults, t))
         return float(out) if np.ndim(out) == 0 else out
 
     def injected_p95_ms(self, channel: str, t_s: float | np.ndarray) -> float | np.ndarray:

@@ -14,6 +14,7 @@ from .channels import ChannelProfile, RouteSpec
 from .faults import Fault
 from .replay import ReplayChannel, replay_channel_name
 from .scenario import BAD_STATES, WARMUP_S, Scenario  # noqa: F401  (WARMUP_S and Scenario are re-exported)
+from .scenarios_usage import quota_exhaustion, slow_failure
 
 
 def _never_bad(channel: str, to_s: float, from_s: float = 0) -> dict:
@@ -27,7 +28,8 @@ def _chat_8b(peak_rps: float, error_rate: float | None = None) -> tuple[RouteSpe
                        latency_ms=900.0, error_rate=error_rate,
                        price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
         ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b",
-                       latency_ms=450.0, error_rate=error_rate),
+                       latency_ms=450.0, error_rate=error_rate,
+                       price_in_usd_per_mtok=0.05, price_out_usd_per_mtok=0.08),
     )
     return RouteSpec("chat-8b", peak_rps, {c.name: 0.5 for c in chans}), chans
 
@@ -45,7 +47,8 @@ def gradual_degradation() -> Scenario:
     """
     t0, ramp, hold = WARMUP_S, 780, 600
     faulty = ChannelProfile("lepton/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
-                            latency_ms=180.0, latency_quantile=0.95, structured_share=0.1)
+                            latency_ms=180.0, latency_quantile=0.95, structured_share=0.1,
+                            price_in_usd_per_mtok=0.8, price_out_usd_per_mtok=0.8)
     sibling = ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
                              latency_ms=210.0, latency_quantile=0.95, structured_share=0.1,
                              price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9)
@@ -167,14 +170,14 @@ def quality_drift() -> Scenario:
     """
     t0, fault, after = WARMUP_S, 1200, 1200
     drift = ChannelProfile("deepinfra/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
-                           latency_ms=2600.0, chat_share=0.9)
+                           latency_ms=2600.0, chat_share=0.9, price_in_usd_per_mtok=0.35, price_out_usd_per_mtok=0.4)
     sib = ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
                          latency_ms=2400.0, chat_share=0.9, price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9)
     c8 = (
         ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
                        latency_ms=900.0, chat_share=0.5, price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
         ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0,
-                       chat_share=0.5),
+                       chat_share=0.5, price_in_usd_per_mtok=0.05, price_out_usd_per_mtok=0.08),
     )
     end = t0 + fault
     duration = end + after
@@ -211,7 +214,7 @@ def sparse_consecutive_failures() -> Scenario:
     t0, count, gap = WARMUP_S, 7, 75.0
     last = t0 + (count - 1) * gap
     low = ChannelProfile("replicate/llama-13b@free", "chat-13b", "free", latency_source="replicate_13b",
-                         latency_ms=2500.0)
+                         latency_ms=2500.0, price_in_usd_per_mtok=0.1, price_out_usd_per_mtok=0.5)
     sib = ChannelProfile("together/llama-13b@paid", "chat-13b", "paid", latency_source="anyscale_13b",
                          latency_ms=1200.0, price_in_usd_per_mtok=0.3, price_out_usd_per_mtok=0.3)
     r8, c8 = _chat_8b(4.0)
@@ -249,11 +252,12 @@ def recovery() -> Scenario:
     t0, outage = WARMUP_S, 240
     chan = ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
                           latency_ms=900.0, price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18)
-    free = ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0)
+    free = ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0,
+                          price_in_usd_per_mtok=0.05, price_out_usd_per_mtok=0.08)
     p70 = ChannelProfile("fireworks/llama-70b@paid", "chat-70b", "paid", latency_source="fireworks_70b",
                          latency_ms=2400.0, price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9)
     f70 = ChannelProfile("lepton/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
-                         latency_ms=3000.0)
+                         latency_ms=3000.0, price_in_usd_per_mtok=0.8, price_out_usd_per_mtok=0.8)
     end = t0 + outage
     duration = end + 1800
     return Scenario(
@@ -278,6 +282,9 @@ def recovery() -> Scenario:
             {"channel": chan.name, "state_sequence": ["open", "half_open", "recovering", "healthy"],
              "from_s": t0, "by_s": end + 1500},
             {"channel": chan.name, "state_in": ["healthy"], "from_s": end, "by_s": end + 1500},
+            # issue #18: no re-open once the fault ended (an open entered before the end lasts
+            # at most the 90 s cooldown plus one 30 s round)
+            {"channel": chan.name, "never_in": ["open"], "from_s": end + 120, "to_s": duration},
             *(_never_bad(c.name, duration) for c in (free, p70, f70)),
         ),
         start_hour=8.0,
@@ -293,14 +300,15 @@ def clean_day() -> Scenario:
                        latency_ms=2400.0, structured_share=0.2,
                        price_in_usd_per_mtok=0.9, price_out_usd_per_mtok=0.9),
         ChannelProfile("lepton/llama-70b@free", "chat-70b", "free", latency_source="together_70b",
-                       latency_ms=3000.0, structured_share=0.2),
+                       latency_ms=3000.0, structured_share=0.2, price_in_usd_per_mtok=0.8, price_out_usd_per_mtok=0.8),
         ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
                        latency_ms=900.0, price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
-        ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0),
+        ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b", latency_ms=450.0,
+                       price_in_usd_per_mtok=0.05, price_out_usd_per_mtok=0.08),
         ChannelProfile("anyscale/codellama-34b@paid", "code", "paid", latency_source="anyscale_13b",
                        latency_ms=1200.0, price_in_usd_per_mtok=1.0, price_out_usd_per_mtok=1.0),
         ChannelProfile("deepinfra/codellama-34b@free", "code", "free", latency_source="fireworks_13b",
-                       latency_ms=1500.0),
+                       latency_ms=1500.0, price_in_usd_per_mtok=0.6, price_out_usd_per_mtok=0.6),
     )
     return Scenario(
         name="clean-day",
@@ -377,6 +385,8 @@ _BUILDERS: dict[str, Callable[[], Scenario]] = {
     "content-hollowing": content_hollowing,
     "quality-drift": quality_drift,
     "sparse-consecutive-failures": sparse_consecutive_failures,
+    "slow-failure": slow_failure,
+    "quota-exhaustion": quota_exhaustion,
     "recovery": recovery,
     "clean-day": clean_day,
     "real-providers": real_providers,
