@@ -1,0 +1,1 @@
+"""Tools: never imported by the worker."""
