@@ -25,7 +25,7 @@ def scorecard(
     open, cooldown or ejection on the faulted channel after the fault starts) and the false verdicts
     (non-healthy on clean channels or before the fault). A second table shows channel-health's
     first reasons, the injected fault strength at detection, open cycles and the recovery timeline
-    against SPEC §4. No Kafka, no ClickHouse; seconds per scenario and seed (clean-day: about a minute).
+    against SPEC §4. No Kafka, no ClickHouse; seconds per scenario and seed (clean-day: minutes).
 
     Example:  channel-health scorecard --seeds 3 --scenarios error-creep,latency-swap --json card.json
     """

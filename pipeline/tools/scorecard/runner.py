@@ -12,7 +12,8 @@ Definitions (the same for every policy):
 * detection delay: first non-healthy verdict (channel-health: ``degraded``/``open``/``half_open``/
   ``recovering``; a breaker: open, cooldown, ejection) on a target at or after its start, minus the start.
 * false verdicts: entries into a non-healthy state (a breaker: opens) on channels that are not targets,
-  and on targets before their start.
+  and on targets before their start. Every trip counts, a re-trip from ``half_open`` too (for
+  channel-health and the breakers alike), so a false open that probes and re-opens twice counts 3.
 * open cycles: entries into ``open`` (a breaker: opens) on the primary target after its start.
 """
 
