@@ -126,7 +126,8 @@ def recovery_timeline(states: list[tuple[float, str]], fault_end_s: float, cfg: 
     out: dict[str, float | None] = {
         "open_to_half_open_s": None, "half_open_to_recovering_s": None, "recovering_to_healthy_s": None,
         "fault_end_to_healthy_s": None, "spec_open_to_half_open_s": cfg.open_cooldown_ms / 1000,
-        "spec_half_open_to_recovering_s": cfg.half_open_observe_ms / 1000, "spec_recovering_to_healthy_s": spec_ramp_s(cfg)}
+        "spec_half_open_to_recovering_s": cfg.half_open_observe_ms / 1000,
+        "spec_recovering_to_healthy_s": spec_ramp_s(cfg)}
     healthy = next((i for i, (t, s) in enumerate(trans) if s == "healthy" and t >= fault_end_s), None)
     end = healthy if healthy is not None else len(trans)
     if healthy is not None:
