@@ -383,6 +383,8 @@ def bench(
 topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown",
                          help="Create or verify every Kafka topic with its configuration (SPEC §8).")
 app.add_typer(topics_app, name="topics")
+from pipeline.cli_scorecard import scorecard as _scorecard  # noqa: E402  (issue #19: its own module)
+app.command("scorecard")(_scorecard)
 
 
 def _kafka_settings():
