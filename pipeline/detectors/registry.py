@@ -26,3 +26,17 @@ def signal(name: str) -> Signal:
         if s.name == name:
             return s
     raise KeyError(f"unknown signal {name!r}; registered: {[s.name for s in SIGNALS]}")
+
+
+def policy_table() -> str:
+    """The README's "Detection policy" table (Markdown), one row per registered signal.
+
+    ``tests/unit/test_readme_policy.py`` checks that README.md holds exactly this.
+    """
+    rows = ["| signal | rule | default |", "|---|---|---|"]
+    rows += [f"| `{s.name}` ({s.kind}) | {s.rule} | {s.default} |" for s in SIGNALS]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m pipeline.detectors.registry: print the table for README.md
+    print(policy_table())
