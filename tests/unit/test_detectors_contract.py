@@ -22,7 +22,15 @@ from pipeline.windows.store import WindowView
 ALL = HARD_DETECTORS + SOFT_DETECTORS
 IDS = [d.reason for d in ALL]
 SIG_IDS = [s.name for s in SIGNALS]
-VIEW_FIELDS = [f.name for f in dataclasses.fields(WindowView) if f.name != "now_ms"]
+#: Every feature a detector may read: the WindowView fields and the sums of the counters signals add.
+COUNTER_FIELDS = [f"{c.name}_{w}" for s in SIGNALS for c in s.counters for w in ("5m", "1m")]
+VIEW_FIELDS = [f.name for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")] + COUNTER_FIELDS
+
+
+def _replace(v: WindowView, fields: dict) -> WindowView:
+    """``v`` with ``fields`` replaced (counter sums go to ``extra``)."""
+    extra = {**v.extra, **{k: x for k, x in fields.items() if k in COUNTER_FIELDS}}
+    return dataclasses.replace(v, extra=extra, **{k: x for k, x in fields.items() if k not in COUNTER_FIELDS})
 
 
 def view(c: int = 1, **fields) -> WindowView:
@@ -32,7 +40,8 @@ def view(c: int = 1, **fields) -> WindowView:
     base["base_p95_ms"] = np.full(c, np.nan)
     for k, v in fields.items():
         base[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (c,)).copy()
-    return WindowView(now_ms=1_000_000, **base)
+    return _replace(WindowView(now_ms=1_000_000, **{k: base[k] for k in VIEW_FIELDS if k not in COUNTER_FIELDS}),
+                    {k: base[k] for k in COUNTER_FIELDS})
 
 
 def th(c: int = 1, tier: Thresholds = PAID_TIER) -> ThresholdArrays:
@@ -58,9 +67,9 @@ def _check_shapes(f, c):
 def _sig_view(c: int, fields: dict, base: WindowView | None = None, on: int | None = None) -> WindowView:
     """``fields`` on top of ``base`` (default: an empty view) for every channel, or only channel ``on``."""
     v = base if base is not None else view(c)
-    return dataclasses.replace(v, **{k: np.where(np.arange(c) == on, val, getattr(v, k)) if on is not None
+    return _replace(v, {k: np.where(np.arange(c) == on, val, getattr(v, k)) if on is not None
                                      else np.broadcast_to(np.asarray(val, np.float64), (c,)).copy()
-                                     for k, val in fields.items()})
+                        for k, val in fields.items()})
 
 
 def _check_declared(sig, f, c):
@@ -107,7 +116,8 @@ def test_signal_declaration_is_consistent(sig):
 @pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
 def test_signal_params_reject_bad_values_naming_the_key(sig):
     for name in sig.param_names():
-        bad = {"float": -1.0, "int": 0}[sig.params.__dataclass_fields__[name].type]
+        kind = sig.params.__dataclass_fields__[name].type
+        bad = {"float": -1.0, "int": 0}[kind if isinstance(kind, str) else kind.__name__]
         with pytest.raises(ValueError, match=name):
             sig.params(**{name: bad})
 
@@ -161,8 +171,7 @@ def test_nan_inputs_do_not_fire_nor_raise(sig):
     assert not f.fired.any()
     # NaN in one channel does not disturb the others, even with firing evidence on them
     mixed = _sig_view(c, sig.examples.firing, busy_view(c))
-    mixed = dataclasses.replace(mixed, **{k: np.where(np.arange(c) == 1, np.nan, getattr(mixed, k))
-                                          for k in VIEW_FIELDS})
+    mixed = _replace(mixed, {k: np.where(np.arange(c) == 1, np.nan, getattr(mixed, k)) for k in VIEW_FIELDS})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         f = sig.detector.detect(mixed, th(c), np.zeros(c, bool))

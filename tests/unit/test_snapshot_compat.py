@@ -85,18 +85,18 @@ class SlowParams:
 class SlowRequests:
     """Soft test signal: share of requests slower than 1 s over 5 min above 90 %."""
 
-    reason = "slow_requests"
+    reason = "test_over_1s"
 
     def detect(self, view, th, active) -> Finding:
-        share = np.where(view.judged_5m > 0, view.slow_5m / np.maximum(view.judged_5m, 1), np.nan)
+        share = np.where(view.judged_5m > 0, view.over_1s_5m / np.maximum(view.judged_5m, 1), np.nan)
         return Finding(self.reason, np.nan_to_num(share) > SlowParams().slow_share_trip, {"slow_share_5m": share})
 
 
-SLOW = Signal(name="slow_requests", kind="soft", params=SlowParams, detector=SlowRequests(),
-              features=("slow_5m", "judged_5m"), metrics=("slow_share_5m",),
-              examples=Examples(firing={"slow_5m": 600, "judged_5m": 600}, thin=({},)),
+SLOW = Signal(name="test_over_1s", kind="soft", params=SlowParams, detector=SlowRequests(),
+              features=("over_1s_5m", "judged_5m"), metrics=("slow_share_5m",),
+              examples=Examples(firing={"over_1s_5m": 600, "judged_5m": 600}, thin=({},)),
               rule="test only", default="90 %",
-              counters=(Counter("slow", lambda c: c.latency_ms > 1_000.0, "requests slower than 1 s"),))
+              counters=(Counter("over_1s", lambda c: c.latency_ms > 1_000.0, "requests slower than 1 s"),))
 
 
 def _events(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
@@ -121,7 +121,7 @@ def test_new_signal_with_new_feature_restores_baselines_and_changes_nothing():
     _feed(old, day)
     blobs = [export_channel(old, i) for i in range(old.store.n_channels)]
     new = Engine(signals=SIGNALS + (SLOW,))
-    assert [c.name for c in new.store.counters][-1] == "slow"
+    assert [c.name for c in new.store.counters][-1] == "over_1s"
     for b in blobs:
         import_channel(new, decode_snapshot(b))
     assert new.dropped_state == {}
@@ -131,7 +131,7 @@ def test_new_signal_with_new_feature_restores_baselines_and_changes_nothing():
         if f.name != "extra":  # every existing feature, the 24 h baselines included, is intact
             np.testing.assert_array_equal(getattr(v_old, f.name), getattr(v_new, f.name), err_msg=f.name)
     assert (v_old.base_hours == 2).all() and (v_old.base_n > 1_000).all()  # the complete hours before now
-    assert v_new.slow_5m.tolist() == [0.0] * 3 and v_new.feature("slow_1m").tolist() == [0.0] * 3
+    assert v_new.over_1s_5m.tolist() == [0.0] * 3 and v_new.feature("over_1s_1m").tolist() == [0.0] * 3
     assert [vars(m) for m in new.machines] == [vars(m) for m in old.machines] and new.seq == old.seq
     # the restart changes no state: the same events afterwards give the same verdicts
     verdicts_old, verdicts_new = _feed(old, after), _feed(new, after)
@@ -146,7 +146,7 @@ def test_new_signal_with_new_feature_restores_baselines_and_changes_nothing():
     end = after[-1].ts_ms + 1
     lo = (-(-end // 10_000) - 30) * 10_000  # the 5 min window: whole 10 s slots
     want = [sum(1 for e in after if e.channel == c and e.ts_ms >= lo and e.latency_ms > 1_000.0) for c in new.store.names]
-    assert new.store.view(end).slow_5m.tolist() == want and min(want) > 0
+    assert new.store.view(end).over_1s_5m.tolist() == want and min(want) > 0
 
 
 def test_snapshot_with_a_feature_the_engine_lacks_drops_it_and_counts_it():
@@ -155,7 +155,7 @@ def test_snapshot_with_a_feature_the_engine_lacks_drops_it_and_counts_it():
     old = Engine()
     for i in range(new.store.n_channels):
         import_channel(old, decode_snapshot(export_channel(new, i)))
-    assert old.dropped_state == {"slow": 3, "slow_requests": 3}
+    assert old.dropped_state == {"over_1s": 3, "test_over_1s": 3}
     now = T0 + HOUR
     np.testing.assert_array_equal(old.store.view(now).judged_5m, new.store.view(now).judged_5m)
 
@@ -170,7 +170,7 @@ def test_store_state_loads_counters_by_name():
     a, b = eng.store.view(now), wider.view(now)
     for name in ("judged_5m", "failures_1m", "ok_5m", "rate_limited_5m", "base_p95_ms"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
-    assert b.slow_5m.tolist() == [0.0] * 3
+    assert b.over_1s_5m.tolist() == [0.0] * 3
     legacy = {k: v for k, v in state.items() if k != "counters"}  # a state saved before counters had names
     again = WindowStore()
     again.load(legacy)
