@@ -36,7 +36,3 @@ def policy_table() -> str:
     rows = ["| signal | rule | default |", "|---|---|---|"]
     rows += [f"| `{s.name}` ({s.kind}) | {s.rule} | {s.default} |" for s in SIGNALS]
     return "\n".join(rows)
-
-
-if __name__ == "__main__":  # python -m pipeline.detectors.registry: print the table for README.md
-    print(policy_table())
