@@ -10,12 +10,26 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+import numpy as np
+
 from pipeline.policy.state_machine import ChannelMachine
 from pipeline.state.channel_state import ChannelState
+from pipeline.windows.store import WindowStore
 
 
 class EngineStateIO:
     """Per-channel state in and out of an :class:`~pipeline.engine.Engine` (which provides the attributes)."""
+
+    store: WindowStore
+    machines: list[ChannelMachine]
+    seq: list[int]
+    active: dict[str, np.ndarray]
+    next_eval: np.ndarray
+    fail_since_eval: np.ndarray
+    dropped_state: dict[str, int]
+
+    def _grow(self, n: int) -> None:  # provided by Engine
+        raise NotImplementedError
 
     @property
     def channel_rows(self) -> Mapping[str, int]:

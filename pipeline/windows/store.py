@@ -1,7 +1,10 @@
 """All event-time window state of one worker, and the per-round view of it.
 
-:class:`WindowStore` owns the channel registry, the short ring (30 × 10 s),
-the baseline ring (25 × 1 h), the consecutive-failure runs and the watermark.
+:class:`WindowStore` owns the channel registry, the short ring (30 × 10 s)
+of named counters (:mod:`pipeline.windows.features`), the baseline ring
+(25 × 1 h), the consecutive-failure runs and the watermark.
+:meth:`WindowStore.export_channel` / :meth:`WindowStore.import_channel` move
+one channel's rows as a :class:`ChannelWindows`, counters by name.
 :meth:`WindowStore.view` turns them into a :class:`WindowView` of per-channel
 aggregates (arrays of shape (C,)) that every detector reads.
 """
