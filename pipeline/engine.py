@@ -33,12 +33,13 @@ import numpy as np
 from pipeline import residency
 from pipeline.config import StateLimits
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
-from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ThresholdArrays
+from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
 from pipeline.ingest.structure import resolve_structure
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import bounded_shares
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
+from pipeline.engine_state import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
 
 _TS = attrgetter("ts_ms")
@@ -108,25 +109,34 @@ class BatchResult:
     refused: list[RequestEvent] = field(default_factory=list)
 
 
-class Engine:
+class Engine(EngineStateIO):
     """Windows + detectors + policy for all channels of one worker.
 
     ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
     channel limit and idle eviction (:class:`~pipeline.config.StateLimits`).
+    ``signals``: the signals to evaluate (default: the registry,
+    :data:`pipeline.detectors.registry.SIGNALS`); their counters are added
+    to the windows. Per-channel state moves in and out through
+    :meth:`export_state` / :meth:`import_state`.
     """
 
-    def __init__(self, policy: PolicyConfig | None = None, limits: StateLimits | None = None):
+    def __init__(self, policy: PolicyConfig | None = None, limits: StateLimits | None = None,
+                 signals: Sequence[Signal] = SIGNALS):
         self.policy = policy or PolicyConfig()
         self.limits = limits or StateLimits()
+        self.signals = tuple(signals)
+        self.hard = tuple(s.detector for s in self.signals if s.kind == "hard")
+        self.soft = tuple(s.detector for s in self.signals if s.kind == "soft")
         #: channel → snapshot bytes of an evicted channel; per channel: windows in memory (see residency).
         self.evicted: dict[str, bytes] = {}
         self.resident = np.zeros(0, bool)
         self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
-                                 baseline_hours=self.policy.baseline_window_ms // 3_600_000)
+                                 baseline_hours=self.policy.baseline_window_ms // 3_600_000,
+                                 counters=tuple(c for s in self.signals for c in s.counters))
         self.machines: list[ChannelMachine] = []
         self.seq: list[int] = []
-        self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool) for d in SOFT_DETECTORS}
+        self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool) for d in self.soft}
         self.prev_shares: dict[str, np.ndarray] = {}
         #: route → channel → traffic share after the last round (bounded shifts).
         self.shares_by_route: dict[str, dict[str, float]] = {}
@@ -152,6 +162,8 @@ class Engine:
         self.quality_added = 0
         self.quality_dropped: dict[str, int] = {}
         self.quality_resets = 0
+        #: Restored state a signal no longer uses (window counter or soft finding name → channels).
+        self.dropped_state: dict[str, int] = {}
 
     # -- ingestion ----------------------------------------------------------
     def _columns(self, events: Sequence[RequestEvent],
@@ -343,7 +355,7 @@ class Engine:
             raise ValueError(f"{len(channels)} channels, {len(ts_ms)} times and {n} scores")
         if n == 0:
             return 0
-        index = self.store._index
+        index = self.store.index
         idx = np.fromiter((index.get(c, -1) for c in channels), np.int64, n)
         s = np.asarray(scores, dtype=np.float64).reshape(n)
         keep = (idx >= 0) & np.isfinite(s)
@@ -409,9 +421,9 @@ class Engine:
                          dtype=np.int64)
         view = self.store.view(now_ms, since_ms=since, rows=rows)
         n = rows.shape[0]
-        hard = [d.detect(view, th, np.zeros(n, bool)) for d in HARD_DETECTORS]
+        hard = [d.detect(view, th, np.zeros(n, bool)) for d in self.hard]
         soft = []
-        for d in SOFT_DETECTORS:
+        for d in self.soft:
             f = d.detect(view, th, self.active[d.reason][rows])
             self.active[d.reason][rows] = f.fired
             soft.append(f)

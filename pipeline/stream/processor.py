@@ -247,7 +247,7 @@ class BatchProcessor:
         elif result.accepted:  # (event, parse_ok, missing_fields) tuples built by zip in C, not a Python loop
             out.stored.extend(zip(result.accepted, *zip(*result.structure)))
         for e in late:
-            idx = self.engine.store._index.get(e.channel)
+            idx = self.engine.channel_rows.get(e.channel)
             newest = int(self.engine.store.last_ts_ms[idx]) if idx is not None else e.ts_ms
             lateness_s = (newest - e.ts_ms) / 1000
             out.dead_letters.append(DeadLetter(
@@ -361,7 +361,7 @@ class BatchProcessor:
         return keep
 
     def _restore_channels(self, events: Sequence[RequestEvent]) -> None:
-        known = self.engine.store._index
+        known = self.engine.channel_rows
         self._restore({e.channel for e in events if e.channel not in known})
 
     def _restore(self, names: Collection[str], hold_idle: bool = False) -> None:
@@ -417,7 +417,7 @@ class BatchProcessor:
         the encoding, the bulk of the cost, reads only that copy, so it may run
         in another thread, later, while this processor goes on processing.
         """
-        from pipeline.state.snapshot import copy_state, export_channel
+        from pipeline.state.snapshot import copy_state, encode_state
 
         evicted = dict(self.engine.evicted)  # name → its snapshot bytes (immutable): nothing to copy
         names = self.engine.store.names
@@ -434,7 +434,7 @@ class BatchProcessor:
             meta.append((name, cov, part.get(name)))
 
         def encode() -> list[tuple[str, bytes, dict[int, int], int | None]]:
-            return [(name, evicted[name] if name in evicted else export_channel(frozen, row[name]), cov, p)
+            return [(name, evicted[name] if name in evicted else encode_state(frozen[row[name]]), cov, p)
                     for name, cov, p in meta]
 
         return encode
