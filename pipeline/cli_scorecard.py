@@ -29,7 +29,7 @@ def scorecard(
 
     Example:  channel-health scorecard --seeds 3 --scenarios error-creep,latency-swap --json card.json
     """
-    from pipeline.simulate.traces import DataNotFoundError
+    from pipeline.tools.simulate.traces import DataNotFoundError
     from pipeline.tools.scorecard.report import detail, table
     from pipeline.tools.scorecard.run import run_scorecard
     from pipeline.tools.scorecard.scenarios import DEFAULT_SCENARIOS

@@ -15,7 +15,7 @@ def run_scorecard(names: Sequence[str] = DEFAULT_SCENARIOS, seeds: int = 5,
     """Every scenario in ``names`` with seeds ``0..seeds-1``; returns the JSON-ready document.
 
     ``seeds`` >= 1. Raises ``ValueError`` for an unknown or unsupported scenario (before any run)
-    or ``seeds`` < 1; :class:`~pipeline.simulate.traces.DataNotFoundError` when the traces are missing.
+    or ``seeds`` < 1; :class:`~pipeline.tools.simulate.traces.DataNotFoundError` when the traces are missing.
     ``progress`` gets one line per finished scenario (name, seeds, seconds).
     """
     if seeds < 1:

@@ -24,7 +24,7 @@ from typing import Callable
 
 from pipeline.engine_replay import replay
 from pipeline.policy.defaults import PolicyConfig
-from pipeline.simulate.scenario import BAD_STATES, Scenario
+from pipeline.tools.simulate.scenario import BAD_STATES, Scenario
 
 from .baseline import PerChannel, to_call
 from .envoy_outlier import EnvoyOutlierPool

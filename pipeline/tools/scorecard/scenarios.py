@@ -1,6 +1,6 @@
 """The issue #19 measurement scenarios, and the scorecard's scenario list.
 
-Built with the simulator's :class:`~pipeline.simulate.scenario.Scenario` type (2 h healthy warm-up,
+Built with the simulator's :class:`~pipeline.tools.simulate.scenario.Scenario` type (2 h healthy warm-up,
 real llmperf latency shapes). Load is flat (``night_fraction`` 1, no bursts) so a channel's rate is
 the stated one: 4 req/s for the faulted channels of the issue ("measured at 4 req/s per channel"),
 0.25 req/s for the thin clean channel.
@@ -18,10 +18,10 @@ verdicts on clean channels, gradual degradation caught before its injected error
 
 from __future__ import annotations
 
-from pipeline.simulate.channels import ChannelProfile, RouteSpec
-from pipeline.simulate.faults import Fault
-from pipeline.simulate.scenario import BAD_STATES, WARMUP_S, Scenario
-from pipeline.simulate.scenarios import SCENARIOS, get_scenario
+from pipeline.tools.simulate.channels import ChannelProfile, RouteSpec
+from pipeline.tools.simulate.faults import Fault
+from pipeline.tools.simulate.scenario import BAD_STATES, WARMUP_S, Scenario
+from pipeline.tools.simulate.scenarios import SCENARIOS, get_scenario
 
 #: Per-scenario target detection delay, seconds (issue #19); None: no target stated.
 TARGET_DELAY_S: dict[str, float] = {"error-creep": 240.0, "hollow-3pct": 90.0, "latency-swap": 30.0}
