@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -173,30 +173,50 @@ class ControlReader:
         return out
 
 
+async def read_to_end(bootstrap: str, topic: str, handle: Callable[[bytes | None, bytes | None], None],
+                      security: Mapping[str, Any] | None = None, timeout_s: float = 10.0) -> int:
+    """Read every partition of ``topic`` from its beginning to its current end; ``handle(key, value)`` each record.
+
+    Returns the records read (0 when the topic does not exist). Raises
+    ``TimeoutError`` when the end is not reached within ``timeout_s``.
+    """
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                                client_id="channel-health-reader", **dict(security or {}))
+    await consumer.start()
+    n = 0
+    try:
+        tps = await _assign_all(consumer, topic)
+        end = await consumer.end_offsets(tps) if tps else {}
+        deadline = time.monotonic() + timeout_s
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} not read to its end within {timeout_s} s")
+            batches = await consumer.getmany(timeout_ms=CONTROL_FETCH_MS)
+            for tp in sorted(batches, key=lambda t: t.partition):
+                for msg in batches[tp]:
+                    n += 1
+                    handle(msg.key, msg.value)
+    finally:
+        await consumer.stop()
+    return n
+
+
 async def read_overrides(bootstrap: str, topic: str, security: Mapping[str, Any] | None = None,
                          timeout_s: float = 10.0, now_ms: int | None = None) -> OverrideTable:
     """Read ``topic`` to its current end and return the overrides in force at ``now_ms`` (default now).
 
-    Raises ``TimeoutError`` when the end is not reached within ``timeout_s``.
+    Bad records are logged and skipped. Raises ``TimeoutError`` when the end
+    is not reached within ``timeout_s``.
     """
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    reader = ControlReader(bootstrap, topic, security)
-    await reader.start()
     table = OverrideTable()
-    try:
-        consumer = reader.consumer
-        assert consumer is not None
-        tps = list(consumer.assignment())
-        end = await consumer.end_offsets(tps) if tps else {}
-        deadline = time.monotonic() + timeout_s
-        while any([await consumer.position(tp) < end[tp] for tp in tps]):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic} not read to its end within {timeout_s} s")
-            for rec in await reader.poll():
-                apply_record(table, rec, now_ms)
-        table.expire(now_ms)
-    finally:
-        await reader.stop()
+    reader = ControlReader(bootstrap, topic, security)
+
+    def handle(key: bytes | None, value: bytes | None) -> None:
+        rec = reader.decode(value)
+        if rec is not None:
+            apply_record(table, rec, now_ms)
+
+    await read_to_end(bootstrap, topic, handle, security, timeout_s)
+    table.expire(now_ms)
     return table
-
-
