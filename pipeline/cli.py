@@ -443,6 +443,8 @@ from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the al
 app.command("alert")(_alert)
 from pipeline.cli_override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)
 app.add_typer(_override_app, name="override")
+from pipeline.cli_watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
+app.command("watch")(_watch)
 use_plain_help(app)
 
 
