@@ -1,4 +1,7 @@
-"""``channel-health override``: operators' manual switches (SPEC §4, §7; issue #20). Registered in :mod:`pipeline.cli`."""
+"""``channel-health override``: operators' manual switches (SPEC §4, §7; issue #20).
+
+Registered in :mod:`pipeline.cli`.
+"""
 
 from __future__ import annotations
 

@@ -183,8 +183,7 @@ class OverrideTable:
         last = self.last.get(channel)
         if last is None:
             return None
-        out = self.apply(msgspec.structs.replace(last, seq=last.seq + 1))
-        return out
+        return self.apply(msgspec.structs.replace(last, seq=last.seq + 1))
 
     def _forced(self, v: Verdict, o: Override) -> Verdict:
         metrics = dict(v.metrics)

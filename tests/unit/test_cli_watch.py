@@ -135,7 +135,8 @@ def test_watch_once_json_against_broker_and_chdb(scenario: tuple[VerdictBook, Pa
 
         asyncio.run(put())
         env = {k: v for k, v in os.environ.items() if not k.startswith("CHANNEL_HEALTH_")}
-        env.update({"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": broker.bootstrap, "CHANNEL_HEALTH_TOPIC_PREFIX": settings.topic_prefix,
+        env.update({"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": broker.bootstrap,
+                    "CHANNEL_HEALTH_TOPIC_PREFIX": settings.topic_prefix,
                     "CHANNEL_HEALTH_CLICKHOUSE_URL": f"chdb://{folder}"})
         done = subprocess.run([sys.executable, "-m", "pipeline.cli", "watch", "--once", "--json"], env=env,
                               cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)

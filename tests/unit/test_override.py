@@ -7,7 +7,8 @@ import pytest
 
 from pipeline.contracts import Verdict, decode_verdict, encode
 from pipeline.policy.override import Override, OverrideTable, validate
-from pipeline.stream.control import ClearRecord, SetRecord, apply_record, audit_row, bump_seq, decode_record, encode_record
+from pipeline.stream.control import (ClearRecord, SetRecord, apply_record, audit_row, bump_seq, decode_record,
+                                     encode_record)
 from pipeline.stream.control_agent import ControlHook
 
 T0 = 1_700_000_000_000
@@ -156,3 +157,37 @@ def test_hook_republishes_with_next_seq_and_moves_engine_seq() -> None:
     assert hook.pending_audit[0][:3] == ("channel:c1", "set", "open")
     bump_seq(Eng(), "unknown", 99)  # ignored
     assert Eng.seq == [4, 8]
+
+
+def test_freeze_holds_weights_through_an_engine_outage_and_releases_on_expiry() -> None:
+    """Engine replay: the primary fails hard under a route freeze; its verdicts go open with their reasons,
+    weight and route_share stay at the pre-freeze values; after the TTL they follow the engine again."""
+    from pipeline.engine_replay import replay
+
+    start, warm_s, outage_s = 1_700_000_040_000, 600, 300
+    events = []
+    for k in range((warm_s + outage_s) * 4):
+        ts, t_s = start + k * 250, k / 4
+        for ch in ("primary", "backup"):
+            down = ch == "primary" and t_s >= warm_s
+            events.append({"event_id": f"{ch}{k}", "ts_ms": ts, "channel": ch, "route": "chat-70b",
+                           "status": "error" if down else "ok", "latency_ms": 200.0 + k % 30, "tier": "paid"})
+    _, verdicts = replay(events)
+    t = OverrideTable()
+    freeze_at = start + warm_s * 1000 - 30_000  # the verdicts' event time doubles as the wall clock here
+    frozen = None
+    seen = []
+    for v in verdicts:
+        if frozen is None and v.ts_ms >= freeze_at:
+            frozen = {c: (x.weight, x.metrics["route_share"]) for c, x in t.last.items()}
+            t.put(Override(kind="freeze", by="ana", reason="hold", set_ts_ms=freeze_at, route="chat-70b",
+                           expires_ts_ms=freeze_at + outage_s * 1000 - 60_000), freeze_at)
+        t.expire(v.ts_ms)
+        seen.append((v, t.apply(v)))
+    assert frozen == {"primary": (1.0, 0.5), "backup": (1.0, 0.5)}
+    held = [(e, o) for e, o in seen if o.override is not msgspec.UNSET and o.channel == "primary"]
+    assert any(e.state == "open" for e, _ in held)
+    for e, o in held:
+        assert (o.weight, o.metrics["route_share"], o.state, o.reasons) == (1.0, 0.5, e.state, e.reasons)
+    last = seen[-1][1] if seen[-1][1].channel == "primary" else seen[-2][1]
+    assert last.override is msgspec.UNSET and last.weight == 0.0 and last.state == "open"
