@@ -443,6 +443,10 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
 
 from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
 app.command("alert")(_alert)
+from pipeline.cli_override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)
+app.add_typer(_override_app, name="override")
+from pipeline.cli_watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
+app.command("watch")(_watch)
 use_plain_help(app)
 
 

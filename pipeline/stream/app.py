@@ -61,6 +61,7 @@ from pipeline.engine import Engine
 from pipeline.ingest.dead_letter import raw_budget
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.sinks.buffer import FLUSH_SHARE
+from pipeline.stream.control_agent import install_control
 from pipeline.stream.dead_letters import DeadLetterPublisher
 from pipeline.stream.intake import batches
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate, start_offsets
@@ -131,6 +132,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     dead_letters = DeadLetterPublisher(topics.dlq, raw_budget(settings.producer_max_request_bytes))
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
+    control = install_control(app, state, settings, lambda out: publish(out), lambda out: store(out))  # overrides
 
     def init_sync() -> None:
         if state.lock is None:
@@ -199,6 +201,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     async def publish(out: ProcessedBatch) -> None:
         """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them (a refused dead
         letter is sent again without its copy of the input, then counted as lost: never fatal)."""
+        out.verdicts = control.apply(out.verdicts)  # operators' overrides (SPEC §4), also in the stored rows
         await send_and_wait(app.producer, topics.health, [(v.channel.encode(), encode(v), None) for v in out.verdicts])
         await dead_letters.publish(app.producer, out.dead_letters)  # never raises for a refused dead letter
 
