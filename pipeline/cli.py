@@ -441,6 +441,8 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
 
 from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
 app.command("alert")(_alert)
+from pipeline.cli_report import report as _report  # noqa: E402  (issue #21: the HTML report)
+app.command("report")(_report)
 use_plain_help(app)
 
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 
+from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.engine import Engine
 from pipeline.sinks.clickhouse import ClickHouseSink
+from pipeline.storage.client import close_clients, open_client
+from pipeline.storage.schema import apply_ddl
 from pipeline.tools.simulate.scenarios import get_scenario
 
 #: Scenario time 0 of the stored scenarios: a fixed whole hour (as tests/acceptance).
@@ -36,3 +40,29 @@ def store_scenario(client: Any, name: str = "sparse-consecutive-failures", seed:
         verdicts.extend(result.verdicts)
         sink.flush()
     return events, verdicts
+
+
+#: The stored scenario's channel that the fault hits (opens, half-opens, recovers).
+FAULTY_CHANNEL = "replicate/llama-13b@free"
+
+
+@pytest.fixture(scope="session")
+def scenario_chdb_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A ``chdb://`` URL of a directory holding sparse-consecutive-failures (stored once per session).
+
+    chDB allows one directory per process and other tests open theirs: call
+    ``close_clients()`` and open this URL again in each test (the data stays on disk).
+    """
+    url = f"chdb://{tmp_path_factory.mktemp('scenario') / 'chdb'}"
+    close_clients()
+    client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=url))
+    apply_ddl(client)
+    store_scenario(client)
+    close_clients()
+    return url
+
+
+def open_scenario(url: str) -> Any:
+    """A client on the stored scenario at ``url`` (closing whatever chDB this process had open)."""
+    close_clients()
+    return open_client(Settings(kafka_bootstrap=None, clickhouse_url=url), create_database=False)

@@ -32,11 +32,12 @@ def _figure(height_in: float = 2.6):
     return fig, ax
 
 
-def _png(fig) -> bytes:
+def _png(fig, data: ReportData) -> bytes:
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     for ax in fig.axes:
+        ax.set_xlim(data.t0, data.t1)  # every plot on the same time axis
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz="UTC"))
     fig.tight_layout()
     buf = io.BytesIO()
@@ -79,7 +80,7 @@ def state_bands(data: ReportData) -> Plot:
     title = "State over time"
     if not data.verdicts:
         return title, None, "no verdicts in the window"
-    fig, ax = _figure(0.6 + 0.45 * len(data.channels))
+    fig, ax = _figure(1.0 + 0.45 * len(data.channels))
     ax.grid(False)
     for row, ch in enumerate(data.channels):
         vs = [v for v in data.verdicts if v["channel"] == ch]
@@ -93,8 +94,8 @@ def state_bands(data: ReportData) -> Plot:
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=c, label=s) for s, c in STATE_COLOURS.items()], fontsize=7, ncol=6,
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
-    return title, _png(fig), ""
+              loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    return title, _png(fig, data), ""
 
 
 def traffic(data: ReportData) -> Plot:
@@ -104,7 +105,7 @@ def traffic(data: ReportData) -> Plot:
         return _none(fig, "Traffic", "no requests in the window")
     ax.set_ylabel("requests / min")
     _legend(ax)
-    return "Traffic (requests per minute)", _png(fig), ""
+    return "Traffic (requests per minute)", _png(fig, data), ""
 
 
 def latency(data: ReportData) -> Plot:
@@ -123,7 +124,7 @@ def latency(data: ReportData) -> Plot:
     ax.set_ylabel("ms")
     _legend(ax)
     return f"P95 latency against its baseline (trip x{th.latency_ratio_trip:g}, clear x{th.latency_ratio_clear:g})", \
-        _png(fig), ""
+        _png(fig, data), ""
 
 
 def error_rate(data: ReportData) -> Plot:
@@ -135,7 +136,7 @@ def error_rate(data: ReportData) -> Plot:
     _lines(data, data.verdicts, "ts", "error_rate_trip", ax, ":", "trip line", 100)
     ax.set_ylabel("%")
     _legend(ax)
-    return "Error rate with the trip line and the test's lower bound", _png(fig), ""
+    return "Error rate with the trip line and the test's lower bound", _png(fig, data), ""
 
 
 def content(data: ReportData) -> Plot:
@@ -148,7 +149,7 @@ def content(data: ReportData) -> Plot:
         return _none(fig, "Missing fields and quality", "no missing-field or quality data (no structured or scored responses)")
     ax.set_ylabel("share 0..1")
     _legend(ax)
-    return "Missing fields and quality", _png(fig), ""
+    return "Missing fields and quality", _png(fig, data), ""
 
 
 def quota(data: ReportData) -> Plot:
@@ -158,7 +159,7 @@ def quota(data: ReportData) -> Plot:
         return _none(fig, "Quota", "no quota data (no request reported quota_remaining)")
     ax.set_ylabel("share 0..1")
     _legend(ax)
-    return "Quota remaining (forecast: not yet available)", _png(fig), ""
+    return "Quota remaining (forecast: not yet available)", _png(fig, data), ""
 
 
 def stalls(data: ReportData) -> Plot:
@@ -168,7 +169,7 @@ def stalls(data: ReportData) -> Plot:
         return _none(fig, "Stream stalls", "no streamed responses in the window")
     ax.set_ylabel("ms")
     _legend(ax)
-    return "Stream stalls (longest gap between chunks per minute)", _png(fig), ""
+    return "Stream stalls (longest gap between chunks per minute)", _png(fig, data), ""
 
 
 def weight_share(data: ReportData) -> Plot:
@@ -179,7 +180,7 @@ def weight_share(data: ReportData) -> Plot:
     _lines(data, data.verdicts, "ts", "route_share", ax, "--", "route share")
     ax.set_ylim(-0.05, 1.05)
     _legend(ax)
-    return "Weight and route share", _png(fig), ""
+    return "Weight and route share", _png(fig, data), ""
 
 
 #: The plots in report order.
