@@ -80,7 +80,8 @@ class PipelineMetrics:
     ``_channel_weight{channel}``, ``_metrics_dropped_channels_total``,
     ``_sink_backlog_rows``, ``_sink_write_seconds``, ``_sink_rows_written_total``,
     ``_sink_write_failures_total``, ``_quality_scored_total``, ``_quality_queue_samples``;
-    alert process: ``_alert_verdicts_total``, ``_alerts_sent_total{route,outcome}``.
+    alert process: ``_alert_verdicts_total``, ``_alert_bad_messages_total`` (tracked by
+    :func:`pipeline.alert.runner.run_alerts`), ``_alerts_sent_total{route,outcome}``.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, max_channels: int = 500) -> None:
@@ -113,8 +114,6 @@ class PipelineMetrics:
                                                registry=r)
         self.sink_write_failures_total = Counter("channel_health_sink_write_failures", "ClickHouse flushes that "
                                                  "failed (rows kept and retried).", registry=r)
-        self.alert_verdicts_total = Counter("channel_health_alert_verdicts", "Verdicts read by the alert "
-                                            "process.", registry=r)
         self.alerts_sent_total = Counter("channel_health_alerts_sent", "Alert messages by route and outcome "
                                          "(sent, failed).", ["route", "outcome"], registry=r)
         self._channels: set[str] = set()

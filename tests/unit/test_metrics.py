@@ -93,3 +93,27 @@ def test_the_endpoint_serves_the_registry() -> None:
     finally:
         m.close()
     assert m.server is None
+
+
+def test_alert_sender_counts_deliveries_per_route() -> None:
+    import asyncio
+
+    from pipeline.alert.runner import Sender
+
+    class Dispatcher:
+        async def dispatch(self, n):
+            if n.key == "boom":
+                raise RuntimeError("formatter bug")
+            return ["im", "pager"]
+
+    m = PipelineMetrics()
+
+    async def main() -> None:
+        sender = Sender(Dispatcher(), m)
+        for key in ("a", "b", "boom"):
+            sender.submit(SimpleNamespace(key=key, kind="alert", severity="critical"))
+        await sender.drain(5)
+
+    asyncio.run(main())
+    assert _value(m, "channel_health_alerts_sent_total", route="pager", outcome="sent") == 2
+    assert _value(m, "channel_health_alerts_sent_total", route="none", outcome="failed") == 1
