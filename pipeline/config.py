@@ -575,7 +575,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def _read_metrics_settings(env: Mapping[str, str]) -> MetricsSettings:
-    """:class:`MetricsSettings` from ``CHANNEL_HEALTH_METRICS_PORT`` / ``_METRICS_MAX_CHANNELS``; ConfigError if malformed."""
+    """:class:`MetricsSettings` from ``CHANNEL_HEALTH_METRICS_PORT`` / ``_METRICS_MAX_CHANNELS`` (unset or empty:
+    the defaults); :class:`ConfigError` if malformed."""
     values: dict[str, int] = {}
     for name, field_name, low, high in (("METRICS_PORT", "port", 1, 65535),
                                         ("METRICS_MAX_CHANNELS", "max_channels", 1, 10**7)):

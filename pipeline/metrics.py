@@ -152,7 +152,8 @@ class PipelineMetrics:
         self.track("channel_health_events_in_total", "Request events decoded (duplicates included).",
                    lambda: None if (p := get_processor()) is None else p.events_in, kind="counter")
         self.track("channel_health_dead_letters_total", "Inputs sent to the dead-letter topic, by reason.",
-                   lambda: None if (p := get_processor()) is None else dict(p.counters.by_reason), kind="counter", labels=("reason",))
+                   lambda: None if (p := get_processor()) is None else dict(p.counters.by_reason),
+                   kind="counter", labels=("reason",))
 
     def track_worker(self, get_processor: Callable[[], Any], get_lags: Callable[[], Mapping[tuple, int] | None],
                      get_sink: Callable[[], Any], get_quality: Callable[[], Any]) -> None:

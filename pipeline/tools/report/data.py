@@ -47,7 +47,8 @@ SQL_MINUTES = (
     "SELECT channel, minute, requests, failures, error_rate, p95_latency_ms, missing_field_rate "
     "FROM channel_health.channel_minute_stats "
     "WHERE has({channels:Array(String)}, channel) "
-    "AND minute >= toStartOfMinute({t0:DateTime64(3, 'UTC')}) AND minute < {t1:DateTime64(3, 'UTC')} ORDER BY channel, minute"
+    "AND minute >= toStartOfMinute({t0:DateTime64(3, 'UTC')}) AND minute < {t1:DateTime64(3, 'UTC')} "
+    "ORDER BY channel, minute"
 )
 SQL_EXTRAS = (
     "SELECT channel, toDateTime64(toStartOfMinute(ts), 3, 'UTC') AS minute, "

@@ -57,8 +57,9 @@ def _state(s: str | None) -> str:
 
 def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
     ths = "".join(f"<th>{escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(rows_cell for rows_cell in r) + "</tr>" for r in rows)
-    return f'<div style="overflow-x:auto"><table id="{table_id}"><thead><tr>{ths}</tr></thead><tbody>{body}</tbody></table></div>'
+    body = "".join("<tr>" + "".join(r) + "</tr>" for r in rows)
+    return (f'<div style="overflow-x:auto"><table id="{table_id}"><thead><tr>{ths}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
 
 
 def _td(value: Any, num: bool = False) -> str:

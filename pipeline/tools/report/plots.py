@@ -146,7 +146,8 @@ def content(data: ReportData) -> Plot:
     n += _lines(data, data.verdicts, "ts", "quality_score_5m", ax, label="quality P(good) (5 min)")
     n += _lines(data, data.verdicts, "ts", "quality_baseline", ax, "--", "quality baseline")
     if not n:
-        return _none(fig, "Missing fields and quality", "no missing-field or quality data (no structured or scored responses)")
+        return _none(fig, "Missing fields and quality",
+                     "no missing-field or quality data (no structured or scored responses)")
     ax.set_ylabel("share 0..1")
     _legend(ax)
     return "Missing fields and quality", _png(fig, data), ""
