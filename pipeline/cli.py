@@ -447,6 +447,8 @@ from pipeline.cli_override import override_app as _override_app  # noqa: E402  (
 app.add_typer(_override_app, name="override")
 from pipeline.cli_watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
 app.command("watch")(_watch)
+from pipeline.cli_report import report as _report  # noqa: E402  (issue #21: the HTML report)
+app.command("report")(_report)
 use_plain_help(app)
 
 

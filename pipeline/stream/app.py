@@ -58,6 +58,7 @@ from faust.types import TP
 from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
+from pipeline.metrics import PipelineMetrics
 from pipeline.ingest.dead_letter import raw_budget
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.sinks.buffer import FLUSH_SHARE
@@ -98,12 +99,12 @@ DRAIN_TIMEOUT_S = 5.0
 
 
 def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any = None,
-              datadir: str | None = None) -> tuple[faust.App, WorkerState]:
+              datadir: str | None = None, metrics: PipelineMetrics | None = None) -> tuple[faust.App, WorkerState]:
     """Create the faust app, its topics, the agent, the sink flusher and the timers.
 
     ``sink``: an object with ``add_events(rows)``, ``add_event_batches(envelopes)``,
     ``add_verdicts(verdicts)``, ``flush()`` and ``pending_rows`` (see :mod:`pipeline.sinks.clickhouse`),
-    or None to skip storage.
+    or None to skip storage. ``metrics``: where to count (:mod:`pipeline.metrics`; None: a private, unserved one).
     """
     topics = settings.topics
     if datadir is None:
@@ -133,6 +134,16 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
     dead_letters = DeadLetterPublisher(topics.dlq, raw_budget(settings.producer_max_request_bytes))
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
     control = install_control(app, state, settings, lambda out: publish(out), lambda out: store(out))  # overrides
+
+    def consumer_lags() -> dict[tuple[str, int], int]:
+        """Messages behind the end of each assigned input partition (the highwater of the last fetch)."""
+        return {(tp.topic, tp.partition): max(0, (app.consumer.highwater(tp) or 0) - 1
+                                              - state.gate.last_offsets.get(tp.partition, -1))
+                for tp in app.consumer.assignment() if tp.topic == topics.requests}
+
+    metrics = metrics or PipelineMetrics()  # issue #21: counts the processor keeps are read at scrape time
+    metrics.track_worker(lambda: state.processor, consumer_lags, lambda: state.sink,
+                         lambda: getattr(state, "quality", None))
 
     def init_sync() -> None:
         if state.lock is None:
@@ -308,6 +319,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
                 t1 = time.perf_counter()
                 await publish(out)
                 t2, waited = time.perf_counter(), state.wall_s["backpressure"]
+                metrics.observe_batch(t1 - t0, t2 - t0, out.verdicts)
                 await store(out)  # rows leave as one encoded payload: the decoded events die with ``out``
                 wall = state.wall_s
                 wall["process"] += t1 - t0
@@ -352,8 +364,11 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
         pending = state.sink.pending_rows
         state.peak_pending_rows = max(state.peak_pending_rows, pending)
         try:
+            started = time.perf_counter()
             written = await asyncio.to_thread(state.sink.flush)
+            metrics.observe_flush(time.perf_counter() - started, written)
         except Exception as exc:  # SinkWriteError and transport errors: keep the rows, retry, ack nothing
+            metrics.sink_write_failures_total.inc()
             state.sink_failures += 1
             if state.sink_down_since is None:
                 state.sink_down_since = time.monotonic()
@@ -460,6 +475,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Any 
             if verdicts:
                 out = ProcessedBatch(verdicts=verdicts)
                 await publish(out)
+                metrics.observe_verdicts(verdicts)
                 await store(out)
                 state.ledger.add_batch([])
                 state.dirty = True
@@ -508,8 +524,10 @@ def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel:
     """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
     from pipeline.stream.runtime import open_sink_and_topics
 
+    from pipeline.metrics import start_metrics_server
+
     sink = open_sink_and_topics(settings)
-    app, _state = build_app(settings, policy, sink)
+    app, _state = build_app(settings, policy, sink, metrics=start_metrics_server(settings))
     tune_gc()
     worker = BoundedStopWorker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()
