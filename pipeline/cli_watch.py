@@ -25,7 +25,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 import typer
@@ -76,6 +76,8 @@ class VerdictBook:
     def __init__(self) -> None:
         self.tracks: dict[str, Track] = {}
         self.bad = 0
+        #: Called with each new verdict (a list of one), e.g. the Prometheus gauges; None: nothing.
+        self.observe: Callable[[list[Verdict]], None] | None = None
 
     def add(self, value: bytes | None) -> None:
         """Apply one ``channel.health`` message (bad ones are counted, never fatal)."""
@@ -91,6 +93,8 @@ class VerdictBook:
             return  # a replay
         since = old.since_ms if old is not None and old.verdict.state == v.state else v.ts_ms
         self.tracks[v.channel] = Track(v, since)
+        if self.observe is not None:
+            self.observe([v])
 
 
 def next_transition(state: str, since_ms: int, now_ms: int, policy: PolicyConfig) -> tuple[str, int] | None:
@@ -289,6 +293,11 @@ def watch(
 
                     Console().print(render(data))
                 return
+            # A long-running process: Prometheus metrics on CHANNEL_HEALTH_METRICS_PORT (issue #21).
+            from pipeline.metrics import start_metrics_server
+
+            metrics = start_metrics_server(settings)
+            board.book.observe = metrics.observe_verdicts
             await board.follow()
             if as_json:
                 while True:

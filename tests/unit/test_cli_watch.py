@@ -162,3 +162,27 @@ def test_board_without_clickhouse_says_why_and_renders(scenario: tuple[VerdictBo
     console.print(render(board))
     text = console.export_text()
     assert "ClickHouse panels: chdb is held by the worker" in text and FREE in text
+
+
+def test_the_book_feeds_each_new_verdict_to_the_prometheus_gauges() -> None:
+    """Issue #21: `watch` is a long-running process with metrics; each verdict it reads sets the gauges once."""
+    from prometheus_client import CollectorRegistry
+
+    from pipeline.engine_replay import replay
+    from pipeline.metrics import PipelineMetrics
+
+    _, verdicts = replay(events()[:4000])
+    metrics = PipelineMetrics(CollectorRegistry())
+    book = VerdictBook()
+    book.observe = metrics.observe_verdicts
+    for v in verdicts:
+        book.add(encode(v))
+    for v in verdicts[:3]:
+        book.add(encode(v))  # replays of verdicts already seen are not counted again
+    reg = metrics.registry
+    newest = {v.channel: v for v in verdicts}
+    for channel, v in newest.items():
+        assert reg.get_sample_value("channel_health_channel_weight", {"channel": channel}) == v.weight
+    counted = sum(s.value for m in reg.collect() if m.name == "channel_health_verdicts"
+                  for s in m.samples if s.name.endswith("_total"))
+    assert counted == sum(max(1, len(v.reasons)) for v in verdicts)
