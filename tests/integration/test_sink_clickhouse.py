@@ -68,7 +68,7 @@ def _scalar(client, sql: str):
 def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
     assert apply_ddl(ch) == ["001_database.sql", "002_request_events.sql", "003_channel_minute_stats.sql",
                              "004_channel_verdicts.sql", "005_quality.sql", "006_request_events_input.sql",
-                             "007_request_event_batches.sql"]
+                             "007_request_event_batches.sql", "009_drill_runs.sql"]
     tables = {r[0] for r in ch.query("SHOW TABLES FROM channel_health").result_rows}
     assert tables == TABLES
     engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = 'channel_health'").result_rows)
