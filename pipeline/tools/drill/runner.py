@@ -140,10 +140,11 @@ class DrillResult:
 
 def judge(plan: DrillPlan, verdicts: list[Verdict], *, shadow: bool, topic_prefix: str = "",
           note: str = "") -> DrillResult:
-    """Compare ``verdicts`` (any channels; only ``plan.channel``'s from one round before the fault count)
-    with the plan's expected steps."""
+    """Compare ``verdicts`` (any channels; only ``plan.channel``'s from one round before the fault to the
+    drill's end count) with the plan's expected steps."""
     lead = plan.steps[0].tolerance_ms if plan.steps else 0
-    actual = [t for t in transitions(verdicts, plan.channel) if t.ts_ms >= plan.fault_start_ms - lead]
+    actual = [t for t in transitions(verdicts, plan.channel)
+              if plan.fault_start_ms - lead <= t.ts_ms <= plan.end_ms]
     rows = compare(plan.steps, actual, plan.fault_start_ms, plan.fault_end_ms, plan.kind)
     mine = sum(1 for v in verdicts if v.channel == plan.channel)
     return DrillResult(plan, shadow, topic_prefix, actual, rows, mine, note)
