@@ -43,7 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 #: 2026-01-01T00:00:00Z, minute aligned.
 BASE_MS = 1_767_225_600_000
 TABLES = {"request_events", "channel_minute_stats", "channel_verdicts", "quality_scores", "quality_labels",
-          "request_events_input", "request_events_input_mv", "request_event_batches", "request_event_batches_mv"}
+          "request_events_input", "request_events_input_mv", "request_event_batches", "request_event_batches_mv",
+          "drill_runs"}
 
 
 def _settings(url: str, password: str | None = None) -> Settings:

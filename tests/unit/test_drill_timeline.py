@@ -39,10 +39,18 @@ def test_errors_timeline_is_cooldown_observation_and_ramp_steps():
     assert {s.tolerance_ms for s in steps} == {30_000}
 
 
-def test_a_fault_longer_than_the_cooldown_expects_a_failed_probe():
-    labels = [s.label for s in expected_steps(KINDS["errors"], POLICY, 200_000)]
-    assert labels[:6] == ["open", "half_open", "open", "half_open", "open", "half_open"]
-    assert labels[6] == "recovering 0.10"
+def test_a_fault_longer_than_the_cooldown_expects_failed_probes_then_recovery():
+    steps = expected_steps(KINDS["errors"], POLICY, 150_000)
+    assert steps[1].label == "half_open" and steps[1].cycle
+    actual = [Transition(T0 + 1_000, "open", 0.0, ("consecutive_failures",)),
+              Transition(T0 + 91_000, "half_open", 0.05, ()),
+              Transition(T0 + 91_500, "open", 0.0, ("consecutive_failures",)),  # probe into the fault
+              Transition(T0 + 200_000, "half_open", 0.05, ()),  # fault ended at 150 s
+              Transition(T0 + 290_000, "recovering", 0.1, ())]
+    rows = compare(steps[:3], actual, T0, T0 + 150_000)
+    assert [(r.transition, r.status, r.diff_ms) for r in rows] == [
+        ("open", "ok", -29_000), ("half_open", "ok", 0), ("open (probe, fault on)", "ok", 500),
+        ("half_open", "ok", 18_500), ("recovering 0.10", "ok", 0)]
 
 
 def test_a_stricter_policy_changes_the_expectation():
@@ -96,8 +104,9 @@ def test_plan_places_the_fault_after_the_warm_up_and_ends_at_end_ms():
     plan = plan_drill("errors", "drill/a", POLICY, end_ms=T0, run_id="r1")
     assert plan.fault_start_ms - plan.start_ms == DRILL_WARMUP_S * 1000
     assert plan.fault_end_ms - plan.fault_start_ms == 60_000 and plan.end_ms == T0
-    # last step (healthy) due 30 + 90 + 90 + 6 x 120 s = 930 s after the fault start, + 30 s + 300 s tail
-    assert plan.end_ms - plan.fault_start_ms == 1_260_000
+    # last step (healthy) due 30 + 90 + 90 + 6 x 120 s = 930 s after the fault start, + 30 s tolerance
+    # + 60 s (probe cycles may push it back by the fault's length) + 300 s tail
+    assert plan.end_ms - plan.fault_start_ms == 1_320_000
     with pytest.raises(ValueError, match="--duration must be > 0"):
         plan_drill("errors", "drill/a", POLICY, duration_s=0)
 
@@ -117,3 +126,12 @@ def test_in_process_stream_stall_drill_is_not_passed_while_its_detector_is_missi
     result = run_in_process(plan, POLICY)
     assert not result.passed
     assert result.rows[0].status == "detector missing"
+
+
+def test_in_process_quota_drill_opens_cycles_while_refused_then_recovers():
+    plan = plan_drill("quota_drain", "drill/quota", POLICY, end_ms=T0, run_id="r")
+    rows = run_in_process(plan, POLICY).rows
+    assert rows[0].transition == "degraded (quota)" and rows[0].status == "detector missing"
+    labels = [r.transition for r in rows]
+    assert labels[1] == "open" and "open (probe, fault on)" in labels and labels[-1] == "healthy"
+    assert all(r.status == "ok" for r in rows[1:]), format_rows(rows)

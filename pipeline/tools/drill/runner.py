@@ -84,6 +84,8 @@ def plan_drill(kind: str, channel: str, policy: PolicyConfig, *, duration_s: flo
     steps = tuple(expected_steps(k, policy, int(dur * 1000)))
     dry = compare(steps, [], 0, int(dur * 1000))
     last_ms = max(r.expected_ms or 0 for r in dry) + max(s.tolerance_ms for s in steps)
+    if any(s.cycle for s in steps):  # probe cycles while the fault runs push the recovery back by up to the fault
+        last_ms += int(dur * 1000)
     total_ms = (DRILL_WARMUP_S + TAIL_S) * 1000 + max(last_ms, int(dur * 1000))
     if fault_start_ms is not None:
         start = fault_start_ms - DRILL_WARMUP_S * 1000

@@ -10,11 +10,16 @@ shift every later difference). How the delays follow from
 * ``errors`` (every request fails): ``open`` due at the fault start; the
   consecutive-failure run pre-trips within half a second of its fifth
   failure and the error-rate test runs every round, so it is a bound
-  (``by``) of one evaluation round. Then ``half_open`` at +``open_cooldown_ms``
-  (back to ``open`` at once while the fault still runs), ``recovering`` at
+  (``by``) of one evaluation round. Then ``half_open`` at +``open_cooldown_ms``;
+  while the fault still runs its probe fails and the channel opens again
+  within a round, after which ``half_open`` is due once more (how many
+  times depends on when the first ``open`` came, so :func:`compare`
+  expands this cycle from the verdicts). Then ``recovering`` at
   +``half_open_observe_ms`` (weight ``ramp_small_step``), each ramp step at
   +``ramp_interval_ms`` (+``ramp_small_step`` below ``ramp_small_until``,
-  then +``ramp_large_step``), ``healthy`` at weight 1.
+  then +``ramp_large_step``), ``healthy`` at weight 1. ``quota_drain``:
+  ``degraded`` (``quota``) by its scenario bound, ``open`` by the 429 wall
+  (earlier 429s may open it sooner), then the same cycle and recovery.
 * soft kinds (``degraded``): detection is a bound: the fault's ramp
   (:data:`~.kinds.RAMP_S`) plus the time the 5 min window (``window_ms``)
   needs to hold enough faulty samples to cross the line — 5 % of the window
@@ -65,6 +70,9 @@ class Step:
     bound: bool
     tolerance_ms: int
     rule: str
+    #: A ``half_open`` that may repeat: while the fault still runs, the probe fails and the channel
+    #: opens again (within a round); :func:`compare` then expects this step once more.
+    cycle: bool = False
 
     @property
     def label(self) -> str:
@@ -97,7 +105,7 @@ class Row:
     expected_ms: int | None
     actual_ms: int | None
     diff_ms: int | None
-    tolerance_ms: int
+    tolerance_ms: int | None
     status: str
     rule: str
     #: The expected time is a latest time (``<=``), not an exact one.
@@ -117,6 +125,11 @@ def ramp_weights(policy: PolicyConfig) -> list[float]:
         out.append(w)
 
 
+def _half_open(policy: PolicyConfig) -> Step:
+    return Step("half_open", None, None, "previous", policy.open_cooldown_ms, False, policy.eval_interval_ms,
+                "cooldown (open_cooldown_ms)", cycle=True)
+
+
 def _recovery_steps(policy: PolicyConfig, tol: int) -> list[Step]:
     steps = [Step("recovering", policy.ramp_small_step, None, "previous", policy.half_open_observe_ms, False, tol,
                   "half-open observation (half_open_observe_ms)")]
@@ -134,26 +147,16 @@ def expected_steps(kind: DrillKind, policy: PolicyConfig, duration_ms: int) -> l
     if duration_ms <= 0:
         raise ValueError(f"drill duration must be > 0 ms, got {duration_ms}")
     rnd = policy.eval_interval_ms
-    if kind.state == "open" and kind.name == "errors":
-        steps = [Step("open", None, None, "fault_start", rnd, True, rnd,
-                      "failure run pre-trips at once; error-rate test each round (eval_interval_ms)")]
-        t = 0  # expected time of the last open, from the fault start
-        while t + policy.open_cooldown_ms < duration_ms:  # the probe starts while the fault still runs
-            steps.append(Step("half_open", None, None, "previous", policy.open_cooldown_ms, False, rnd,
-                              "cooldown (open_cooldown_ms)"))
-            steps.append(Step("open", None, None, "previous", 0, True, rnd, "probe failure run while faulted"))
-            t += policy.open_cooldown_ms
-        steps.append(Step("half_open", None, None, "previous", policy.open_cooldown_ms, False, rnd,
-                          "cooldown (open_cooldown_ms)"))
-        return steps + _recovery_steps(policy, rnd)
+    if kind.name == "errors":
+        first = Step("open", None, None, "fault_start", rnd, True, rnd,
+                     "failure run pre-trips at once; error-rate test each round (eval_interval_ms)")
+        return [first, _half_open(policy)] + _recovery_steps(policy, rnd)
     detect = _detection_bound_ms(kind, policy)
     steps = [Step(kind.state, None, kind.reason, "fault_start", detect, True, rnd, _detection_rule(kind))]
-    if kind.name == "quota_drain":  # the 429 wall at 4/5 of the window (kinds.drill_fault)
+    if kind.name == "quota_drain":  # the 429 wall at 4/5 of the window (kinds.drill_fault); 429s may open it sooner
         steps.append(Step("open", None, None, "fault_start", int(0.8 * duration_ms) + rnd, True, rnd,
                           "429 wall at the end of the drain (error-rate test within a round)"))
-        steps.append(Step("half_open", None, None, "previous", policy.open_cooldown_ms, False, rnd,
-                          "cooldown (open_cooldown_ms)"))
-        return steps
+        return steps + [_half_open(policy)] + _recovery_steps(policy, rnd)
     rounds = math.ceil((1.0 - policy.degraded_floor_weight) / policy.degraded_recovery_step - _EPS)
     back = policy.window_ms + (rounds + 1) * rnd
     steps.append(Step("healthy", None, None, "fault_end", back, True, rnd,
@@ -238,7 +241,10 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
     used: set[int] = set()
     pos = 0
     prev_ms: int | None = None  # the previous step: actual time, else its expected time
-    for step in steps:
+    k = 0
+    while k < len(steps):
+        step = steps[k]
+        k += 1
         anchor = {"fault_start": fault_start_ms, "fault_end": fault_end_ms}.get(step.anchor)
         if anchor is None:
             anchor = prev_ms if prev_ms is not None else fault_start_ms
@@ -253,21 +259,34 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
         used.add(hit)
         pos = hit + 1
         t = actual[hit].ts_ms
-        diff = t - due
-        if step.bound:
-            status = "ok" if diff <= step.tolerance_ms else "late"
-        else:
-            status = "ok" if abs(diff) <= step.tolerance_ms else ("late" if diff > 0 else "early")
-        rows.append(Row(step.label, due - fault_start_ms, t - fault_start_ms, diff, step.tolerance_ms, status,
-                        step.rule, step.bound))
+        rows.append(_row(step.label, due, t, step, fault_start_ms))
         prev_ms = t
+        nxt = hit + 1
+        if (step.cycle and nxt < len(actual) and actual[nxt].state == "open"
+                and actual[nxt].ts_ms <= fault_end_ms + step.tolerance_ms):
+            # the probe ran into the fault: open again at once, then this half_open once more
+            reopen = Step("open", None, None, "previous", 0, True, step.tolerance_ms, "probe failed: fault still on")
+            used.add(nxt)
+            pos = nxt + 1
+            rows.append(_row("open (probe, fault on)", t, actual[nxt].ts_ms, reopen, fault_start_ms))
+            prev_ms = actual[nxt].ts_ms
+            k -= 1
     for i, tr in enumerate(actual):
         if i not in used:
             label = f"{tr.state} {tr.weight:.2f}" if tr.state == "recovering" else tr.state
             if tr.reasons:
                 label += f" ({','.join(tr.reasons)})"
-            rows.append(Row(label, None, tr.ts_ms - fault_start_ms, None, 0, "unexpected", "not in the timeline"))
+            rows.append(Row(label, None, tr.ts_ms - fault_start_ms, None, None, "unexpected", "not in the timeline"))
     return rows
+
+
+def _row(label: str, due: int, t: int, step: Step, fault_start_ms: int) -> Row:
+    diff = t - due
+    if step.bound:
+        status = "ok" if diff <= step.tolerance_ms else "late"
+    else:
+        status = "ok" if abs(diff) <= step.tolerance_ms else ("late" if diff > 0 else "early")
+    return Row(label, due - fault_start_ms, t - fault_start_ms, diff, step.tolerance_ms, status, step.rule, step.bound)
 
 
 def passed(rows: Sequence[Row]) -> bool:
