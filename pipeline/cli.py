@@ -449,6 +449,8 @@ from pipeline.cli_watch import watch as _watch  # noqa: E402  (issue #20: the op
 app.command("watch")(_watch)
 from pipeline.cli_report import report as _report  # noqa: E402  (issue #21: the HTML report)
 app.command("report")(_report)
+from pipeline.cli_drill import drill as _drill  # noqa: E402  (issue #22: drills)
+app.command("drill")(_drill)
 use_plain_help(app)
 
 
