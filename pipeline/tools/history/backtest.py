@@ -30,9 +30,12 @@ middle of a round counts in the round it happened in).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
 
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
@@ -51,13 +54,18 @@ READ_CHUNK_MS = 3_600_000
 BATCH_EVENTS = 5_000
 
 # Column order = RequestEvent's positional field order up to quota_remaining (see pipeline.contracts).
+# Read in the table's sorting-key order (ClickHouse reads it in order, 2-3x faster than ORDER BY ts), then
+# merged by event time with a stable sort: deterministic (channel, event_id order within one millisecond).
 _EVENT_SQL = (
-    "SELECT event_id, toUnixTimestamp64Milli(ts), channel, route, status, latency_ms, gateway_id, trace_id,"
-    " tier, http_status, error_type, ttft_ms, max_stream_gap_ms, input_tokens, output_tokens, cost_usd,"
+    "SELECT event_id, toUnixTimestamp64Milli(ts), channel, route, status, latency_ms, NULL, NULL,"
+    " tier, NULL, NULL, ttft_ms, max_stream_gap_ms, input_tokens, output_tokens, cost_usd,"
     f" quota_remaining, parse_ok, missing_fields FROM {DATABASE}.request_events FINAL"
     " WHERE ts >= fromUnixTimestamp64Milli({{f:Int64}}, 'UTC') AND ts < fromUnixTimestamp64Milli({{t:Int64}}, 'UTC')"
-    " {channels} ORDER BY ts, channel, event_id"
+    " {channels} ORDER BY channel, ts, event_id"
 )
+#: Stored columns not read (NULL above): identification and detail fields no detector reads (SPEC §4);
+#: skipping them saves about a fifth of the read time.
+NOT_READ: tuple[str, ...] = ("gateway_id", "trace_id", "http_status", "error_type")
 _NOT_CHECKED: tuple[None, None] = (None, None)
 
 
@@ -100,6 +108,7 @@ def read_events(client: Any, from_ms: int, to_ms: int, channels: Sequence[str] |
     ``FINAL`` (one row per ``event_id``). The structure check stored with an
     event (``parse_ok``, ``missing_fields``) comes back as the engine's
     ``structure`` tuple, so answers are judged exactly as the worker judged them.
+    The columns in :data:`NOT_READ` come back as None.
     """
     where = "AND channel IN {ch:Array(String)}" if channels else ""
     sql = _EVENT_SQL.format(channels=where)
@@ -113,9 +122,13 @@ def read_events(client: Any, from_ms: int, to_ms: int, channels: Sequence[str] |
         start = end
         if not cols or not cols[0]:
             continue
-        parse_ok, missing = cols[17], cols[18]
         events = list(map(RequestEvent, *cols[:17]))
-        structure = [_NOT_CHECKED if p is None else (bool(p), list(m)) for p, m in zip(parse_ok, missing)]
+        structure = [_NOT_CHECKED if p is None else (bool(p), list(m)) for p, m in zip(cols[17], cols[18])]
+        ts = np.asarray(cols[1], dtype=np.int64)
+        if ts.size > 1 and (ts[1:] < ts[:-1]).any():
+            order = np.argsort(ts, kind="stable").tolist()
+            events = [events[i] for i in order]
+            structure = [structure[i] for i in order]
         yield ChannelEvents(events, structure)
 
 
@@ -156,13 +169,30 @@ def recorded_timelines(client: Any, from_ms: int, to_ms: int,
     return dict(out)
 
 
+def prefetched(chunks: Iterator[ChannelEvents]) -> Iterator[ChannelEvents]:
+    """Yield ``chunks`` while the next one is read in a background thread (reading overlaps the replay).
+
+    Only that thread advances ``chunks``; its exceptions are raised here.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backtest-read") as pool:
+        pending = pool.submit(next, chunks, None)
+        while (item := pending.result()) is not None:
+            pending = pool.submit(next, chunks, None)
+            yield item
+
+
 @dataclass
 class ReplayResult:
-    """Replayed timelines on ``[from_ms, to_ms)`` and what the replay cost."""
+    """Replayed timelines on ``[from_ms, to_ms)`` and what the replay cost.
+
+    ``seconds``: wall clock; ``cpu_seconds``: CPU time of this process (all
+    threads, chDB's included), which a busy shared machine does not inflate.
+    """
 
     timelines: dict[str, Timeline]
     events: int
     seconds: float
+    cpu_seconds: float = 0.0
 
     @property
     def events_per_s(self) -> float:
@@ -181,7 +211,7 @@ def replay_chunks(chunks: Iterable[ChannelEvents], policy: PolicyConfig, from_ms
     engine = Engine(policy)
     out: dict[str, Timeline] = defaultdict(Timeline)
     n = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for chunk in chunks:
         ev, st = chunk.events, chunk.structure
         for i in range(0, len(ev), batch_events):
@@ -195,7 +225,7 @@ def replay_chunks(chunks: Iterable[ChannelEvents], policy: PolicyConfig, from_ms
     for v in engine.advance(to_ms - 1):
         if from_ms <= v.ts_ms < to_ms:
             out[v.channel].points.append((v.ts_ms, v.state))
-    return ReplayResult(dict(out), n, time.perf_counter() - t0)
+    return ReplayResult(dict(out), n, time.perf_counter() - t0, time.process_time() - c0)
 
 
 def transitions(channel: str, timeline: Timeline, step_ms: int) -> list[Transition]:
@@ -307,8 +337,9 @@ def run_backtest(client: Any, policy: PolicyConfig, from_ms: int, to_ms: int,
 
     ``warmup_ms``: replayed before ``from_ms`` and not compared (default: the
     policy's ``baseline_window_ms``); the replay never starts before the
-    first stored event. The report adds ``events``, ``replay_s``,
-    ``events_per_s``, ``replay_from_ms``.
+    first stored event. Reading overlaps the replay (:func:`prefetched`).
+    The report adds ``events``, ``replay_s``, ``replay_cpu_s``,
+    ``events_per_s`` (wall clock), ``replay_from_ms``.
 
     Raises :class:`BacktestError` when ``from_ms >= to_ms`` or no event is
     stored in the span (the message says where it looked).
@@ -322,11 +353,11 @@ def run_backtest(client: Any, policy: PolicyConfig, from_ms: int, to_ms: int,
                             "check --from/--to and CHANNEL_HEALTH_CLICKHOUSE_URL")
     warm = policy.baseline_window_ms if warmup_ms is None else warmup_ms
     start = max(span[0], from_ms - warm)
-    result = replay_chunks(read_events(client, start, to_ms, channels), policy, from_ms, to_ms)
+    result = replay_chunks(prefetched(read_events(client, start, to_ms, channels)), policy, from_ms, to_ms)
     recorded = recorded_timelines(client, from_ms, to_ms, channels)
     incidents = [i for i in list_incidents(client, from_ms, to_ms, channels)]
     report = compare(recorded, result.timelines, incidents, from_ms, to_ms, policy.eval_interval_ms,
                      grace_ms=policy.window_ms)
-    report.update(events=result.events, replay_s=round(result.seconds, 3),
+    report.update(events=result.events, replay_s=round(result.seconds, 3), replay_cpu_s=round(result.cpu_seconds, 3),
                   events_per_s=round(result.events_per_s), replay_from_ms=start)
     return report
