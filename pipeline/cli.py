@@ -443,6 +443,8 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
 
 from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
 app.command("alert")(_alert)
+from pipeline.cli_history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
+_register_history(app)
 use_plain_help(app)
 
 
