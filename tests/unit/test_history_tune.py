@@ -100,3 +100,10 @@ def test_bounds_values_and_policy_text() -> None:
         "[tier.free]\nerror_rate_trip = 0.004\n\n[tier.paid]\nerror_rate_trip = 0.004\n")
     doc = tomllib.loads(policy_toml({"channel": {"x/y@free": {"consecutive_failures": 3}}}, {}, ["paid"]))
     assert doc == {"channel": {"x/y@free": {"consecutive_failures": 3}}}
+
+
+def test_example_bounds_file_loads() -> None:
+    bounds, max_eval = load_bounds(Path(__file__).resolve().parents[2] / "infra" / "tune-bounds.example.toml")
+    assert [b.path for b in bounds] == ["tier.*.latency_ratio_trip", "tier.paid.error_rate_trip",
+                                        "tier.free.error_rate_trip", "tier.*.consecutive_failures"]
+    assert bounds[3].values == (3, 4, 5, 6, 7) and max_eval == 200
