@@ -29,17 +29,28 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _client(create: bool = True) -> Any:
-    """The configured ClickHouse client with the schema applied (exit 2 with the reason otherwise)."""
+    """The configured ClickHouse client (exit 2 with the reason otherwise).
+
+    No DDL is applied: the reading commands work for read-only users; ``incident mark`` creates its own
+    table (:func:`pipeline.tools.history.incidents.mark_incident`).
+    """
     from pipeline.storage.client import open_client
     from pipeline.storage.errors import StorageError
-    from pipeline.storage.schema import apply_ddl
 
     try:
-        client = open_client(load_settings(), create_database=create)
-        apply_ddl(client)
-        return client
+        return open_client(load_settings(), create_database=create)
     except (ConfigError, StorageError) as exc:
         _fail(f"storage: {exc}")
+
+
+def _storage_failed(exc: Exception) -> None:
+    """Exit 1 with a driver error's message (no traceback), and where to point when a table is missing."""
+    from pipeline.storage.client import POINT_AT_DATA
+
+    message = f"query failed: {type(exc).__name__}: {exc}"
+    if "UNKNOWN_TABLE" in message or "Unknown table" in message or "UNKNOWN_DATABASE" in message:
+        message += f"\n(no channel-health tables there; {POINT_AT_DATA})"
+    _fail(message, 1)
 
 
 def _span(from_: str, to: str) -> tuple[int, int]:
@@ -111,6 +122,8 @@ def backtest(
         report = run_backtest(client, candidate, start, end, _channels(channels) or None, warm)
     except (BacktestError, StorageError) as exc:
         _fail(f"backtest: {exc}")
+    except Exception as exc:  # driver errors have no common base across backends
+        _storage_failed(exc)
     _print_backtest(report)
     if as_json:
         typer.echo(json.dumps(report, sort_keys=True))
@@ -178,6 +191,8 @@ def tune(
         _fail(f"tune: {exc}")
     except (TuneError, StorageError) as exc:
         _fail(f"tune: {exc}")
+    except Exception as exc:  # driver errors have no common base across backends
+        _storage_failed(exc)
     _print_tune(report)
     typer.echo("# proposed policy.toml (not applied):")
     typer.echo(report["policy_toml"])
@@ -222,7 +237,11 @@ def incident_mark(
         validate(channel, start, end, kind, "manual")  # before opening storage
     except IncidentError as exc:
         _fail(f"incident: {exc}")
-    inc = mark_incident(_client(), channel, start, end, kind, source="manual", note=note, route=route)
+    client = _client()
+    try:
+        inc = mark_incident(client, channel, start, end, kind, source="manual", note=note, route=route)
+    except Exception as exc:  # driver errors have no common base across backends
+        _storage_failed(exc)
     typer.echo(f"marked {inc.kind} {inc.incident_id} on {inc.channel}")
 
 
@@ -244,7 +263,11 @@ def incident_list(
 
     start = _span(from_, "now")[0] if from_ else None
     end = _span("now", to)[1] if to else None
-    rows = list_incidents(_client(create=False), start, end, _channels(channels) or None, kind or None)
+    client = _client(create=False)
+    try:
+        rows = list_incidents(client, start, end, _channels(channels) or None, kind or None)
+    except Exception as exc:  # driver errors have no common base across backends
+        _storage_failed(exc)
     if as_json:
         for i in rows:
             typer.echo(json.dumps(i.__dict__, sort_keys=True))

@@ -70,3 +70,23 @@ def test_tune_refuses_without_labels(env, tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["tune", "--from", str(T0), "--to", str(T0 + 2 * H), "--bounds", str(bounds)])
     assert r.exit_code == 2
     assert "no labelled incident" in r.output
+
+
+def test_empty_database_is_a_clear_error_not_a_traceback(tmp_path: Path, monkeypatch) -> None:
+    from pipeline.config import Settings
+    from pipeline.storage.client import close_clients, open_client
+
+    url = f"chdb://{tmp_path / 'empty'}"
+    close_clients()
+    monkeypatch.setenv("CHANNEL_HEALTH_CLICKHOUSE_URL", url)
+    r = CliRunner().invoke(app, ["incident", "list"])
+    assert r.exit_code == 2 and "no chDB data directory" in r.output  # a reader creates nothing
+    open_client(Settings(kafka_bootstrap=None, clickhouse_url=url))  # the database, but no tables
+    try:
+        r = CliRunner().invoke(app, ["incident", "list"])
+        assert r.exit_code == 0 and "(0 rows)" in r.output  # no table yet: nothing marked
+        r = CliRunner().invoke(app, ["backtest", "--from", str(T0), "--to", str(T0 + H)])
+        assert r.exit_code == 1
+        assert "no channel-health tables there" in r.output
+    finally:
+        close_clients()

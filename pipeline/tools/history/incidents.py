@@ -140,10 +140,11 @@ def list_incidents(
     """Incidents and clean periods overlapping ``[from_ms, to_ms)``, ordered by start, channel.
 
     ``None`` bounds are open; ``channels`` / ``kinds`` filter when given. Rows
-    are read with ``FINAL`` (deduplicated). Creates the table if missing (an
-    empty list then).
+    are read with ``FINAL`` (deduplicated). A missing table reads as empty
+    (nothing is created: read-only users can list).
     """
-    ensure_table(client)
+    if not int(client.command(f"EXISTS TABLE {INCIDENTS_TABLE}")):
+        return []
     where, params = ["1"], {}
     if from_ms is not None:
         where.append("to_ts > fromUnixTimestamp64Milli({f:Int64}, 'UTC')")
