@@ -1,5 +1,6 @@
 """Backtest acceptance (issue #22 item 1): a stored scenario replays to the recorded verdicts exactly,
-and a stricter policy shows its extra transitions. Small: 3 h of two paid channels at 2 req/s (43 k events)."""
+and a stricter policy shows its extra transitions. Small: 3 h of two paid channels at 2 req/s (43 k events)
+with stored quality scores (a 20 min quality drop on b), a sub-threshold latency rise and an error burst."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pytest
 
 from pipeline.config import Settings
@@ -23,6 +25,20 @@ SOFT = Fault("b", T0 + 2 * H, T0 + 2 * H + 1_200_000, latency_factor=1.5)
 HARD = Fault("b", T0 + 2 * H + 2_400_000, T0 + 2 * H + 3_000_000, error_rate=0.25)
 
 
+QUALITY_DROP = (T0 + H + 1_200_000, T0 + H + 2_400_000)  # b's answers get worse for 20 min
+
+
+def _quality_scores() -> list[tuple[str, int, float]]:
+    """One score per channel every 2 s (the default sampling), ~0.8; 0.45 on b during QUALITY_DROP."""
+    rng = np.random.default_rng(11)
+    out = []
+    for c in ("a", "b"):
+        for t in range(T0 + 1_000, END, 2_000):
+            low = c == "b" and QUALITY_DROP[0] <= t < QUALITY_DROP[1]
+            out.append((c, t, float(np.clip(rng.normal(0.45 if low else 0.8, 0.08), 0.0, 1.0))))
+    return out
+
+
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory) -> Iterator[object]:
     """chDB holding what a worker with the default policy stored for the scenario."""
@@ -34,8 +50,9 @@ def stored(tmp_path_factory) -> Iterator[object]:
     client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{path}"))
     apply_ddl(client)
     events = synthetic_events(["a", "b"], T0, END, 2.0, faults=[SOFT, HARD], seed=3)
-    verdicts = record(client, events)
+    verdicts = record(client, events, quality=_quality_scores())
     assert any(v.state == "open" for v in verdicts)  # the error fault trips the default policy
+    assert any("quality" in v.reasons for v in verdicts if v.channel == "b")  # the quality drop degrades b
     mark_incident(client, "b", HARD.from_ms, HARD.to_ms, "errors", source="manual")
     mark_incident(client, "a", T0 + H, END, "clean")
     yield client

@@ -17,9 +17,10 @@ when it starts where the recording's worker started (a warm-up that covers
 the first stored event) or once the state has converged (a warm-up longer
 than the baseline window and any incident open at its start).
 
-Not replayed: quality scores (the worker's quality agent scores sampled
-answers asynchronously; a verdict's ``quality`` reason cannot be reproduced
-from the stored events alone), and operator overrides.
+Quality scores (SPEC §4.5) are replayed from ``quality_scores`` at their
+events' time (:func:`feed`); the worker's quality agent scores
+asynchronously, so a recorded ``quality`` transition can differ by a round.
+Not replayed: operator overrides.
 
 Transitions: a verdict whose state differs from the channel's previous
 state. Matching (``transitions_matching``): same channel, same new state,
@@ -66,6 +67,11 @@ _EVENT_SQL = (
 #: Stored columns not read (NULL above): identification and detail fields no detector reads (SPEC §4);
 #: skipping them saves about a fifth of the read time.
 NOT_READ: tuple[str, ...] = ("gateway_id", "trace_id", "http_status", "error_type")
+_SCORES_SQL = (
+    f"SELECT channel, toUnixTimestamp64Milli(ts), score, model_version FROM {DATABASE}.quality_scores FINAL"
+    " WHERE ts >= fromUnixTimestamp64Milli({{f:Int64}}, 'UTC') AND ts < fromUnixTimestamp64Milli({{t:Int64}}, 'UTC')"
+    " {channels} ORDER BY channel, ts, event_id, model_version"
+)
 _NOT_CHECKED: tuple[None, None] = (None, None)
 
 
@@ -93,11 +99,23 @@ class Timeline:
 
 
 @dataclass
+class QualityScores:
+    """Stored quality scores (SPEC §4.5) in event-time order: channel, event time (ms), P(good), model version."""
+
+    channels: list[str]
+    ts_ms: np.ndarray
+    scores: np.ndarray
+    versions: list[str]
+
+
+@dataclass
 class ChannelEvents:
-    """Stored events of a span in event-time order with their ``(parse_ok, missing_fields)`` structure."""
+    """Stored events of a span in event-time order with their ``(parse_ok, missing_fields)`` structure,
+    and the quality scores of the same span (None: not read)."""
 
     events: list[RequestEvent]
     structure: list[tuple[bool | None, list[str] | None]]
+    quality: QualityScores | None = None
 
 
 def read_events(client: Any, from_ms: int, to_ms: int, channels: Sequence[str] | None = None,
@@ -108,10 +126,12 @@ def read_events(client: Any, from_ms: int, to_ms: int, channels: Sequence[str] |
     ``FINAL`` (one row per ``event_id``). The structure check stored with an
     event (``parse_ok``, ``missing_fields``) comes back as the engine's
     ``structure`` tuple, so answers are judged exactly as the worker judged them.
-    The columns in :data:`NOT_READ` come back as None.
+    The columns in :data:`NOT_READ` come back as None. Each chunk carries
+    the stored quality scores of its span (``quality``; None when there are none).
     """
     where = "AND channel IN {ch:Array(String)}" if channels else ""
     sql = _EVENT_SQL.format(channels=where)
+    score_sql = _SCORES_SQL.format(channels=where)
     start = from_ms
     while start < to_ms:
         end = min(to_ms, start + chunk_ms)
@@ -129,7 +149,56 @@ def read_events(client: Any, from_ms: int, to_ms: int, channels: Sequence[str] |
             order = np.argsort(ts, kind="stable").tolist()
             events = [events[i] for i in order]
             structure = [structure[i] for i in order]
-        yield ChannelEvents(events, structure)
+        yield ChannelEvents(events, structure, _scores(client.query(score_sql, parameters=params).result_columns))
+
+
+def _scores(cols: Sequence[Sequence[Any]]) -> QualityScores | None:
+    if not cols or not cols[0]:
+        return None
+    ts = np.asarray(cols[1], dtype=np.int64)
+    order = np.argsort(ts, kind="stable")
+    pick = order.tolist()
+    return QualityScores([cols[0][i] for i in pick], ts[order], np.asarray(cols[2], dtype=np.float64)[order],
+                         [cols[3][i] for i in pick])
+
+
+def feed(engine: Engine, chunk: ChannelEvents, batch_events: int = BATCH_EVENTS) -> Iterator[Any]:
+    """Process one chunk (event-time order); yield each :class:`~pipeline.engine.BatchResult`.
+
+    With quality scores, batches are cut at every evaluation boundary and a
+    round's scores (event time before the boundary) are added after its
+    events, as :func:`pipeline.engine_replay.replay` does with a scorer: each
+    round sees the scores of all events before it. The live worker scores
+    asynchronously, so a recorded ``quality`` verdict may come a round later
+    than the replayed one.
+    """
+    ev, st, q = chunk.events, chunk.structure, chunk.quality
+    if q is None:
+        for i in range(0, len(ev), batch_events):
+            yield engine.process(ev[i:i + batch_events], st[i:i + batch_events])
+        return
+    step = engine.policy.eval_interval_ms
+    bucket = np.fromiter((e.ts_ms for e in ev), np.int64, len(ev)) // step
+    cuts = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), len(ev)]
+    j = 0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        for i in range(a, b, batch_events):
+            yield engine.process(ev[i:min(b, i + batch_events)], st[i:min(b, i + batch_events)])
+        k = int(np.searchsorted(q.ts_ms, (int(bucket[a]) + 1) * step, "left"))
+        _add_scores(engine, q, j, k)
+        j = k
+    _add_scores(engine, q, j, len(q.channels))
+
+
+def _add_scores(engine: Engine, q: QualityScores, j: int, k: int) -> None:
+    """Scores ``j:k`` of ``q`` into the engine, one call per run of the same model version."""
+    while j < k:
+        v = q.versions[j]
+        e = j + 1
+        while e < k and q.versions[e] == v:
+            e += 1
+        engine.add_quality_scores(q.channels[j:e], q.ts_ms[j:e], q.scores[j:e], v)
+        j = e
 
 
 def stored_span(client: Any, channels: Sequence[str] | None = None) -> tuple[int, int] | None:
@@ -213,14 +282,13 @@ def replay_chunks(chunks: Iterable[ChannelEvents], policy: PolicyConfig, from_ms
     n = 0
     t0, c0 = time.perf_counter(), time.process_time()
     for chunk in chunks:
-        ev, st = chunk.events, chunk.structure
-        for i in range(0, len(ev), batch_events):
-            for v in engine.process(ev[i:i + batch_events], st[i:i + batch_events]).verdicts:
+        for result in feed(engine, chunk, batch_events):
+            for v in result.verdicts:
                 if v.ts_ms < from_ms:
                     out[v.channel].start_state = v.state
                 elif v.ts_ms < to_ms:
                     out[v.channel].points.append((v.ts_ms, v.state))
-        n += len(ev)
+        n += len(chunk.events)
     # Rounds due up to the end of the window (channels whose last events came earlier).
     for v in engine.advance(to_ms - 1):
         if from_ms <= v.ts_ms < to_ms:

@@ -68,21 +68,38 @@ def synthetic_events(channels: Sequence[str], start_ms: int, end_ms: int, rate_p
 
 
 def record(client: Any, events: Sequence[RequestEvent], policy: PolicyConfig | None = None,
-           batch_size: int = 500, flush_every: int = 200_000) -> list[Verdict]:
+           batch_size: int = 500, flush_every: int = 200_000,
+           quality: Sequence[tuple[str, int, float]] = ()) -> list[Verdict]:
     """Run ``events`` (event-time order) through a fresh engine and store events + verdicts like the worker.
 
-    Writes through :class:`~pipeline.sinks.clickhouse.ClickHouseSink` into
-    ``request_events`` and ``channel_verdicts`` (schema must be applied).
+    ``quality``: ``(channel, ts_ms, score)`` quality scores (P(good) in
+    [0, 1], model version ``"synthetic"``), fed at their event time as
+    :func:`pipeline.tools.history.backtest.feed` does and stored in
+    ``quality_scores`` (as Float32, the column's type, so a replay reads the
+    very numbers the engine saw). Writes through
+    :class:`~pipeline.sinks.clickhouse.ClickHouseSink` into ``request_events``,
+    ``channel_verdicts`` and ``quality_scores`` (schema must be applied).
     Returns the verdicts. Raises the sink's errors when a write fails.
     """
-    from pipeline.sinks.clickhouse import ClickHouseSink
+    from pipeline.ingest.structure import resolve_structure
+    from pipeline.sinks.clickhouse import ClickHouseSink, quality_row
+    from pipeline.tools.history.backtest import ChannelEvents, QualityScores, feed
 
     engine = Engine(policy)
     sink = ClickHouseSink(client, max_rows=flush_every * 2)
+    q = sorted(quality, key=lambda x: x[1])
+    scores = QualityScores([c for c, _, _ in q], np.array([t for _, t, _ in q], dtype=np.int64),
+                           np.array([x for _, _, x in q], dtype=np.float32).astype(np.float64),
+                           ["synthetic"] * len(q)) if q else None
+    if scores is not None:
+        routes = {e.channel: e.route for e in events}
+        sink.add_quality_scores(quality_row(f"{c}-q{i}", t, c, routes.get(c, ""), x, "synthetic", None, None)
+                                for i, (c, t, x) in enumerate(zip(scores.channels, scores.ts_ms.tolist(),
+                                                                  scores.scores.tolist())))
+    chunk = ChannelEvents(list(events), [resolve_structure(e) for e in events], scores)
     verdicts: list[Verdict] = []
     pending = 0
-    for i in range(0, len(events), batch_size):
-        result = engine.process(events[i:i + batch_size])
+    for result in feed(engine, chunk, batch_size):
         sink.add_events((e, s[0], s[1]) for e, s in zip(result.accepted, result.structure))
         sink.add_verdicts(result.verdicts)
         verdicts.extend(result.verdicts)
