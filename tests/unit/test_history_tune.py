@@ -107,3 +107,22 @@ def test_example_bounds_file_loads() -> None:
     assert [b.path for b in bounds] == ["tier.*.latency_ratio_trip", "tier.paid.error_rate_trip",
                                         "tier.free.error_rate_trip", "tier.*.consecutive_failures"]
     assert bounds[3].values == (3, 4, 5, 6, 7) and max_eval == 200
+
+
+def test_coordinate_descent_when_the_grid_exceeds_the_budget(monkeypatch) -> None:
+    """A fake objective (no replay): clean verdicts below trip 1.3, a missed incident above run 3,
+    delay grows with both; 5 x 5 grid > budget 12, so coordinate descent from the current (1.8, 5)."""
+    from pipeline.policy.defaults import PolicyConfig
+    from pipeline.tools.history import tune as tune_mod
+
+    def fake(history, base_doc, tiers, values):
+        x, y = values["tier.*.latency_ratio_trip"], values["tier.*.consecutive_failures"]
+        return tune_mod.Evaluation(dict(values), delays_ms={"i": None if y > 3 else int(x * 100 + y)},
+                                   clean_verdicts={"c": 1 if x < 1.3 else 0})
+
+    monkeypatch.setattr(tune_mod, "evaluate", fake)
+    bounds = [tune_mod._bound("latency.trip_ratio", [1.1, 1.9, 0.2]), tune_mod._bound("failures.run", [1, 5, 1])]
+    best, current, count = tune_mod.search(None, bounds, {}, PolicyConfig(), max_evaluations=12)
+    assert best.values == {"tier.*.latency_ratio_trip": 1.3, "tier.*.consecutive_failures": 1}
+    assert best.feasible and not current.feasible  # (1.8, 5) misses the incident
+    assert count <= 12
