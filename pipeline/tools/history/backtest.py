@@ -414,16 +414,16 @@ def run_backtest(client: Any, policy: PolicyConfig, from_ms: int, to_ms: int,
     """
     if from_ms >= to_ms:
         raise BacktestError(f"--from must be before --to (got {from_ms} >= {to_ms} epoch ms)")
-    span = stored_span(client, channels)
-    if span is None or span[0] >= to_ms or span[1] < from_ms - (warmup_ms or 0):
-        which = f" for channels {', '.join(channels)}" if channels else ""
-        raise BacktestError(f"no stored request events{which} between {from_ms} and {to_ms} (epoch ms); "
-                            "check --from/--to and CHANNEL_HEALTH_CLICKHOUSE_URL")
     warm = policy.baseline_window_ms if warmup_ms is None else warmup_ms
+    span = stored_span(client, channels)
+    if span is None or span[0] >= to_ms or span[1] < from_ms - warm:
+        which = f" for channels {', '.join(channels)}" if channels else ""
+        raise BacktestError(f"no stored request events{which} between {from_ms - warm} and {to_ms} (epoch ms, "
+                            "warm-up included); check --from/--to and CHANNEL_HEALTH_CLICKHOUSE_URL")
     start = max(span[0], from_ms - warm)
     result = replay_chunks(prefetched(read_events(client, start, to_ms, channels)), policy, from_ms, to_ms)
     recorded = recorded_timelines(client, from_ms, to_ms, channels)
-    incidents = [i for i in list_incidents(client, from_ms, to_ms, channels)]
+    incidents = list_incidents(client, from_ms, to_ms, channels)
     report = compare(recorded, result.timelines, incidents, from_ms, to_ms, policy.eval_interval_ms,
                      grace_ms=policy.window_ms)
     report.update(events=result.events, replay_s=round(result.seconds, 3), replay_cpu_s=round(result.cpu_seconds, 3),
