@@ -451,6 +451,8 @@ from pipeline.cli_report import report as _report  # noqa: E402  (issue #21: the
 app.command("report")(_report)
 from pipeline.cli_drill import drill as _drill  # noqa: E402  (issue #22: drills)
 app.command("drill")(_drill)
+from pipeline.cli_history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
+_register_history(app)
 use_plain_help(app)
 
 
