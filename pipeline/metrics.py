@@ -151,6 +151,9 @@ class PipelineMetrics:
         (its ``events_in`` and ``counters.by_reason``), read at scrape time."""
         self.track("channel_health_events_in_total", "Request events decoded (duplicates included).",
                    lambda: None if (p := get_processor()) is None else p.events_in, kind="counter")
+        self.track("channel_health_duplicates_dropped_total", "Re-sent events dropped: their event_id was seen "
+                   "within the dedup horizon (stored and counted once).",
+                   lambda: None if (p := get_processor()) is None else p.duplicates, kind="counter")
         self.track("channel_health_dead_letters_total", "Inputs sent to the dead-letter topic, by reason.",
                    lambda: None if (p := get_processor()) is None else dict(p.counters.by_reason),
                    kind="counter", labels=("reason",))
