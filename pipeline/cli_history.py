@@ -94,6 +94,8 @@ def backtest(
     warmup: Optional[str] = typer.Option(None, "--warmup", help="Event time replayed before --from and not compared, "
                                          "e.g. 24h (default: the baseline window, 24 h; 0: none)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object on the last line."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Also write the report as one self-contained HTML file "
+                                        "(tables and recorded-vs-replayed state bands; no network)."),
 ) -> None:
     """Replay stored request events through the engine with a candidate policy and compare with the recorded
     verdicts.
@@ -105,7 +107,7 @@ def backtest(
     first detection of each labelled incident and non-healthy verdicts on clean periods (channel-health
     incident). With the policy the worker ran, every transition matches.
 
-    Example:  channel-health backtest --from -24h --to now --policy stricter.toml
+    Example:  channel-health backtest --from -24h --to now --policy stricter.toml --html backtest.html
     """
     from pipeline.policy.defaults import load_policy
     from pipeline.storage.errors import StorageError
@@ -119,12 +121,22 @@ def backtest(
         _fail(f"policy {policy}: {exc}")
     client = _client(create=False)
     try:
-        report = run_backtest(client, candidate, start, end, _channels(channels) or None, warm)
+        report = run_backtest(client, candidate, start, end, _channels(channels) or None, warm,
+                              keep_timelines=html is not None)
     except (BacktestError, StorageError) as exc:
         _fail(f"backtest: {exc}")
     except Exception as exc:  # driver errors have no common base across backends
         _storage_failed(exc)
     _print_backtest(report)
+    if html is not None:
+        from pipeline.tools.history.backtest_html import write_backtest_html
+
+        try:
+            path = write_backtest_html(report, html, policy, _channels(channels) or None)
+        except OSError as exc:
+            _fail(f"--html {html}: {exc}", 1)
+        typer.echo(f"HTML report: {path}")
+    report.pop("timelines", None)
     if as_json:
         typer.echo(json.dumps(report, sort_keys=True))
 

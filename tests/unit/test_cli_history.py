@@ -90,3 +90,18 @@ def test_empty_database_is_a_clear_error_not_a_traceback(tmp_path: Path, monkeyp
         assert "no channel-health tables there" in r.output
     finally:
         close_clients()
+
+
+def test_backtest_html_file(env, tmp_path: Path) -> None:
+    import re
+
+    out = tmp_path / "bt.html"
+    r = CliRunner().invoke(app, ["backtest", "--from", str(T0), "--to", str(T0 + 2 * H), "--html", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output.strip().splitlines()[-1])
+    assert "timelines" not in report
+    page = out.read_text(encoding="utf-8")
+    assert not re.search(r'(src|href)\s*=\s*["\']?https?://', page, re.I)
+    for key in ("transitions_recorded", "transitions_replayed", "transitions_matching"):
+        assert re.findall(rf'id="{key}">(\d+)<', page) == [str(report[key])]
+    assert "built-in default" in page and "no channel differs" in page

@@ -98,3 +98,68 @@ def test_bad_spans_are_clear_errors(stored) -> None:
         run_backtest(stored, PolicyConfig(), END, T0)
     with pytest.raises(BacktestError, match="no stored request events"):
         run_backtest(stored, PolicyConfig(), END + 48 * H, END + 49 * H)
+
+
+def _strict() -> PolicyConfig:
+    return dataclasses.replace(PolicyConfig(), tiers={"paid": dataclasses.replace(PAID_TIER, latency_ratio_trip=1.3),
+                                                      "free": PolicyConfig().tiers["free"]})
+
+
+def _cell(page: str, cell_id: str) -> int:
+    import re
+
+    (value,) = re.findall(rf'id="{cell_id}">(\d+)<', page)
+    return int(value)
+
+
+def test_html_view_is_self_contained_and_matches_the_json(stored, tmp_path: Path) -> None:
+    import json
+    import re
+
+    from pipeline.tools.history.backtest_html import write_backtest_html
+
+    report = run_backtest(stored, _strict(), T0, END, keep_timelines=True)
+    out = write_backtest_html(report, tmp_path / "out" / "bt.html", "strict.toml")
+    page = out.read_text(encoding="utf-8")
+    assert not re.search(r'(src|href)\s*=\s*["\']?https?://', page, re.I)
+    assert "<script" not in page.lower()
+    assert page.count("data:image/png;base64,") >= 1 and "<h3>b</h3>" in page  # b's band plot
+    report.pop("timelines")
+    parsed = json.loads(json.dumps(report, sort_keys=True))  # what --json prints
+    for key in ("transitions_recorded", "transitions_replayed", "transitions_matching"):
+        assert _cell(page, key) == parsed[key]
+    assert "strict.toml" in page and "2026-01-01T00:00:00.000+00:00" in page  # parameters: policy, span
+
+
+def test_html_view_lists_the_gained_transitions(stored) -> None:
+    from pipeline.tools.history.backtest_html import _dt, render_backtest_html
+    from pipeline.tools.report.html import fmt
+
+    report = run_backtest(stored, _strict(), T0, END, keep_timelines=True)
+    page = render_backtest_html(report)
+    gained = report["channels"]["b"]["gained"]
+    assert gained
+    changes = page.split('id="changes"', 1)[1].split("</table>", 1)[0]
+    assert changes.count("<td>gained</td>") == len(gained)
+    for ts, _, _ in gained:
+        assert f"<td>{fmt(_dt(ts))}</td><td>b</td><td>gained</td>" in changes
+    row = page.split('id="channels"', 1)[1].split("<td>b</td>", 1)[1].split("</tr>", 1)[0]
+    assert f'<td class="num">{len(gained)}</td>' in row
+
+
+def test_html_view_escapes_channel_names() -> None:
+    from pipeline.tools.history.backtest import Timeline
+    from pipeline.tools.history.backtest_html import render_backtest_html
+
+    evil = '<script>alert("x")</script>&'
+    report = {"from_ms": T0, "to_ms": T0 + H, "replay_from_ms": T0, "transitions_recorded": 0,
+              "transitions_replayed": 1, "transitions_matching": 0, "incidents": [], "clean_periods": [],
+              "channels": {evil: {"transitions_recorded": 0, "transitions_replayed": 1, "transitions_matching": 0,
+                                  "time_in_state_ms_recorded": {"healthy": H},
+                                  "time_in_state_ms_replayed": {"healthy": 60_000, "degraded": H - 60_000},
+                                  "gained": [[T0 + 60_000, "healthy", "degraded"]], "lost": []}},
+              "timelines": {"recorded": {}, "replayed": {evil: Timeline("healthy", [(T0 + 60_000, "degraded")])}}}
+    page = render_backtest_html(report, policy_file='<b>"p".toml')
+    assert "<script" not in page and "<b>" not in page
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;" in page
+    assert "data:image/png;base64," in page

@@ -400,14 +400,17 @@ def compare(recorded: dict[str, Timeline], replayed: dict[str, Timeline], incide
 
 
 def run_backtest(client: Any, policy: PolicyConfig, from_ms: int, to_ms: int,
-                 channels: Sequence[str] | None = None, warmup_ms: int | None = None) -> dict[str, Any]:
+                 channels: Sequence[str] | None = None, warmup_ms: int | None = None,
+                 keep_timelines: bool = False) -> dict[str, Any]:
     """Backtest ``policy`` on the stored data of ``[from_ms, to_ms)``; return :func:`compare`'s report.
 
     ``warmup_ms``: replayed before ``from_ms`` and not compared (default: the
     policy's ``baseline_window_ms``); the replay never starts before the
     first stored event. Reading overlaps the replay (:func:`prefetched`).
     The report adds ``events``, ``replay_s``, ``replay_cpu_s``,
-    ``events_per_s`` (wall clock), ``replay_from_ms``.
+    ``events_per_s`` (wall clock), ``replay_from_ms``; with ``keep_timelines``
+    also ``timelines``: ``{"recorded"|"replayed": {channel: Timeline}}`` (not
+    JSON-ready; the HTML view draws them, :mod:`.backtest_html`).
 
     Raises :class:`BacktestError` when ``from_ms >= to_ms`` or no event is
     stored in the span (the message says where it looked).
@@ -428,4 +431,6 @@ def run_backtest(client: Any, policy: PolicyConfig, from_ms: int, to_ms: int,
                      grace_ms=policy.window_ms)
     report.update(events=result.events, replay_s=round(result.seconds, 3), replay_cpu_s=round(result.cpu_seconds, 3),
                   events_per_s=round(result.events_per_s), replay_from_ms=start)
+    if keep_timelines:
+        report["timelines"] = {"recorded": recorded, "replayed": result.timelines}
     return report
