@@ -60,10 +60,18 @@ def _resolve_all(events: Sequence[RequestEvent]) -> tuple[list, np.ndarray, np.n
     Events come with ``parse_ok`` / ``missing_fields`` resolved by
     :func:`pipeline.ingest.structure.resolve_onto` (the decoder and
     :func:`pipeline.engine_replay.replay` call it): ``parse_ok`` None is "not
-    checked", True/False "checked"; no rule is applied here.
+    checked", True/False "checked"; no rule is applied here. Unchecked
+    events share one ``(None, None)`` (one C-level scan finds the others).
     """
-    structure = list(zip(map(_PARSE_OK, events), map(_MISSING, events)))
-    checked, missing = _structure_flags(structure)
+    n = len(events)
+    parse = list(map(_PARSE_OK, events))
+    checked = np.fromiter(map(is_not, parse, repeat(None)), bool, n)
+    missing = np.zeros(n, bool)
+    structure: list = [_NOT_CHECKED] * n
+    for i in np.flatnonzero(checked).tolist():
+        fields = events[i].missing_fields
+        structure[i] = (parse[i], fields)
+        missing[i] = parse[i] is False or bool(fields)
     return structure, checked, missing
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from itertools import compress, repeat
-from operator import attrgetter, is_not, or_
+from operator import attrgetter, ne
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import msgspec
@@ -230,9 +230,9 @@ def resolve_structure(event: RequestEvent) -> tuple[bool | None, list[str] | Non
     return None, None
 
 
-_MISSING = attrgetter("missing_fields")
-_PARSE_OK = attrgetter("parse_ok")
-_RESPONSE = attrgetter("response_text")
+#: The fields a structure verdict is resolved from; an event with none of them is not checked.
+_INPUTS = attrgetter("missing_fields", "parse_ok", "response_text")
+_NO_INPUTS = (None, None, None)
 
 
 def _as_sent(event: RequestEvent) -> tuple[bool | None, list[str] | None]:
@@ -266,11 +266,8 @@ def resolve_onto(events: Sequence[RequestEvent]) -> int:
     >>> resolve_onto([e]), e.parse_ok, e.missing_fields
     (1, None, None)
     """
-    def given(get: Any) -> Iterable[bool]:
-        return map(is_not, map(get, events), repeat(None))
-
     changed = 0
-    for e in compress(events, map(or_, map(or_, given(_MISSING), given(_PARSE_OK)), given(_RESPONSE))):
+    for e in compress(events, map(ne, map(_INPUTS, events), repeat(_NO_INPUTS))):  # one C-level scan
         resolved = resolve_structure(e)
         if resolved != _as_sent(e):
             changed += 1
