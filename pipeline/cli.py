@@ -17,11 +17,49 @@ from typing import Optional
 
 import typer
 
-from pipeline.cli_help import PlainHelpGroup, use_plain_help
+from pipeline.cli_help import PlainHelpCommand, PlainHelpGroup, use_plain_help
 from pipeline.config import ConfigError, load_settings, redact_secrets
 
+# Tools (pipeline.tools: demo, simulator, bench, broker, quality training) are imported only inside the
+# commands that run them, so `channel-health worker` never loads them (issue #15; tests/unit/test_import_graph.py).
+QUALITY_HELP = "The data team's loop for the quality model: train, evaluate, import-labels."
+
+
+class _AppGroup(PlainHelpGroup):
+    """The ``channel-health`` group: ``quality`` (:mod:`pipeline.tools.quality.cli`) is built only when named
+    or listed, so the worker's start imports no training code."""
+
+    def list_commands(self, ctx):  # noqa: D102 (click API)
+        return [*super().list_commands(ctx), "quality"]
+
+    def get_command(self, ctx, name):  # noqa: D102 (click API)
+        return _quality_group() if name == "quality" else super().get_command(ctx, name)
+
+
+def _quality_group():
+    """The ``quality`` sub-group as a click group, with the plain help classes."""
+    from pipeline.tools.quality.cli import app as quality_app
+
+    holder = typer.Typer()
+    holder.add_typer(quality_app, name="quality", help=QUALITY_HELP)
+    use_plain_help(holder)
+    return typer.main.get_group(holder).commands["quality"]
+
+
+class _ScenarioHelpCommand(PlainHelpCommand):
+    """``demo`` / ``simulate``: the scenario list (the epilog) is read from the simulator only when help shows."""
+
+    @property
+    def epilog(self):  # noqa: D102 (click API)
+        return _scenario_epilog()
+
+    @epilog.setter
+    def epilog(self, value) -> None:  # click's __init__ assigns None
+        pass
+
+
 app = typer.Typer(
-    cls=PlainHelpGroup,  # no `--help <bool>` / `{sql}` in help texts (issue #17)
+    cls=_AppGroup,  # no `--help <bool>` / `{sql}` in help texts (issue #17); `quality` built on use
     add_completion=False,
     no_args_is_help=True,
     # Docstrings are hard-wrapped paragraphs: markdown joins their lines and rewraps them to the terminal.
@@ -45,27 +83,27 @@ def _settings():
 
 
 def _scenario_names() -> list[str]:
-    from pipeline.simulate.scenarios import SCENARIOS
+    from pipeline.tools.simulate.scenarios import SCENARIOS
 
     return sorted(SCENARIOS)
 
 
 def scenario_lines() -> list[str]:
     """One line per scenario: its name padded to 28 characters, then ``SPEC §5.x: what happens``."""
-    from pipeline.simulate.scenarios import SCENARIOS, headline
+    from pipeline.tools.simulate.scenarios import SCENARIOS, headline
 
     return [f"{name:<28} {headline(name)}" for name in sorted(SCENARIOS)]
 
 
 def _scenario_epilog() -> str:
     """The scenario list for ``demo --help`` and ``simulate --help`` (markdown)."""
-    from pipeline.simulate.scenarios import SCENARIOS, headline
+    from pipeline.tools.simulate.scenarios import SCENARIOS, headline
 
     items = "\n".join(f"- `{name}`: {headline(name)}" for name in sorted(SCENARIOS))
     return f"**Scenarios** (`--scenario NAME`; also `channel-health simulate --list`):\n\n{items}"
 
 
-@app.command(epilog=_scenario_epilog())
+@app.command(cls=_ScenarioHelpCommand)
 def demo(
     scenario: str = typer.Option("gradual-degradation", help="Scenario to replay (listed below)."),
     data_dir: Optional[Path] = typer.Option(
@@ -80,8 +118,8 @@ def demo(
     Shows the verdict timeline live (channel, state, weight, reasons) and ends with where the data lives
     and one example SQL query with its result. Set CHANNEL_HEALTH_KAFKA_BOOTSTRAP to use your own Kafka.
     """
-    from pipeline.demo import run_demo
-    from pipeline.simulate.traces import DataNotFoundError
+    from pipeline.tools.demo import run_demo
+    from pipeline.tools.simulate.traces import DataNotFoundError
 
     if scenario not in _scenario_names():
         typer.secho(f"unknown scenario {scenario!r}; choose one of: {', '.join(_scenario_names())}", fg="red", err=True)
@@ -101,7 +139,7 @@ def broker(port: Optional[int] = typer.Option(None, help="Loopback port (default
 
     Data is lost when it stops: for development, demos and tests.
     """
-    from pipeline.embedded.broker import EmbeddedBroker
+    from pipeline.tools.embedded.broker import EmbeddedBroker
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # Python's default SIGTERM ends the process without finally blocks
@@ -169,7 +207,7 @@ def _utc_ms(text: str) -> int:
     return int(at.timestamp() * 1000)
 
 
-@app.command(epilog=_scenario_epilog())
+@app.command(cls=_ScenarioHelpCommand)
 def simulate(
     scenario: Optional[str] = typer.Option(None, help="Scenario name (SPEC §5; listed below)."),
     speed: float = typer.Option(0.0, help="Event-time speed-up (e.g. 720 = 24 h in 2 min); 0 = as fast as possible."),
@@ -187,8 +225,8 @@ def simulate(
     Event time ends at the current time, or starts at --start (a replay of a past day); with --speed the
     publisher paces itself by event time.
     """
-    from pipeline.simulate.scenarios import get_scenario
-    from pipeline.simulate.traces import DataNotFoundError, describe_data_source
+    from pipeline.tools.simulate.scenarios import get_scenario
+    from pipeline.tools.simulate.traces import DataNotFoundError, describe_data_source
 
     if list_scenarios:
         for line in scenario_lines():
@@ -310,13 +348,13 @@ def bench(
     full pipeline (validate → detectors → verdicts → ClickHouse) as the faust worker and as a plain aiokafka
     driver, each on 500-event envelopes and on single-event messages, with 1,000 channels holding full 24 h
     baselines; then 1 vs 2 workers, the verdict delay at half the batched rate, peak RSS, and the CPU per
-    event of each step. Prints events/s and the ratios; see README "Throughput".
+    event of each step. Prints events/s and the ratios; see docs/THROUGHPUT.md.
     """
-    from pipeline.bench import report
-    from pipeline.bench.run import BenchOptions, run_bench
+    from pipeline.tools.bench import report
+    from pipeline.tools.bench.run import BenchOptions, run_bench
 
     if quality:
-        from pipeline.bench.quality import run_quality, table
+        from pipeline.tools.bench.quality import run_quality, table
 
         result = run_quality(quality_texts, workdir)
         typer.echo(table(result))
@@ -345,6 +383,8 @@ def bench(
 topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown",
                          help="Create or verify every Kafka topic with its configuration (SPEC §8).")
 app.add_typer(topics_app, name="topics")
+from pipeline.cli_scorecard import scorecard as _scorecard  # noqa: E402  (issue #19: its own module)
+app.command("scorecard")(_scorecard)
 
 
 def _kafka_settings():
@@ -401,15 +441,8 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
         raise typer.Exit(1)
 
 
-def _mount_quality() -> None:
-    try:
-        from pipeline.quality.cli import app as quality_app
-    except ImportError:  # quality extras (torch, sentence-transformers) not installed
-        return
-    app.add_typer(quality_app, name="quality", help="The data team's loop for the quality model: train, evaluate, import-labels.")
-
-
-_mount_quality()
+from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
+app.command("alert")(_alert)
 use_plain_help(app)
 
 

@@ -50,6 +50,15 @@ Variables (SPEC §7):
     ``wall`` (default) or ``event``: replay mode (``worker --replay``), where
     the age bound runs from the newest event time the worker has accepted, so
     data from a year ago is processed on its own clock (SPEC §7).
+``CHANNEL_HEALTH_MAX_CHANNELS``
+    Channels one worker holds state for (default 20 000); events of further
+    new channels are dead-lettered ``too_many_channels`` (:class:`StateLimits`).
+``CHANNEL_HEALTH_EVICT_IDLE_S``
+    Event-time seconds without events after which a channel's windows leave
+    memory, kept as a compressed snapshot until it returns (default 3600).
+``CHANNEL_HEALTH_DEDUP_HORIZON_S`` / ``CHANNEL_HEALTH_DEDUP_MAX_IDS``
+    The ``event_id`` dedup horizon: event-time seconds (default 600) and ids
+    held (default 500 000); see :class:`StateLimits` and docs/RELIABILITY.md.
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -240,6 +249,38 @@ class QueryLimits:
 
 
 @dataclass(frozen=True)
+class StateLimits:
+    """Bounds of one worker's per-channel state and of its ``event_id`` dedup (SPEC §8).
+
+    ``max_channels`` >= 1: channels held (resident or evicted); a new channel
+    beyond it is refused (its events dead-lettered ``too_many_channels``).
+    ``evict_idle_ms`` >= 0: a channel without events for this long (event
+    time) is evicted: its windows leave memory, its state is kept as a
+    compressed snapshot and restored on its next event (0: never evict).
+    ``dedup_horizon_ms`` > 0 and ``dedup_max_ids`` >= 2: an ``event_id`` seen
+    again is dropped while its first copy is within the last
+    ``dedup_horizon_ms / 2`` of event time and the last ``dedup_max_ids / 2``
+    distinct ids (two generations, :class:`pipeline.ingest.dedup.EventIdDedup`);
+    memory ≈ 95 bytes per id held (≈ 48 MB at the default).
+
+    Defaults: 20 000 channels, 1 h idle, 10 min / 500 000 ids. Window memory
+    per channel (in-process RSS, docs/RELIABILITY.md): ≈ 16 KB with one
+    event, ≈ 54 KB busy with a 24 h baseline, ≈ 7-12 KB once evicted; size
+    ``max_channels`` to the worker's memory (20 000 busy channels ≈ 1.1 GB).
+    Raises ``ValueError`` for values outside these ranges.
+    """
+
+    max_channels: int = 20_000
+    evict_idle_ms: int = 3_600_000
+    dedup_horizon_ms: int = 600_000
+    dedup_max_ids: int = 500_000
+
+    def __post_init__(self) -> None:
+        if self.max_channels < 1 or self.evict_idle_ms < 0 or self.dedup_horizon_ms <= 0 or self.dedup_max_ids < 2:
+            raise ValueError(f"invalid state limits: {self!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     """All runtime settings, read once by :func:`load_settings`."""
 
@@ -269,6 +310,8 @@ class Settings:
     max_event_age_ms: int = 7 * 86_400_000
     #: ``"wall"``: the age bound runs from the wall clock; ``"event"`` (replay): from the newest accepted event.
     clock: str = "wall"
+    #: Channel-state and dedup bounds (``CHANNEL_HEALTH_MAX_CHANNELS`` etc.).
+    state_limits: StateLimits = StateLimits()
 
     @property
     def topics(self) -> Topics:
@@ -466,6 +509,21 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     if sink_process_raw not in _SWITCH:
         raise ConfigError(f"{ENV_PREFIX}SINK_PROCESS must be one of {sorted(_SWITCH)}, got {sink_process_raw!r}")
     query_limits = _read_query_limits(env)
+    limits = {}
+    for name, field_name, scale, low in (("MAX_CHANNELS", "max_channels", 1, 1),
+                                         ("EVICT_IDLE_S", "evict_idle_ms", 1000, 0),
+                                         ("DEDUP_HORIZON_S", "dedup_horizon_ms", 1000, 1),
+                                         ("DEDUP_MAX_IDS", "dedup_max_ids", 1, 2)):
+        raw = env.get(f"{ENV_PREFIX}{name}")
+        if raw is None:
+            continue
+        try:
+            value = int(raw)
+            if value < low:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{name} must be an integer >= {low}, got {raw!r}") from None
+        limits[field_name] = value * scale
     security = KafkaSecurity(
         protocol=protocol,
         sasl_mechanism=env.get(f"{ENV_PREFIX}KAFKA_SASL_MECHANISM"),
@@ -485,6 +543,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         sink_process=_SWITCH[sink_process_raw],
         query_limits=query_limits,
         **_topic_and_time_settings(env),
+        state_limits=StateLimits(**limits),
         **bounds,  # type: ignore[arg-type]
     )
 

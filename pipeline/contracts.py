@@ -50,9 +50,8 @@ class RequestEvent(msgspec.Struct, omit_defaults=True, gc=False):
     Not tracked by Python's cycle collector (``gc=False``, msgspec docs "Structs →
     Disabling Garbage Collection"): an event only holds strings, numbers and lists
     of them, so it can never be part of a reference cycle, and with half a million
-    events alive per batch this saves ~0.2 µs per decoded event and most of the
-    collector's traversal time (measured: 1.03 → 0.82 µs per event for a 500-event
-    envelope). Do not store objects that refer back to the event in its fields.
+    events alive per batch this saves most of the collector's traversal time
+    (docs/THROUGHPUT.md, "Design measurements"). Do not store objects that refer back to the event in its fields.
 
     ``ts_ms`` is UTC epoch milliseconds when the request finished (event
     time), >= 0. ``latency_ms`` >= 0. ``expected_fields`` is either a list of

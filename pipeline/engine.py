@@ -13,7 +13,11 @@ event-time order, split at the 30 s round boundaries:
    newest event is returned as late, for the dead-letter queue);
 3. consecutive-failure runs are checked at once (pre-trip, SPEC §4.2);
 4. channels without events are evaluated up to the low watermark (all input
-   seen up to there), which is how ``no_data`` is noticed.
+   seen up to there), which is how ``no_data`` is noticed; ``no_data`` is
+   published on the transition, then every ``no_data_heartbeat_ms``.
+
+Bounded state (SPEC §8): idle channels are evicted, new ones over the
+limit refused (:mod:`pipeline.residency`).
 """
 
 from __future__ import annotations
@@ -26,16 +30,16 @@ from typing import Sequence
 
 import numpy as np
 
+from pipeline import residency
+from pipeline.config import StateLimits
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
-from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ThresholdArrays
+from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import bounded_shares
-from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, RECOVERING, ChannelMachine
+from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
+from pipeline.engine_state import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
-
-#: States judged only on traffic since the state was entered.
-_SINCE_STATES = (HALF_OPEN, RECOVERING)
 
 _TS = attrgetter("ts_ms")
 _STATUS = attrgetter("status")
@@ -93,29 +97,45 @@ class BatchResult:
     ``verdicts``: published in order; ``late``: events older than the
     watermark minus the allowed lateness (not counted; dead-letter them);
     ``accepted``: the events counted; ``structure``: per accepted event
-    ``(parse_ok, missing_fields)`` as resolved for storage.
+    ``(parse_ok, missing_fields)`` as resolved for storage; ``refused``: events
+    of new channels over the limit (not counted; dead-letter them).
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
     late: list[RequestEvent] = field(default_factory=list)
     accepted: list[RequestEvent] = field(default_factory=list)
     structure: list[tuple[bool | None, list[str] | None]] = field(default_factory=list)
+    refused: list[RequestEvent] = field(default_factory=list)
 
 
-class Engine:
+class Engine(EngineStateIO):
     """Windows + detectors + policy for all channels of one worker.
 
-    ``policy``: thresholds and timings (SPEC §4 defaults). ``state_seq``
-    continues verdict ``seq`` numbers after a restore.
+    ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
+    channel limit and idle eviction (:class:`~pipeline.config.StateLimits`).
+    ``signals``: the signals to evaluate (default: the registry,
+    :data:`pipeline.detectors.registry.SIGNALS`); their counters are added
+    to the windows. Per-channel state moves in and out through
+    :meth:`export_state` / :meth:`import_state`.
     """
 
-    def __init__(self, policy: PolicyConfig | None = None):
+    def __init__(self, policy: PolicyConfig | None = None, limits: StateLimits | None = None,
+                 signals: Sequence[Signal] = SIGNALS):
         self.policy = policy or PolicyConfig()
+        self.limits = limits or StateLimits()
+        self.signals = tuple(signals)
+        self.hard = tuple(s.detector for s in self.signals if s.kind == "hard")
+        self.soft = tuple(s.detector for s in self.signals if s.kind == "soft")
+        #: channel → snapshot bytes of an evicted channel; per channel: windows in memory (see residency).
+        self.evicted: dict[str, bytes] = {}
+        self.resident = np.zeros(0, bool)
+        self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
-                                 baseline_hours=self.policy.baseline_window_ms // 3_600_000)
+                                 baseline_hours=self.policy.baseline_window_ms // 3_600_000,
+                                 counters=tuple(c for s in self.signals for c in s.counters))
         self.machines: list[ChannelMachine] = []
         self.seq: list[int] = []
-        self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool) for d in SOFT_DETECTORS}
+        self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool) for d in self.soft}
         self.prev_shares: dict[str, np.ndarray] = {}
         #: route → channel → traffic share after the last round (bounded shifts).
         self.shares_by_route: dict[str, dict[str, float]] = {}
@@ -129,6 +149,11 @@ class Engine:
         self.last_eval_ms: int | None = None
         self._th: ThresholdArrays | None = None
         self.fail_since_eval = np.zeros(0, np.float64)
+        #: Judged requests (success or upstream failure) since the channel's last round: with
+        #: ``fail_since_eval`` what :meth:`ChannelMachine.learn` adds to the pre-incident
+        #: baseline rate of the half-open probe (issue #18 item 4). Not in snapshots: a restart
+        #: loses at most one round of it.
+        self.judged_since_eval = np.zeros(0, np.float64)
         self.late_count = 0
         #: Quality scores (SPEC §4.5) counted in the windows, and the ones not counted by reason
         #: (``unknown_channel``, ``not_finite``, ``too_old``); ``quality_resets``: channels whose
@@ -136,6 +161,8 @@ class Engine:
         self.quality_added = 0
         self.quality_dropped: dict[str, int] = {}
         self.quality_resets = 0
+        #: Restored state a signal no longer uses (window counter or soft finding name → channels).
+        self.dropped_state: dict[str, int] = {}
 
     # -- ingestion ----------------------------------------------------------
     def _columns(self, events: Sequence[RequestEvent],
@@ -167,8 +194,13 @@ class Engine:
                 self.active[k] = np.concatenate([arr, np.zeros(n - arr.shape[0], bool)])
         if self.fail_since_eval.shape[0] < n:
             self.fail_since_eval = np.concatenate([self.fail_since_eval, np.zeros(n - self.fail_since_eval.shape[0])])
+        if self.judged_since_eval.shape[0] < n:  # issue #18 item 4: the probe's baseline rate
+            self.judged_since_eval = np.concatenate([self.judged_since_eval,
+                                                     np.zeros(n - self.judged_since_eval.shape[0])])
         if self.next_eval.shape[0] < n:
             self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
+        if self.resident.shape[0] < n:
+            self.resident = np.concatenate([self.resident, np.ones(n - self.resident.shape[0], bool)])
 
     def thresholds(self) -> ThresholdArrays:
         """Per-channel thresholds (rebuilt when channels are added)."""
@@ -205,6 +237,10 @@ class Engine:
         result = BatchResult()
         if not events:
             return result
+        if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
+            events, structure = residency.admit(self, events, structure, result.refused)
+            if not events:
+                return result
         n = len(events)
         if structure is None:
             structure, checked, missing = _resolve_all(events)
@@ -234,6 +270,9 @@ class Engine:
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
+
+    n_resident = property(lambda self: int(self.resident[: self.store.n_channels].sum()),
+                          doc="Channels whose windows are in memory.")
 
     def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult,
                        cols: EventColumns | None = None) -> None:
@@ -269,6 +308,7 @@ class Engine:
             result.accepted.extend(events)
             result.structure.extend(structure)
         np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
+        np.add.at(self.judged_since_eval, cols.channel, (cols.outcome >= 0).astype(np.float64))
         result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
@@ -314,7 +354,7 @@ class Engine:
             raise ValueError(f"{len(channels)} channels, {len(ts_ms)} times and {n} scores")
         if n == 0:
             return 0
-        index = self.store._index
+        index = self.store.index
         idx = np.fromiter((index.get(c, -1) for c in channels), np.int64, n)
         s = np.asarray(scores, dtype=np.float64).reshape(n)
         keep = (idx >= 0) & np.isfinite(s)
@@ -338,7 +378,10 @@ class Engine:
         self.low_watermark_ms = now_ms if self.low_watermark_ms is None else max(self.low_watermark_ms, now_ms)
         if c == 0:
             return []
-        return self._evaluate_until(np.arange(c), now_ms)
+        rows = np.arange(c) if not self.evicted else np.flatnonzero(self.resident[:c])
+        out = self._evaluate_until(rows, now_ms)
+        residency.evict_idle(self, now_ms)
+        return out
 
     def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:
         """Rounds for channels ``rows`` at their due boundaries up to ``now_ms``, oldest first."""
@@ -363,21 +406,23 @@ class Engine:
         return out
 
     def evaluate(self, now_ms: int, rows: np.ndarray | None = None) -> list[Verdict]:
-        """One evaluation round at event time ``now_ms`` for channels ``rows`` (default: all)."""
+        """One evaluation round at event time ``now_ms`` for channels ``rows`` (default: all resident)."""
         c = self.store.n_channels
         if c == 0:
             return []
-        rows = np.arange(c) if rows is None else np.asarray(rows, dtype=np.int64)
+        rows = np.flatnonzero(self.resident[:c]) if rows is None else np.asarray(rows, dtype=np.int64)
         cfg = self.policy
         th_all = self.thresholds()
         th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})
-        since = np.array([self.machines[i].entered_ms if self.machines[i].state in _SINCE_STATES
-                          else np.iinfo(np.int64).min // 2 for i in rows], dtype=np.int64)
+        # half_open / recovering: judged on the traffic since the channel left open (issue #18 item 4)
+        never = np.iinfo(np.int64).min // 2
+        since = np.array([never if (s := self.machines[i].judged_since_ms) is None else s for i in rows],
+                         dtype=np.int64)
         view = self.store.view(now_ms, since_ms=since, rows=rows)
         n = rows.shape[0]
-        hard = [d.detect(view, th, np.zeros(n, bool)) for d in HARD_DETECTORS]
+        hard = [d.detect(view, th, np.zeros(n, bool)) for d in self.hard]
         soft = []
-        for d in SOFT_DETECTORS:
+        for d in self.soft:
             f = d.detect(view, th, self.active[d.reason][rows])
             self.active[d.reason][rows] = f.fired
             soft.append(f)
@@ -398,14 +443,17 @@ class Engine:
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
             if m.state == HALF_OPEN and changed[j]:
                 self.store.runs.reset(i)
+            # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
+            m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
         self.fail_since_eval[rows] = 0.0
+        self.judged_since_eval[rows] = 0.0
         shares = self._route_shares(rows, now_ms)
         self.last_eval_ms = now_ms
         out = []
         columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft) for k, v in f.metrics.items()]
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
-            if m.state == NO_DATA and not changed[j]:
+            if m.state == NO_DATA and not changed[j] and not self._heartbeat_due(m, now_ms):
                 continue
             metrics = {k: v[j] for k, v in columns}
             metrics["route_share"] = shares[i]
@@ -415,6 +463,11 @@ class Engine:
             out.append(self._verdict(i, now_ms, metrics, hard_now=hard_now,
                                      soft_now=[f.reason for f in soft if f.fired[j]]))
         return out
+
+    def _heartbeat_due(self, m: ChannelMachine, now_ms: int) -> bool:
+        """``no_data`` again at the first round at or after ``entered + k × no_data_heartbeat_ms`` (k >= 1)."""
+        hb, since = self.policy.no_data_heartbeat_ms, now_ms - m.entered_ms
+        return hb > 0 and since >= hb and since // hb != (since - self.policy.eval_interval_ms) // hb
 
     def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 from scipy.special import ndtri  # the normal quantile scipy.stats.norm.ppf calls; stats costs ~75 MB RSS
 
-from pipeline.policy.defaults import Thresholds
 from pipeline.windows.store import WindowView
 
 
@@ -34,13 +33,15 @@ class Finding:
 
 @dataclass(frozen=True)
 class ThresholdArrays:
-    """:class:`Thresholds` fields as per-channel float64 arrays (C,)."""
+    """:class:`~pipeline.policy.defaults.Thresholds` fields as per-channel float64 arrays (C,)."""
 
     values: dict[str, np.ndarray]
 
     @classmethod
-    def build(cls, per_channel: Sequence[Thresholds]) -> "ThresholdArrays":
-        """Stack one :class:`Thresholds` per channel into arrays."""
+    def build(cls, per_channel: Sequence[Any]) -> "ThresholdArrays":
+        """Stack one :class:`~pipeline.policy.defaults.Thresholds` per channel into arrays."""
+        from pipeline.policy.defaults import Thresholds  # built from the registry, which imports this module
+
         names = [f.name for f in dataclasses.fields(Thresholds)]
         return cls({n: np.array([getattr(t, n) for t in per_channel], dtype=np.float64) for n in names})
 

@@ -6,10 +6,26 @@ at evaluation rounds. The run comes from :class:`pipeline.windows.runs.RunTracke
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pipeline.detectors.base import Finding, ThresholdArrays
+from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.store import WindowView
+
+
+@dataclass(frozen=True)
+class ConsecutiveParams:
+    """Thresholds of ``consecutive_failures`` (policy table ``[tier.X.consecutive_failures]``)."""
+
+    #: SPEC §4.2: a run of this many consecutive failures pre-trips the channel (requests, 1..100).
+    consecutive_failures: int = 5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.consecutive_failures <= 100:
+            raise ValueError(f"consecutive_failures must be in 1..100 (the run window, SPEC §4.2), "
+                             f"got {self.consecutive_failures}")
 
 
 class ConsecutiveFailures:
@@ -26,3 +42,13 @@ class ConsecutiveFailures:
     def trips(max_run: np.ndarray, threshold: np.ndarray) -> np.ndarray:
         """Pre-trip test on a batch's longest runs (bool, same shape)."""
         return max_run >= threshold
+
+
+SIGNAL = Signal(
+    name="consecutive_failures", kind="hard", params=ConsecutiveParams, detector=ConsecutiveFailures(),
+    features=("run",), metrics=("consecutive_failures",),
+    examples=Examples(firing={"run": 5}, thin=({"run": 4},), all_failures_fires=True),
+    rule="trailing run over the channel's last 100 requests, however far apart in time; checked on every "
+         "batch (pre-trip)",
+    default="5 (2 while half-open)",
+)

@@ -11,10 +11,37 @@ is kept (no evidence either way).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio
+from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.store import WindowView
+
+
+@dataclass(frozen=True)
+class LatencyParams:
+    """Thresholds of ``latency_p95_ratio`` (policy table ``[tier.X.latency_p95_ratio]``)."""
+
+    #: SPEC §4.3: P95(5 min) / P95(24 h baseline) that degrades the channel (dimensionless, > clear) ...
+    latency_ratio_trip: float = 1.8
+    #: ... and the ratio at or below which the finding clears (hysteresis; >= 1).
+    latency_ratio_clear: float = 1.2
+    #: Minimum successful requests in the 5 min window for a P95 (>= 1).
+    latency_min_requests: int = 50
+    #: Minimum successful requests in the 24 h baseline (>= 1).
+    baseline_min_requests: int = 500
+    #: Minimum whole hours of history before the baseline is trusted (>= 1).
+    baseline_min_hours: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1.0 <= self.latency_ratio_clear < self.latency_ratio_trip:
+            raise ValueError(f"need 1 <= latency_ratio_clear < latency_ratio_trip, got "
+                             f"{self.latency_ratio_clear} and {self.latency_ratio_trip}")
+        for name in ("latency_min_requests", "baseline_min_requests", "baseline_min_hours"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 class LatencyRatio:
@@ -40,3 +67,17 @@ class LatencyRatio:
             "latency_samples_5m": view.n_latency_5m,
             "baseline_samples": view.base_n,
         })
+
+
+SIGNAL = Signal(
+    name="latency_p95_ratio", kind="soft", params=LatencyParams, detector=LatencyRatio(),
+    features=("p95_ms", "n_latency_5m", "base_p95_ms", "base_n", "base_hours"),
+    metrics=("p95_ms", "baseline_p95_ms", "latency_p95_ratio", "latency_samples_5m", "baseline_samples"),
+    examples=Examples(
+        firing={"p95_ms": 500.0, "n_latency_5m": 3_000},
+        thin=({"p95_ms": 1_000.0, "n_latency_5m": 49, "base_p95_ms": 100.0, "base_n": 10_000, "base_hours": 24},
+              {"p95_ms": 1_000.0, "n_latency_5m": 500, "base_p95_ms": 100.0, "base_n": 499, "base_hours": 24},
+              {"p95_ms": 1_000.0, "n_latency_5m": 500, "base_p95_ms": 100.0, "base_n": 10_000, "base_hours": 0})),
+    rule="P95 of `ok` requests over 5 min ÷ P95 over the 24 complete hours before the current hour",
+    default="degrade ≥ 1.8, clear ≤ 1.2",
+)

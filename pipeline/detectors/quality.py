@@ -51,11 +51,40 @@ Metrics: ``quality_score_5m`` (window mean), ``quality_baseline``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf calls), without scipy.stats
 
 from pipeline.detectors.base import Finding, ThresholdArrays
+from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.store import WindowView
+
+
+@dataclass(frozen=True)
+class QualityParams:
+    """Thresholds of ``quality`` (policy table ``[tier.X.quality]``); scores are P(good answer) in [0, 1]."""
+
+    #: SPEC §4.5: drop of the 5 min mean score below the channel's baseline mean (score units)
+    #: that may degrade the channel (the Welch test must also be significant) ...
+    quality_min_drop: float = 0.10
+    #: ... and the drop at or below which the finding clears (hysteresis; 0 <= clear < min_drop <= 1).
+    quality_clear_drop: float = 0.05
+    #: Minimum scored samples in the 5 min window (>= 1; at the default sampling of one per 2 s per
+    #: channel a window holds up to 150).
+    quality_min_samples: int = 20
+    #: Minimum scored samples in the quality baseline (24 complete hours; >= 1).
+    quality_baseline_min_samples: int = 100
+    #: Minimum whole hours with scores before the quality baseline is trusted (>= 1).
+    quality_baseline_min_hours: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.quality_clear_drop < self.quality_min_drop <= 1.0:
+            raise ValueError(f"need 0 <= quality_clear_drop < quality_min_drop <= 1, got "
+                             f"{self.quality_clear_drop} and {self.quality_min_drop}")
+        for name in ("quality_min_samples", "quality_baseline_min_samples", "quality_baseline_min_hours"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def _finite(x: np.ndarray) -> np.ndarray:
@@ -127,3 +156,23 @@ class QualityDrop:
             "quality_baseline_samples": nb,
             "quality_lag_s": np.asarray(view.quality_lag_ms, dtype=np.float64) / 1000.0,
         })
+
+
+_Q_BASE = {"base_quality_n": 10_000, "base_quality_mean": 0.9, "base_quality_var": 0.01, "base_quality_hours": 24}
+SIGNAL = Signal(
+    name="quality", kind="soft", params=QualityParams, detector=QualityDrop(),
+    features=("quality_n_5m", "quality_mean_5m", "quality_var_5m", "base_quality_n", "base_quality_mean",
+              "base_quality_var", "base_quality_hours", "quality_lag_ms"),
+    metrics=("quality_score_5m", "quality_baseline", "quality_drop", "quality_t", "quality_samples_5m",
+             "quality_baseline_samples", "quality_lag_s"),
+    examples=Examples(
+        firing={"quality_n_5m": 150, "quality_mean_5m": 0.55, "quality_var_5m": 0.09, "base_quality_n": 10_000,
+                "base_quality_mean": 0.8, "base_quality_var": 0.06, "base_quality_hours": 24},
+        thin=({**_Q_BASE, "quality_n_5m": 19, "quality_mean_5m": 0.2, "quality_var_5m": 0.01},
+              {**_Q_BASE, "quality_n_5m": 150, "quality_mean_5m": 0.2, "quality_var_5m": 0.01, "base_quality_n": 99},
+              {**_Q_BASE, "quality_n_5m": 150, "quality_mean_5m": 0.2, "quality_var_5m": 0.01,
+               "base_quality_hours": 0})),
+    rule="one-sided Welch t-test (p ≤ 1e-5) of the 5 min mean answer-quality score against the channel's own "
+         "24 h baseline, with a minimum drop",
+    default="drop ≥ 0.10 (clears at ≤ 0.05)",
+)

@@ -24,11 +24,12 @@ DUPLICATE_IN_BATCH = "duplicate_in_batch"  #: ``event_id`` seen earlier in the s
 INVALID_EVENT = "invalid_event"  #: any other validation failure
 LATE_EVENT = "late_event"  #: behind the event-time watermark (set by the stream stage, not the decoder)
 INTERNAL_ERROR = "internal_error"  #: a bug in the decoder; the input is kept
+TOO_MANY_CHANNELS = "too_many_channels"  #: a new channel beyond the worker's channel limit (set by the engine)
 
 ALL_REASONS: tuple[str, ...] = (
     INVALID_JSON, NOT_UTF8, TOO_LARGE, EMPTY_MESSAGE, MISSING_FIELD, WRONG_TYPE,
     OUT_OF_RANGE, INVALID_ENUM, TS_IN_FUTURE, TS_TOO_OLD, BAD_BATCH,
-    DUPLICATE_IN_BATCH, INVALID_EVENT, LATE_EVENT, INTERNAL_ERROR,
+    DUPLICATE_IN_BATCH, INVALID_EVENT, LATE_EVENT, INTERNAL_ERROR, TOO_MANY_CHANNELS,
 )
 
 MAX_DETAIL_CHARS = 300

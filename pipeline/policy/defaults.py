@@ -2,7 +2,10 @@
 
 :class:`PolicyConfig` is frozen; :func:`load_policy` reads overrides per tier
 and per channel from a TOML file (``[tier.free]``, ``[channel."name"]``
-tables). Unknown keys and out-of-range values are errors, never ignored.
+tables, each optionally split into one sub-table per signal, e.g.
+``[tier.free.error_rate]``). Unknown keys and out-of-range values are
+errors, never ignored. :data:`Thresholds` is generated from the signal
+registry (:mod:`pipeline.detectors.registry`).
 """
 
 from __future__ import annotations
@@ -13,76 +16,57 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from pipeline.detectors.registry import SIGNALS
 
-@dataclass(frozen=True)
-class Thresholds:
-    """Per-tier / per-channel detector thresholds.
 
-    Error rates and missing rates are fractions in [0, 1]; ratios are
-    dimensionless; counts are requests.
-    """
+def _thresholds_post_init(self) -> None:
+    if not 0.0 < self.half_open_max_error_rate < 1.0:
+        raise ValueError(f"half_open_max_error_rate must be in (0, 1), got {self.half_open_max_error_rate}")
+    # each signal's own class validates its fields (errors name the key)
+    by_signal = {s.name: s.params(**{n: getattr(self, n) for n in s.param_names()}) for s in SIGNALS}
+    object.__setattr__(self, "_by_signal", by_signal)
 
-    #: SPEC §4.1: trip line 0.5 % for paid channels (0.35 % for free, below).
-    error_rate_trip: float = 0.005
-    #: SPEC §4.1: minimum requests in a window before the error-rate test applies.
-    error_min_requests: int = 30
-    #: Minimum failures in a window before it may trip: keeps the 1 min window
-    #: quiet on clean days (at 0.2 % and 10 req/s, P(>= 8 failures in 1 min)
-    #: is about 1e-5).
-    error_min_failures: int = 8
-    #: SPEC §4.2: a run of this many consecutive failures pre-trips the channel.
-    consecutive_failures: int = 5
-    #: SPEC §4.3: P95(5 min) / P95(24 h baseline) that degrades the channel ...
-    latency_ratio_trip: float = 1.8
-    #: ... and the ratio at or below which the finding clears (hysteresis).
-    latency_ratio_clear: float = 1.2
-    #: Minimum successful requests in the 5 min window for a P95.
-    latency_min_requests: int = 50
-    #: Minimum successful requests in the 24 h baseline.
-    baseline_min_requests: int = 500
-    #: Minimum whole hours of history before the baseline is trusted.
-    baseline_min_hours: int = 1
-    #: SPEC §4.4: share of checked ``ok`` answers missing a field that degrades.
-    missing_rate_trip: float = 0.01
-    #: Minimum checked ``ok`` answers in 5 min.
-    missing_min_checked: int = 50
-    #: SPEC §4 half_open → recovering if the probe error rate stayed below this.
-    half_open_max_error_rate: float = 0.003
-    #: SPEC §4.5: drop of the 5 min mean quality score below the channel's
-    #: baseline mean (score units, P(good answer) in [0, 1]) that may degrade
-    #: the channel (the Welch test must also be significant) ...
-    quality_min_drop: float = 0.10
-    #: ... and the drop at or below which the finding clears (hysteresis).
-    quality_clear_drop: float = 0.05
-    #: Minimum scored samples in the 5 min window (at the default sampling of
-    #: one per 2 s per channel a window holds up to 150).
-    quality_min_samples: int = 20
-    #: Minimum scored samples in the quality baseline (24 complete hours).
-    quality_baseline_min_samples: int = 100
-    #: Minimum whole hours with scores before the quality baseline is trusted.
-    quality_baseline_min_hours: int = 1
 
-    def __post_init__(self) -> None:
-        for name in ("error_rate_trip", "missing_rate_trip", "half_open_max_error_rate"):
-            v = getattr(self, name)
-            if not 0.0 < v < 1.0:
-                raise ValueError(f"{name} must be in (0, 1), got {v}")
-        if not 1.0 <= self.latency_ratio_clear < self.latency_ratio_trip:
-            raise ValueError("need 1 <= latency_ratio_clear < latency_ratio_trip")
-        if not 0.0 <= self.quality_clear_drop < self.quality_min_drop <= 1.0:
-            raise ValueError("need 0 <= quality_clear_drop < quality_min_drop <= 1")
-        for name in ("error_min_requests", "error_min_failures", "consecutive_failures", "latency_min_requests",
-                     "baseline_min_requests", "missing_min_checked", "quality_min_samples",
-                     "quality_baseline_min_samples", "quality_baseline_min_hours"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.consecutive_failures > 100:
-            raise ValueError("consecutive_failures must be <= 100 (the run window, SPEC §4.2)")
+def _thresholds_signal(self, name: str) -> Any:
+    """The typed parameters of signal ``name`` (e.g. ``ErrorRateParams``); ``KeyError`` if not registered."""
+    return self._by_signal[name]
+
+
+def _threshold_fields() -> list[tuple[str, Any, Any]]:
+    out = []
+    for s in SIGNALS:
+        for f in dataclasses.fields(s.params):
+            out.append((f.name, f.type, field(default=f.default, metadata={"signal": s.name})))
+    #: SPEC §4 half_open → recovering if the probe error rate stayed below this (a fraction in (0, 1)).
+    out.append(("half_open_max_error_rate", float, field(default=0.003, metadata={"signal": None})))
+    return out
+
+
+#: Per-tier / per-channel detector thresholds: the fields of every registered signal's
+#: ``params`` class (:mod:`pipeline.detectors.registry`; their docs give unit, range and SPEC
+#: source) plus ``half_open_max_error_rate`` (the state machine's). Frozen; validated on
+#: construction by each signal's class (``ValueError`` naming the key). ``signal(name)``
+#: returns one signal's typed parameters. Generated from the registry, so a new signal's
+#: parameters need no edit here.
+Thresholds = dataclasses.make_dataclass(
+    "Thresholds", _threshold_fields(), frozen=True,
+    namespace={"__post_init__": _thresholds_post_init, "signal": _thresholds_signal,
+               "__doc__": "Detector thresholds of one tier or channel: every registered signal's parameters "
+                          "(see the module's ``Thresholds`` comment)."})
+Thresholds.__module__ = __name__  # pickling and reprs find it here
+
+#: Field name → the signal that declares it (None: the state machine's ``half_open_max_error_rate``).
+PARAM_SIGNAL: dict[str, str | None] = {f.name: f.metadata["signal"] for f in dataclasses.fields(Thresholds)}
+
+
+def _tier_defaults(tier: str) -> Any:
+    return Thresholds(**{k: v for s in SIGNALS for k, v in s.tier_defaults.get(tier, {}).items()})
 
 
 #: SPEC §4.1: free channels have a lower baseline error rate, so their line is 0.35 %.
-FREE_TIER = Thresholds(error_rate_trip=0.0035)
-PAID_TIER = Thresholds()
+#: (``tier_defaults`` of the error-rate signal.)
+FREE_TIER = _tier_defaults("free")
+PAID_TIER = _tier_defaults("paid")
 
 
 @dataclass(frozen=True)
@@ -137,8 +121,20 @@ class PolicyConfig:
     max_share_growth: float = 1.5
     #: SPEC §4: no events for this long (event time) → ``no_data``.
     no_data_after_ms: int = 300_000
+    #: SPEC §4: ``no_data`` is published on the transition, then again every this long
+    #: (event time) while the channel stays idle and in memory; 0: only on the transition.
+    no_data_heartbeat_ms: int = 600_000
     #: Events older than the watermark minus this are late: counted and dead-lettered.
     allowed_lateness_ms: int = 120_000
+    #: SPEC §4 half_open → recovering "or below the channel's own pre-incident
+    #: baseline rate (an upper confidence bound)": one-sided confidence of the
+    #: probe's lower and the baseline's upper Wilson bound
+    #: (:func:`pipeline.policy.probe.probe_passes` gives the error rates).
+    probe_confidence: float = 0.99
+
+    def __post_init__(self) -> None:
+        if not 0.5 < self.probe_confidence < 1.0:
+            raise ValueError(f"probe_confidence must be in (0.5, 1), got {self.probe_confidence}")
 
     def thresholds(self, channel: str, tier: str | None) -> Thresholds:
         """Thresholds for a channel: the channel override, else its tier's."""
@@ -147,12 +143,34 @@ class PolicyConfig:
         return self.tiers.get(tier or self.default_tier, self.tiers[self.default_tier])
 
 
-def _thresholds_from(base: Thresholds, table: Mapping[str, Any], where: str) -> Thresholds:
-    known = {f.name for f in dataclasses.fields(Thresholds)}
-    unknown = set(table) - known
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; valid keys: {sorted(known)}")
-    return dataclasses.replace(base, **table)
+def _thresholds_from(base: Any, table: Mapping[str, Any], where: str) -> Any:
+    """``base`` with the overrides of one ``[tier.X]`` / ``[channel."x"]`` table: flat keys and/or one
+    sub-table per signal (``[tier.X.<signal>]``, only that signal's keys). Raises ``ValueError`` naming
+    the table and key (unknown key or signal, a key given twice, a bad value)."""
+    known = set(PARAM_SIGNAL)
+    names = {s.name: s for s in SIGNALS}
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            if key not in names:
+                raise ValueError(f"{where}: unknown signal table [{key}]; signals: {sorted(names)}")
+            own = set(names[key].param_names())
+            unknown = set(value) - own
+            if unknown:
+                raise ValueError(f"{where}.{key}: unknown keys {sorted(unknown)}; valid keys: {sorted(own)}")
+            items = value.items()
+        elif key not in known:
+            raise ValueError(f"{where}: unknown keys {[key]}; valid keys: {sorted(known)}")
+        else:
+            items = [(key, value)]
+        for k, v in items:
+            if k in flat:
+                raise ValueError(f"{where}: {k} is given twice")
+            flat[k] = v
+    try:
+        return dataclasses.replace(base, **flat)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def load_policy(path: str | Path | None = None) -> PolicyConfig:
@@ -162,8 +180,10 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
 
         [policy]                 # PolicyConfig fields (numbers)
         eval_interval_ms = 30000
-        [tier.free]              # Thresholds fields
+        [tier.free]              # Thresholds fields, flat ...
         error_rate_trip = 0.0035
+        [tier.free.latency_p95_ratio]   # ... or under their signal's name
+        latency_ratio_trip = 2.0
         [channel."lepton/llama-70b@free"]
         consecutive_failures = 3
 

@@ -35,4 +35,4 @@ def published_reasons(state: str, state_reasons: Sequence[str], hard_now: Sequen
     out = list(dict.fromkeys([*(r for r in state_reasons if r not in SOFT_ORDER), *hard_now]))
     soft = set(soft_now) if state != NO_DATA else set()
     soft.update(r for r in state_reasons if r in SOFT_ORDER)
-    return out + sorted(soft, key=SOFT_ORDER.__getitem__)
+    return out + sorted(soft, key=lambda r: (SOFT_ORDER.get(r, len(SOFT_ORDER)), r))  # unregistered soft: last

@@ -5,9 +5,16 @@ States and weights::
     no_data ─events→ healthy ─soft→ degraded (weight −0.15/round, floor 0.5)
     any ─hard (error-rate trip or failure run)→ open (weight 0)
     open ─90 s cooldown→ half_open (weight 0.05, observe 90 s)
-    half_open ─probe error rate < 0.3 %→ recovering (0.10, +0.10 / 120 s to
-        0.40, then +0.20 steps) ─weight 1.0→ healthy
-    half_open ─failure run or error rate ≥ 0.3 %→ open
+    half_open ─probe passes→ recovering (0.10, +0.10 / 120 s to 0.40, then
+        +0.20 steps) ─weight 1.0→ healthy
+    half_open ─failure run or probe fails→ open
+
+The probe passes when its error rate is below 0.3 % or consistent with the
+channel's own pre-incident rate (:func:`pipeline.policy.probe.probe_passes`);
+that rate is learned in ``healthy``/``degraded`` rounds (:meth:`learn`) and
+frozen while the circuit is open, half-open or recovering. A channel in
+``half_open`` or ``recovering`` is judged on the traffic since it left
+``open`` (:attr:`ChannelMachine.judged_since_ms`).
     healthy/degraded ─no events for 5 min→ no_data
 
 All times are event time (ms). The machine is pure: :meth:`ChannelMachine.step`
@@ -19,7 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipeline.detectors.base import z_for
 from pipeline.policy.defaults import PolicyConfig, Thresholds
+from pipeline.policy.probe import baseline_upper, learn_baseline, probe_passes
 
 HEALTHY, DEGRADED, OPEN, HALF_OPEN, RECOVERING, NO_DATA = (
     "healthy", "degraded", "open", "half_open", "recovering", "no_data")
@@ -34,6 +43,10 @@ class ChannelMachine:
     ``weight`` in [0, 1]; ``entered_ms`` event time of the last state change;
     ``last_step_ms`` time of the last ramp step; ``penalty`` >= 0 decays with
     ``penalty_half_life_ms`` (SPEC §4 "penalties decay with a half-life").
+    ``left_open_ms``: when the channel last went ``open`` → ``half_open``.
+    ``base_requests`` / ``base_failures``: the decayed pre-incident baseline
+    counts (judged requests, failures; :func:`~pipeline.policy.probe.learn_baseline`)
+    as of ``base_ms`` (0: nothing learned yet).
     """
 
     state: str = NO_DATA
@@ -43,6 +56,32 @@ class ChannelMachine:
     penalty: float = 0.0
     penalty_ms: int = 0
     reasons: list[str] = field(default_factory=list)
+    left_open_ms: int = 0
+    base_requests: float = 0.0
+    base_failures: float = 0.0
+    base_ms: int = 0
+
+    @property
+    def judged_since_ms(self) -> int | None:
+        """Start of the traffic the detectors judge: the time the channel left ``open`` while it is
+        ``half_open`` or ``recovering`` (failures of the outage still inside a window do not count),
+        else None (the full windows)."""
+        return self.left_open_ms if self.state in (HALF_OPEN, RECOVERING) else None
+
+    def learn(self, now_ms: int, requests: float, failures: float, cfg: PolicyConfig) -> None:
+        """Add one round's judged ``requests`` and ``failures`` to the pre-incident baseline.
+
+        Only in ``healthy``/``degraded`` (call it after :meth:`step`, so the
+        round that opened the circuit is not learned); a no-op otherwise,
+        which freezes the baseline through an incident. Time constant:
+        ``cfg.baseline_window_ms`` (SPEC §4.3: 24 h).
+        """
+        if self.state not in (HEALTHY, DEGRADED):
+            return
+        self.base_requests, self.base_failures = learn_baseline(
+            self.base_requests, self.base_failures, self.base_ms, now_ms, requests, failures,
+            cfg.baseline_window_ms)
+        self.base_ms = int(now_ms)
 
     def _enter(self, state: str, now_ms: int, weight: float) -> None:
         self.state = state
@@ -76,7 +115,9 @@ class ChannelMachine:
 
         ``hard`` / ``soft``: reason codes that fired this round;
         ``probe_requests`` / ``probe_failures``: judged requests and failures
-        since the state was entered (used in ``half_open``);
+        since the channel left ``open`` (used in ``half_open``: the probe,
+        judged by :func:`~pipeline.policy.probe.probe_passes` against
+        ``th.half_open_max_error_rate`` and the frozen baseline);
         ``last_event_ms``: the channel's newest event time (None: never);
         ``th``: the channel's thresholds (``half_open_max_error_rate``).
         Returns True when the state changed (weights move every round anyway).
@@ -90,10 +131,12 @@ class ChannelMachine:
             self.reasons = [r for r in self.reasons if r != "no_data"]
             if now_ms - self.entered_ms >= cfg.open_cooldown_ms:
                 self._enter(HALF_OPEN, now_ms, cfg.half_open_weight)
+                self.left_open_ms = int(now_ms)
         elif self.state == HALF_OPEN:
             if now_ms - self.entered_ms >= cfg.half_open_observe_ms and probe_requests > 0:
-                rate = probe_failures / probe_requests
-                if rate < th.half_open_max_error_rate:
+                z = z_for(cfg.probe_confidence)
+                upper = baseline_upper(self.base_requests, self.base_failures, z, th.baseline_min_requests)
+                if probe_passes(probe_failures, probe_requests, th.half_open_max_error_rate, upper, z):
                     self._enter(RECOVERING, now_ms, cfg.ramp_small_step)
                     self.reasons = []
                 else:

@@ -7,7 +7,7 @@ throughput on 2 cores. In a child process with its own interpreter, capped
 torch threads (default 1) and a raised nice value (default 10; Linux CFS
 gives a nice-10 task about 1/10 of a nice-0 task's share), the stream keeps
 its core and scoring takes what is idle. Measured by ``channel-health bench
---quality`` (README "Throughput"). Under full load the scorer falls behind:
+--quality`` (docs/THROUGHPUT.md). Under full load the scorer falls behind:
 samples queue, then are dropped and counted (never the stream's events).
 
 :class:`ProcessScorer` offers what the quality agent uses (``version``,

@@ -5,14 +5,15 @@ The one place that makes this choice (:func:`split_stored`). An envelope
 faithful (:func:`pipeline.ingest.envelope.storable_envelope`) with every
 event's structure flags as ingest resolved them already in them
 (:func:`pipeline.ingest.structure.resolve_onto` changed none:
-``DecodeResult.envelope``), and none of its events is late: one envelope
+``DecodeResult.envelope``), and none of its events is late, refused (a
+new channel over the limit) or a re-sent duplicate: one envelope
 per line, ``JSONEachRow`` into ``request_event_envelopes``, whose
 materialized view writes one ``request_events`` row per event with the
 flags read as data (``infra/clickhouse/008_request_event_envelopes.sql``).
 Every other accepted event goes as a row ``(event, parse_ok,
 missing_fields)`` (:func:`stored_rows`, the flags read from the event).
-Encoding the rows cost the worker's main thread ~0.7 µs per event, ~15 % of
-its time (README "Throughput"), which the envelopes save.
+Encoding the rows cost the worker's main thread a sizeable share of its
+time (docs/THROUGHPUT.md, "Design measurements"), which the envelopes save.
 
 ClickHouse's JSON reader refuses a few inputs msgspec accepts (a key
 repeated in an event: "JSON object contains duplicate key"); such a
@@ -55,15 +56,18 @@ def stored_rows(events: Iterable[RequestEvent]) -> list[StoredRow]:
 
 def split_stored(envelopes: Sequence[tuple[int, bytes, int]], events: Sequence[RequestEvent],
                  owner: Sequence[int], accepted: Sequence[RequestEvent],
-                 late: Sequence[RequestEvent]) -> tuple[list[StoredRow], list[tuple[bytes, int]]]:
+                 late: Sequence[RequestEvent], refused: Sequence[RequestEvent] = ()
+                 ) -> tuple[list[StoredRow], list[tuple[bytes, int]]]:
     """Choose how a batch's ``accepted`` events are stored: ``(rows, envelopes)``.
 
     ``envelopes``: ``(message index, bytes, events)`` of the messages whose
     bytes may stand for their events (``Decoder.decode_many``; pass ``[]`` to
     store everything as rows); ``events`` / ``owner``: every decoded event
-    and the index of its message; ``accepted`` / ``late``: what the engine
-    counted and refused. An envelope with a late event goes as rows of its
-    accepted events. When every message is a whole envelope (the common case)
+    and the index of its message; ``accepted``: what the engine counted;
+    ``late`` / ``refused``: what it did not count (late events, events of new
+    channels over the limit). An envelope with a late or refused event goes
+    as rows of its accepted events (the caller leaves out of ``envelopes``
+    the messages that held a re-sent duplicate). When every message is a whole envelope (the common case)
     no event is looked at; else each accepted event's message is found by
     identity. Returns the rows (:func:`stored_rows`) and the ``(bytes,
     events)`` of the envelopes to store whole, in message order.
@@ -72,9 +76,9 @@ def split_stored(envelopes: Sequence[tuple[int, bytes, int]], events: Sequence[R
         return stored_rows(accepted), []
     whole = {k: (raw, n) for k, raw, n in envelopes}
     own: dict[int, int] | None = None
-    if late:
+    if late or refused:
         own = dict(zip(map(id, events), owner))
-        for e in late:
+        for e in (*late, *refused):
             whole.pop(own[id(e)], None)
     if not accepted or len(whole) == len(set(owner)):
         return [], list(whole.values())

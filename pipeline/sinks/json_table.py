@@ -10,12 +10,11 @@ list), e.g. one batch's ``request_events`` rows from
 objects one per line, e.g. whole batch envelopes (:mod:`pipeline.sinks.batches`).
 A flush joins the buffered payloads into one insert into an input table
 (``request_events_input``, ``infra/clickhouse/006_request_events_input.sql``;
-``request_event_batches``, ``007_request_event_batches.sql``) whose
+``request_event_envelopes``, ``008_request_event_envelopes.sql``) whose
 materialized view writes the target table. ClickHouse parses the
 values natively, so neither the worker nor the sink process touches a value
-in Python: measured on chDB, 2.3 µs of CPU per ``request_events`` row for
-parse + convert + insert, against 5.8 µs for decode → Arrow columns → insert
-(README "Throughput").
+in Python, which costs less CPU per row than decode → Arrow columns → insert
+(docs/THROUGHPUT.md, "Design measurements").
 
 A payload ClickHouse cannot parse (a bug: rows come from validated
 contract objects) must not stall every later flush: when an insert fails
@@ -51,7 +50,7 @@ _CODE = re.compile(r"Code: (\d+)")
 #: Settings → Format settings): keys of an event the input table does not list are skipped, absent
 #: ones are NULL, JSON null in a non-Nullable column (``missing_fields``) is its default (an empty
 #: array), true/false read as 1/0. ``input_format_parallel_parsing=0``: one thread parses one insert,
-#: measured on chDB 2.3 against 3.2 µs of CPU per row with parallel parsing (small inserts, two cores).
+#: cheaper in CPU than parallel parsing for small inserts (docs/THROUGHPUT.md, "Design measurements").
 #: ``optimize_on_insert=0``: see :data:`pipeline.sinks.table.INSERT_SETTINGS`.
 #: ``input_format_skip_unknown_fields`` / ``input_format_json_read_arrays_as_strings``: for
 #: ``JSONEachRow`` envelopes (:mod:`pipeline.sinks.batches`): top-level keys other than ``events`` are

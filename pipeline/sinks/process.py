@@ -6,8 +6,8 @@ one interpreter, and an embedded chDB adds ~400 MB to the worker's memory.
 :class:`~pipeline.sinks.clickhouse.ClickHouseSink` contract, but sends each
 batch's rows as one payload to a child process (:mod:`pipeline.sinks.child`)
 that writes them: ``request_events`` rows as the JSON that ClickHouse parses
-itself (:func:`~pipeline.sinks.rows.event_payload`, 0.4–0.7 µs per event
-to encode; the child does not look inside), whole batch envelopes as the
+itself (:func:`~pipeline.sinks.rows.event_payload`; the child does not
+look inside), whole batch envelopes as the
 messages' own bytes (:mod:`pipeline.sinks.batches`), the other tables'
 rows as msgpack::
 

@@ -112,8 +112,8 @@ def event_payload(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str
     ``[event, parse_ok, missing_fields]`` with the event as msgspec encodes
     it, minus its texts (not stored); ClickHouse turns them into the values
     :func:`event_row` gives, with ``ingested_at`` the time of the insert (the
-    view in ``infra/clickhouse/006_request_events_input.sql``). 0.4–0.7 µs
-    per event, no Python per value (:class:`pipeline.sinks.json_table.JsonTableSink`).
+    view in ``infra/clickhouse/006_request_events_input.sql``). No Python
+    per value (:class:`pipeline.sinks.json_table.JsonTableSink`).
 
     Raises ``ValueError`` like :func:`event_row` (nothing encoded).
 

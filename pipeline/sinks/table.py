@@ -42,8 +42,8 @@ __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_ROWS", "INSERT_SETTINGS", "TableSin
 
 #: Settings of every insert. ``optimize_on_insert=0``: ClickHouse does not merge duplicate keys inside
 #: the inserted block (ReplacingMergeTree collapses them on merge, and readers use FINAL anyway, see
-#: contract point 3); measured on chDB: ~1.0 against ~2.3 µs of CPU per ``request_events`` row in
-#: 100,000-row inserts (ClickHouse docs: Settings → optimize_on_insert).
+#: contract point 3), which costs less CPU per row (docs/THROUGHPUT.md, "Design measurements";
+#: ClickHouse docs: Settings → optimize_on_insert).
 INSERT_SETTINGS = {"optimize_on_insert": 0}
 
 

@@ -1,13 +1,24 @@
 """Export / import one channel's complete detector state as bytes.
 
-A snapshot holds the channel's rows of both rings (30 × 10 s counters and
-latency histograms, 25 × 1 h baseline histograms), its quality-score rings
-(30 × 10 s and 25 × 1 h of count / sum / sum of squares, with the model
-version they came from; SPEC §4.5), its failure run, newest event time,
-soft-finding flags, circuit-breaker machine and verdict ``seq``.
-Snapshots written before the quality rings existed load with empty ones.
-Histograms are mostly zeros, so the arrays are zlib-compressed: a busy
-channel's snapshot is a few KB (raw ≈ 75 KB).
+A snapshot is the wire form of :class:`pipeline.state.channel_state.ChannelState`
+(:meth:`pipeline.engine.Engine.export_state` / ``import_state``): the
+channel's rows of its rings (30 × 10 s counters, 10 × 30 s latency
+histograms, 25 × 1 h baseline histograms), its quality-score rings (30 × 10 s and
+25 × 1 h of count / sum / sum of squares, with the model version they came
+from; SPEC §4.5), its failure run, newest event time, soft-finding flags,
+circuit-breaker machine and verdict ``seq``. Histograms are mostly zeros, so
+the arrays are zlib-compressed: a busy channel's snapshot is a few KB (raw ≈ 75 KB).
+
+Versions: 2 (written now) keeps the 10 s counters **by feature name**
+(``counters``: name → array), so a snapshot written before a signal added a
+counter restores with that counter empty and everything else intact (a
+counter the engine no longer keeps is dropped and counted in
+``Engine.dropped_state``). Version 1 (before 2026-12) kept them positional
+in ``short_counts``, in the order of
+:data:`pipeline.windows.features.V1_COUNTER_NAMES`; it still restores.
+Snapshots written before the quality rings existed load with empty ones;
+those written with 30 × 10 s latency histograms (no ``short_lat_slot_id``)
+load with them summed into the 30 s slots.
 
 The stream worker publishes snapshots of changed channels to the state topic
 and acks input offsets only afterwards, so committed offsets never run ahead
@@ -18,13 +29,19 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
+from typing import Sequence
 
 import msgspec
 import numpy as np
 
 from pipeline.policy.state_machine import ChannelMachine
+from pipeline.state.channel_state import ChannelState
+from pipeline.windows.features import V1_COUNTER_NAMES
+from pipeline.windows.store import ChannelWindows
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+#: Versions :func:`decode_snapshot` reads.
+READABLE_VERSIONS = (1, 2)
 
 
 class SnapshotError(ValueError):
@@ -32,7 +49,8 @@ class SnapshotError(ValueError):
 
 
 class ChannelSnapshot(msgspec.Struct):
-    """Wire form of one channel's state (msgpack)."""
+    """Wire form of one channel's state (msgpack). ``short_counts``: version 1 only;
+    ``counters``: version 2 (feature name → packed float32 (30,))."""
 
     version: int
     channel: str
@@ -40,7 +58,6 @@ class ChannelSnapshot(msgspec.Struct):
     tier: str | None
     n_buckets: int
     short_slot_id: bytes
-    short_counts: bytes
     short_hist: bytes
     base_slot_id: bytes
     base_hist: bytes
@@ -57,6 +74,11 @@ class ChannelSnapshot(msgspec.Struct):
     quality_base_slot_id: bytes = b""
     quality_base_counts: bytes = b""
     quality_model: str | None = None
+    short_counts: bytes = b""
+    counters: dict[str, bytes] = {}
+    #: Slot ids of ``short_hist`` when it holds the 30 s latency ring's slots (empty: the 10 s slots of
+    #: ``short_slot_id``, as written before the 30 s latency ring).
+    short_lat_slot_id: bytes = b""
 
 
 def _pack(a: np.ndarray) -> bytes:
@@ -72,43 +94,92 @@ def _unpack(b: bytes, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def export_channel(engine, index: int) -> bytes:
-    """Snapshot of channel ``index`` of ``engine`` (a :class:`pipeline.engine.Engine`)."""
-    st = engine.store
-    m: ChannelMachine = engine.machines[index]
+    """Snapshot bytes (current version) of channel ``index`` of ``engine`` (a :class:`pipeline.engine.Engine`)."""
+    return encode_state(engine.export_state(index))
+
+
+def encode_state(state: ChannelState) -> bytes:
+    """:class:`ChannelState` → snapshot bytes (version :data:`SNAPSHOT_VERSION`)."""
+    w = state.windows
     snap = ChannelSnapshot(
-        version=SNAPSHOT_VERSION,
-        channel=st.names[index], route=st.routes[index], tier=st.tiers[index],
-        n_buckets=st.buckets.n_buckets,
-        short_slot_id=_pack(st.short.slot_id[index]), short_counts=_pack(st.short.counts[index]),
-        short_hist=_pack(st.short.hist[index]),
-        base_slot_id=_pack(st.base.slot_id[index]), base_hist=_pack(st.base.hist[index]),
-        run=int(st.runs.trailing[index]), last_ts_ms=int(st.last_ts_ms[index]),
-        seq=int(engine.seq[index]), watermark_ms=st.watermark_ms, next_eval_ms=int(engine.next_eval[index]),
-        fail_since_eval=float(engine.fail_since_eval[index]),
-        active={k: bool(v[index]) for k, v in engine.active.items()},
-        machine=dataclasses.asdict(m),
-        quality_short_slot_id=_pack(st.quality.short.slot_id[index]),
-        quality_short_counts=_pack(st.quality.short.counts[index]),
-        quality_base_slot_id=_pack(st.quality.base.slot_id[index]),
-        quality_base_counts=_pack(st.quality.base.counts[index]),
-        quality_model=st.quality.version[index],
+        version=SNAPSHOT_VERSION, channel=state.channel, route=state.route, tier=state.tier,
+        n_buckets=w.n_buckets, short_slot_id=_pack(w.short_slot_id), short_hist=_pack(w.short_hist),
+        short_lat_slot_id=_pack(w.short_lat_slot_id) if w.short_lat_slot_id is not None else b"",
+        counters={name: _pack(a) for name, a in w.counters.items()},
+        base_slot_id=_pack(w.base_slot_id), base_hist=_pack(w.base_hist),
+        run=w.run, last_ts_ms=w.last_ts_ms, seq=state.seq, watermark_ms=state.watermark_ms,
+        next_eval_ms=state.next_eval_ms, fail_since_eval=state.fail_since_eval, active=dict(state.active),
+        machine=dict(state.machine),
+        quality_short_slot_id=_pack(w.quality_short_slot_id) if w.quality_short_slot_id is not None else b"",
+        quality_short_counts=_pack(w.quality_short_counts) if w.quality_short_counts is not None else b"",
+        quality_base_slot_id=_pack(w.quality_base_slot_id) if w.quality_base_slot_id is not None else b"",
+        quality_base_counts=_pack(w.quality_base_counts) if w.quality_base_counts is not None else b"",
+        quality_model=w.quality_model,
     )
     return msgspec.msgpack.encode(snap)
 
 
+def copy_state(engine, rows: Sequence[int]) -> list[ChannelState]:
+    """Copies of channels ``rows``' state (:meth:`pipeline.engine.Engine.export_state`), to encode later.
+
+    A worker takes them while its state is consistent (between two batches,
+    under its lock) and encodes them (:func:`encode_state`, mostly zlib, which
+    releases the GIL) in another thread while the engine moves on. Pass only
+    resident channels: an evicted one has its snapshot bytes already, and
+    copying its released rows would commit their memory again.
+    """
+    return [engine.export_state(i) for i in rows]
+
+
 def decode_snapshot(raw: bytes) -> ChannelSnapshot:
-    """Decode snapshot bytes; raises :class:`SnapshotError` on bad bytes or version."""
+    """Decode snapshot bytes; raises :class:`SnapshotError` on bad bytes or an unknown version."""
     try:
         snap = msgspec.msgpack.decode(raw, type=ChannelSnapshot)
     except msgspec.MsgspecError as exc:
         raise SnapshotError(f"undecodable snapshot: {exc}") from None
-    if snap.version != SNAPSHOT_VERSION:
-        raise SnapshotError(f"snapshot version {snap.version} is not {SNAPSHOT_VERSION}")
+    if snap.version not in READABLE_VERSIONS:
+        raise SnapshotError(f"snapshot version {snap.version} is not one of {READABLE_VERSIONS}")
     return snap
 
 
+def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25, quality_counters: int = 3,
+             lat_slots: int = 10) -> ChannelState:
+    """The :class:`ChannelState` a decoded snapshot holds (ring sizes: the engine's).
+
+    ``short_hist`` is the latency ring's ``(lat_slots, n_buckets)`` with
+    ``short_lat_slot_id``, or (older snapshots) ``(short_slots, n_buckets)`` in
+    the 10 s slots of ``short_slot_id`` with ``short_lat_slot_id`` None.
+
+    Raises :class:`SnapshotError` when an array does not unpack to its ring's shape.
+    """
+    ns, nb, k = short_slots, base_slots, snap.n_buckets
+    if snap.version == 1:
+        cube = _unpack(snap.short_counts, np.float32, (ns, len(V1_COUNTER_NAMES)))
+        counters = {name: cube[:, j].copy() for j, name in enumerate(V1_COUNTER_NAMES)}
+    else:
+        counters = {name: _unpack(b, np.float32, (ns,)) for name, b in snap.counters.items()}
+    quality = {}
+    if snap.quality_short_slot_id:
+        qk = quality_counters
+        quality = dict(quality_short_slot_id=_unpack(snap.quality_short_slot_id, np.int64, (ns,)),
+                       quality_short_counts=_unpack(snap.quality_short_counts, np.float32, (ns, qk)),
+                       quality_base_slot_id=_unpack(snap.quality_base_slot_id, np.int64, (nb,)),
+                       quality_base_counts=_unpack(snap.quality_base_counts, np.float32, (nb, qk)),
+                       quality_model=snap.quality_model)
+    windows = ChannelWindows(
+        n_buckets=k, short_slot_id=_unpack(snap.short_slot_id, np.int64, (ns,)), counters=counters,
+        short_hist=_unpack(snap.short_hist, np.float32, (lat_slots if snap.short_lat_slot_id else ns, k)),
+        short_lat_slot_id=_unpack(snap.short_lat_slot_id, np.int64, (lat_slots,)) if snap.short_lat_slot_id else None,
+        base_slot_id=_unpack(snap.base_slot_id, np.int64, (nb,)),
+        base_hist=_unpack(snap.base_hist, np.float32, (nb, k)), run=snap.run, last_ts_ms=snap.last_ts_ms, **quality)
+    return ChannelState(channel=snap.channel, route=snap.route, tier=snap.tier, windows=windows,
+                        watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms,
+                        fail_since_eval=snap.fail_since_eval, seq=snap.seq, active=dict(snap.active),
+                        machine=dict(snap.machine))
+
+
 def import_channel(engine, snap: ChannelSnapshot) -> int:
-    """Load ``snap`` into ``engine`` (registering the channel); returns its index.
+    """Load ``snap`` (any readable version) into ``engine`` (registering the channel); returns its index.
 
     Raises :class:`SnapshotError` when the bucket layout or ring sizes differ
     from the engine's configuration.
@@ -116,36 +187,37 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     st = engine.store
     if snap.n_buckets != st.buckets.n_buckets:
         raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {st.buckets.n_buckets}")
+    state = to_state(snap, st.short.n_slots, st.base.n_slots, st.quality.short.n_counters, st.short_lat.n_slots)
+    try:
+        return engine.import_state(state)
+    except ValueError as exc:
+        raise SnapshotError(str(exc)) from None
+
+
+def _machine(snap: ChannelSnapshot) -> ChannelMachine:
+    fields = {f.name for f in dataclasses.fields(ChannelMachine)}
+    return ChannelMachine(**{k: v for k, v in snap.machine.items() if k in fields})
+
+
+def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
+    """Register ``snap``'s channel in ``engine`` as evicted (``raw``: its snapshot bytes); returns its index.
+
+    Only the registry, state machine, ``seq``, newest event time and next round are loaded (for
+    route shares and the channel limit); the windows stay in ``raw`` until the channel's next event
+    (:meth:`pipeline.engine.Engine.process` imports it then). Raises :class:`SnapshotError` when the
+    bucket layout differs from the engine's.
+    """
+    st = engine.store
+    if snap.n_buckets != st.buckets.n_buckets:
+        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {st.buckets.n_buckets}")
     i = st.channel_index(snap.channel, snap.route, snap.tier)
     engine._grow(st.n_channels)
-    ns, nb, k = st.short.n_slots, st.base.n_slots, st.buckets.n_buckets
-    st.short.slot_id[i] = _unpack(snap.short_slot_id, np.int64, (ns,))
-    st.short.counts[i] = _unpack(snap.short_counts, np.float32, (ns, st.short.n_counters))
-    st.short.hist[i] = _unpack(snap.short_hist, np.float32, (ns, k))
-    st.base.slot_id[i] = _unpack(snap.base_slot_id, np.int64, (nb,))
-    st.base.hist[i] = _unpack(snap.base_hist, np.float32, (nb, k))
-    q = st.quality
-    if snap.quality_short_slot_id:
-        qs, qb, qk = q.short.n_slots, q.base.n_slots, q.short.n_counters
-        q.short.slot_id[i] = _unpack(snap.quality_short_slot_id, np.int64, (qs,))
-        q.short.counts[i] = _unpack(snap.quality_short_counts, np.float32, (qs, qk))
-        q.base.slot_id[i] = _unpack(snap.quality_base_slot_id, np.int64, (qb,))
-        q.base.counts[i] = _unpack(snap.quality_base_counts, np.float32, (qb, qk))
-        q.version[i] = snap.quality_model
-    else:
-        q.reset([i])
-        q.version[i] = None
-    st.runs.trailing[i] = snap.run
+    engine.resident[i] = False
+    engine.evicted[snap.channel] = raw
     st.last_ts_ms[i] = max(int(st.last_ts_ms[i]), snap.last_ts_ms)
     if snap.watermark_ms is not None:
         st.watermark_ms = max(st.watermark_ms or snap.watermark_ms, snap.watermark_ms)
-    st.invalidate_baseline(i)
     engine.next_eval[i] = snap.next_eval_ms or 0
-    engine.fail_since_eval[i] = snap.fail_since_eval
     engine.seq[i] = max(engine.seq[i], snap.seq)
-    for k2, v in snap.active.items():
-        if k2 in engine.active:
-            engine.active[k2][i] = v
-    fields = {f.name for f in dataclasses.fields(ChannelMachine)}
-    engine.machines[i] = ChannelMachine(**{k2: v for k2, v in snap.machine.items() if k2 in fields})
+    engine.machines[i] = _machine(snap)
     return i

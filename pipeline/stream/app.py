@@ -3,8 +3,9 @@
 Delivery is at-least-once, restarts are exact, and a ClickHouse outage does
 not stop the verdicts:
 
-1. the agent takes batches with ``noack_take`` (faust's plain ``take()`` acks
-   even when the body raised -- a failed insert would be skipped for ever);
+1. the agent takes batches of unacked messages (:mod:`pipeline.stream.take`;
+   faust's plain ``take()`` acks even when the body raised -- a failed insert
+   would be skipped for ever);
 2. a batch's verdicts and dead letters are sent and acknowledged by Kafka,
    and its rows are put in the sink's bounded buffer (by default a child
    process writes them: :mod:`pipeline.sinks.process`); a background flusher
@@ -72,13 +73,13 @@ from pipeline.stream.dead_letters import DeadLetterPublisher
 from pipeline.stream.flushing import FLUSH_BACKOFF_MAX_S, FLUSH_BACKOFF_MIN_S, FLUSH_INTERVAL_S, SinkWriter
 from pipeline.stream.intake import IDLE_ADVANCE_AFTER_S, IDLE_STEP_MS, Assignment, Intake
 from pipeline.stream.offsets import start_offsets
+from pipeline.stream.take import batches
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
 from pipeline.stream.runtime import (
     CHUNK_BYTES,
     STREAM_BUFFER_MAX,
     TAKE_MAX,
-    TAKE_WITHIN_S,
     BoundedStopWorker,
     cap_fetch_wait,
     disable_read_offset_filter,
@@ -180,7 +181,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
         await send_and_wait(app.producer, topics.state, records)
 
     assignment = Assignment(state, FaustConsumer(app, topics.requests), load_records, load_starts,
-                            lambda: Engine(policy))
+                            lambda: Engine(policy, settings.state_limits))
     writer = SinkWriter(state)
     intake = Intake(state, assignment, publish, writer, CHUNK_BYTES)
     snapshots = SnapshotPublisher(state, send_state, lambda m: m.ack(app.consumer), assignment.current)
@@ -190,7 +191,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
         state.init_sync()
         try:
             ended = None
-            async for events in stream.noack_take(TAKE_MAX, within=TAKE_WITHIN_S):
+            async for events in batches(stream.noack().events(), TAKE_MAX):  # not noack_take: see take
                 if ended is not None:
                     state.wall_s["between"] += time.perf_counter() - ended
                 await intake.handle(events)

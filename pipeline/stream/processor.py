@@ -16,8 +16,10 @@ windows, baselines, runs, timers and ``seq`` continue exactly.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 from typing import Callable, Collection, Mapping, Sequence
 
@@ -30,7 +32,11 @@ from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.ingest.dedup import EventIdDedup
+from pipeline.ingest.reasons import TOO_MANY_CHANNELS
 from pipeline.sinks.batches import split_stored
+
+log = logging.getLogger(__name__)
 
 _TS = attrgetter("ts_ms")
 _CHANNEL = attrgetter("channel")
@@ -38,6 +44,8 @@ _CHANNEL = attrgetter("channel")
 #: A partition that delivered nothing for this long (wall clock) no longer
 #: holds the low watermark back (the usual idle-source rule).
 PARTITION_IDLE_S = 10.0
+#: Duplicates and refused channels are logged at most once per this many seconds (wall clock), with counts.
+LOG_EVERY_S = 60.0
 
 
 @dataclass
@@ -45,7 +53,7 @@ class ProcessedBatch:
     """Outputs of one batch.
 
     ``verdicts`` in publication order; ``dead_letters`` (invalid or late
-    input); the ``request_events`` rows as ``stored`` rows ``(event,
+    input, or of a channel over the limit); the ``request_events`` rows as ``stored`` rows ``(event,
     parse_ok, missing_fields)`` and ``envelopes``: ``(message bytes,
     events)`` of the batch envelopes stored as the message holds them, which
     ClickHouse reads itself; their events are not in ``stored``. The choice
@@ -63,18 +71,30 @@ class BatchProcessor:
 
     ``clock_ms`` returns wall-clock UTC epoch ms (used only to reject
     timestamps absurdly far from now; windows run on event time).
-
     ``event_clock`` (replay mode, ``CHANNEL_HEALTH_CLOCK=event``): the
     decoder's age bound runs from ``event_time_ms``, the newest event time
     accepted so far (0 before the first: nothing is too old yet), not from the
     wall clock, so a day from a year ago is processed on its own clock; the
     future bound stays on the wall clock.
+
+    ``dedup``: the ``event_id`` memory (default: horizon and size of the
+    engine's :class:`~pipeline.config.StateLimits`); a re-sent event is
+    dropped before the engine and the sink (counted in ``duplicates``, logged
+    at most every ``LOG_EVERY_S``), so it is counted and stored once.
     """
 
     def __init__(self, engine: Engine | None = None, decoder: Decoder | None = None,
-                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000), *, event_clock: bool = False):
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 dedup: EventIdDedup | None = None, *, event_clock: bool = False):
         self.engine = engine or Engine()
         self.decoder = decoder or Decoder()
+        limits = self.engine.limits
+        self.dedup = dedup or EventIdDedup(limits.dedup_horizon_ms, limits.dedup_max_ids)
+        #: re-sent events dropped (their ``event_id`` seen within the dedup horizon).
+        self.duplicates = 0
+        #: events dead-lettered ``too_many_channels``.
+        self.refused = 0
+        self._logged_at = (0.0, 0, 0)  # (monotonic time, duplicates, refused) of the last log line
         self.clock_ms = clock_ms
         self.event_clock = event_clock
         #: Newest event time accepted (UTC epoch ms; kept across :meth:`reset`); only tracked with ``event_clock``.
@@ -106,17 +126,22 @@ class BatchProcessor:
 
     @classmethod
     def for_settings(cls, settings: Settings, policy: PolicyConfig | None = None) -> "BatchProcessor":
-        """The worker's processor: an :class:`Engine` with ``policy``, the age bound ``settings.max_event_age_ms``
-        (``CHANNEL_HEALTH_MAX_EVENT_AGE``), and the event clock when ``settings.clock == "event"``."""
-        return cls(Engine(policy), Decoder(max_age_ms=settings.max_event_age_ms), event_clock=settings.clock == "event")
+        """The worker's processor: an :class:`Engine` with ``policy`` and ``settings.state_limits``, the age
+        bound ``settings.max_event_age_ms`` (``CHANNEL_HEALTH_MAX_EVENT_AGE``), and the event clock when
+        ``settings.clock == "event"``."""
+        return cls(Engine(policy, settings.state_limits), Decoder(max_age_ms=settings.max_event_age_ms),
+                   event_clock=settings.clock == "event")
 
     def reset(self, engine: Engine) -> None:
         """Start over with ``engine`` (fresh) after a rebalance; counters are kept.
 
-        Drops pending snapshots, restore bookkeeping and partition watermarks;
+        Drops pending snapshots, restore bookkeeping, partition watermarks and the ``event_id`` memory;
         call :meth:`load_snapshots` afterwards.
         """
         self.engine = engine
+        # Input after a rebalance is re-read from the committed offsets: rows of the old assignment that
+        # were not yet written must be stored again, so the ids of the old assignment are forgotten.
+        self.dedup = EventIdDedup(self.dedup.horizon_ms, self.dedup.max_ids)
         self.pending_snapshots = {}
         self.pending_offsets = {}
         self.covered = {}
@@ -160,7 +185,7 @@ class BatchProcessor:
                 if assigned is not None and partition in assigned:
                     now.append(name)
         before = self.restored
-        self._restore(now)
+        self._restore(now, hold_idle=True)
         return self.restored - before
 
     def process(self, raws: Sequence[bytes | None], partitions: Sequence[int] | None = None,
@@ -188,6 +213,10 @@ class BatchProcessor:
         events, owner, out.dead_letters, envelopes = self.decoder.decode_many(raws, now)
         if self.event_clock and events:
             self.event_time_ms = max(self.event_time_ms, max(map(_TS, events)))
+        self.events_in += len(events)  # decoded, duplicates included
+        dup = self.dedup.filter(events, self.engine.store.watermark_ms) if events else None
+        if dup:
+            events, owner, envelopes = self._drop_duplicates(events, owner, envelopes, dup)
         if track:  # events a snapshot covers go to ``stored`` on their own (below): keep their messages as rows
             envelopes = []
         origin: list[tuple[int, int]] = []
@@ -198,7 +227,6 @@ class BatchProcessor:
                 origin = list(zip(parts, map(offsets.__getitem__, owner)))  # type: ignore[union-attr]
         for d in out.dead_letters:
             self.counters.add_dead_letter(d.reason)
-        self.events_in += len(events)
         if self.pending_snapshots:
             self._restore_channels(events)
         if track and self.covered and events:
@@ -212,10 +240,12 @@ class BatchProcessor:
             result = self.engine.process(events, low_watermark_ms=self.low_watermark_ms() or 0)
         out.verdicts.extend(result.verdicts)
         late.extend(result.late)
-        stored, out.envelopes = split_stored(envelopes, events, owner, result.accepted, result.late)
+        if result.refused:
+            self._refuse(result.refused, out)
+        stored, out.envelopes = split_stored(envelopes, events, owner, result.accepted, result.late, result.refused)
         out.stored.extend(stored)
         for e in late:
-            idx = self.engine.store._index.get(e.channel)
+            idx = self.engine.channel_rows.get(e.channel)
             newest = int(self.engine.store.last_ts_ms[idx]) if idx is not None else e.ts_ms
             lateness_s = (newest - e.ts_ms) / 1000
             out.dead_letters.append(DeadLetter(
@@ -226,6 +256,43 @@ class BatchProcessor:
             self.counters.add_dead_letter("late_event")
         self.verdicts_out += len(out.verdicts)
         return out
+
+    def _drop_duplicates(self, events: list[RequestEvent], owner: list[int], envelopes: list,
+                         dup: list[int]) -> tuple[list[RequestEvent], list[int], list]:
+        """Events and owners without the positions ``dup``; envelopes without the messages that held one
+        (their other events are then stored as rows)."""
+        gone = set(dup)
+        keep = [i not in gone for i in range(len(events))]
+        if envelopes:
+            bad = {owner[i] for i in dup}
+            envelopes = [env for env in envelopes if env[0] not in bad]
+        self.duplicates += len(dup)
+        self._log_bounded()
+        return list(compress(events, keep)), list(compress(owner, keep)), envelopes
+
+    def _refuse(self, refused: list[RequestEvent], out: ProcessedBatch) -> None:
+        """Dead-letter events of channels over the engine's channel limit."""
+        limit = self.engine.limits.max_channels
+        for e in refused:
+            out.dead_letters.append(DeadLetter(
+                reason=TOO_MANY_CHANNELS,
+                detail=f"channel {e.channel[:100]!r} is new and this worker already holds its limit of {limit} "
+                       f"channels (CHANNEL_HEALTH_MAX_CHANNELS)",
+                raw=encode(e), event_id=e.event_id))
+            self.counters.add_dead_letter(TOO_MANY_CHANNELS)
+        self.refused += len(refused)
+        self._log_bounded()
+
+    def _log_bounded(self) -> None:
+        """One warning per ``LOG_EVERY_S`` with the duplicates and refusals since the last one."""
+        at, dups, refused = self._logged_at
+        wall = time.monotonic()
+        if wall - at < LOG_EVERY_S:
+            return
+        log.warning("dropped %d re-sent events (event_id seen within the dedup horizon) and dead-lettered %d "
+                    "events of channels over the limit since the last report (totals %d, %d)",
+                    self.duplicates - dups, self.refused - refused, self.duplicates, self.refused)
+        self._logged_at = (wall, self.duplicates, self.refused)
 
     def _note_partitions(self, events: list[RequestEvent], parts: list[int]) -> None:
         """Per input partition, the newest event time delivered (for the low watermark), and per channel
@@ -271,20 +338,30 @@ class BatchProcessor:
         return keep
 
     def _restore_channels(self, events: Sequence[RequestEvent]) -> None:
-        known = self.engine.store._index
+        known = self.engine.channel_rows
         self._restore({e.channel for e in events if e.channel not in known})
 
-    def _restore(self, names: Collection[str]) -> None:
-        """Load the pending snapshots of ``names`` into the engine (a bad one: the channel starts fresh)."""
-        from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
+    def _restore(self, names: Collection[str], hold_idle: bool = False) -> None:
+        """Load the pending snapshots of ``names`` into the engine (a bad one: the channel starts fresh).
 
+        ``hold_idle``: a channel that was already idle for the engine's ``evict_idle_ms`` when its
+        snapshot was saved is registered as evicted (:func:`~pipeline.state.snapshot.hold_channel`:
+        its windows are loaded on its next event), so a restart does not load every idle channel."""
+        from pipeline.state.snapshot import SnapshotError, decode_snapshot, hold_channel, import_channel
+
+        idle_ms = self.engine.limits.evict_idle_ms
         for name in names:
             raw = self.pending_snapshots.pop(name, None)
             offsets = self.pending_offsets.pop(name, None)
             if raw is None:
                 continue
             try:
-                import_channel(self.engine, decode_snapshot(raw))
+                snap = decode_snapshot(raw)
+                if (hold_idle and idle_ms > 0 and snap.watermark_ms is not None
+                        and snap.watermark_ms - snap.last_ts_ms >= idle_ms):
+                    hold_channel(self.engine, snap, raw)
+                else:
+                    import_channel(self.engine, snap)
                 self.restored += 1
                 if offsets:
                     self.covered[name] = offsets
@@ -295,7 +372,9 @@ class BatchProcessor:
         """``(channel, snapshot bytes)`` for every channel this worker holds."""
         from pipeline.state.snapshot import export_channel
 
-        return [(name, export_channel(self.engine, i)) for i, name in enumerate(self.engine.store.names)]
+        evicted = self.engine.evicted
+        return [(name, evicted.get(name) or export_channel(self.engine, i))
+                for i, name in enumerate(self.engine.store.names)]
 
     def snapshot_records(self, offsets: Mapping[int, int]) -> list[tuple[str, bytes, dict[int, int], int | None]]:
         """``(channel, snapshot bytes, covered input offsets, input partition)`` for every channel this worker holds.
@@ -304,16 +383,38 @@ class BatchProcessor:
         channel also covers what its snapshot covered (the replay may not have
         passed it yet). The input partition is the one the channel's newest
         events came from (None if it never had events with a known partition).
+        Equal to ``snapshot_capture(offsets)()``.
         """
-        out = []
+        return self.snapshot_capture(offsets)()
+
+    def snapshot_capture(self, offsets: Mapping[int, int]) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
+        """Capture the state now; the returned function encodes it into :meth:`snapshot_records`' records.
+
+        The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`);
+        the encoding, the bulk of the cost, reads only that copy, so it may run
+        in another thread, later, while this processor goes on processing.
+        """
+        from pipeline.state.snapshot import copy_state, encode_state
+
+        evicted = dict(self.engine.evicted)  # name → its snapshot bytes (immutable): nothing to copy
+        names = self.engine.store.names
+        resident = [i for i, name in enumerate(names) if name not in evicted]
+        frozen = copy_state(self.engine, resident)
+        row = {names[i]: k for k, i in enumerate(resident)}
         part = self.input_partition
-        for name, blob in self.snapshots():
+        meta = []
+        for name in names:
             cov = dict(offsets)
             for p, o in self.covered.get(name, {}).items():
                 if o > cov.get(p, -1):
                     cov[p] = o
-            out.append((name, blob, cov, part.get(name)))
-        return out
+            meta.append((name, cov, part.get(name)))
+
+        def encode() -> list[tuple[str, bytes, dict[int, int], int | None]]:
+            return [(name, evicted[name] if name in evicted else encode_state(frozen[row[name]]), cov, p)
+                    for name, cov, p in meta]
+
+        return encode
 
     def set_partition_status(self, caught_up: dict[int, bool]) -> None:
         """Record, per assigned input partition, whether it has been consumed to its end."""

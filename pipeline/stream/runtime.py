@@ -26,14 +26,12 @@ log = logging.getLogger("channel_health.worker")
 #: per round in ``channel-health bench``. 256 KiB holds a round's verdicts of a partition at 4 partitions (~180 KB
 #: each); below the producer's 1 MB request limit.
 PRODUCER_BATCH_BYTES = 256 * 1024
-#: Batch size and wait of the agent (messages, seconds).
+#: Most messages in one batch of the agent (:func:`pipeline.stream.take.batches`), and most messages
+#: it holds fetched beyond the batch being processed.
 TAKE_MAX = 256
 #: Fetched messages faust buffers per agent before it pauses fetching (faust ``stream_buffer_maxsize``,
 #: default 4,096: 4,096 batch envelopes of 500 events are ~570 MB held in memory).
 STREAM_BUFFER_MAX = 256
-#: Longest wait of a take for TAKE_MAX messages (s); then what has arrived is processed. 0.2 s left
-#: the agent idle near the end of a backlog (partial takes); 50 ms costs nothing measurable when idle.
-TAKE_WITHIN_S = 0.05
 #: Raw input bytes decoded at once: a take of 256 batch envelopes (~35 MB) is processed in
 #: chunks, so at most this much is held as decoded events at a time.
 CHUNK_BYTES = 4 * 1024 * 1024
@@ -147,7 +145,7 @@ def tune_gc() -> None:
     fetched messages); with CPython's default thresholds (700, 10, 10) every
     few thousand allocations walk them. ``GC_THRESHOLDS`` and the start-up
     objects frozen out of the collector's way (``gc.freeze``, Python docs
-    "gc") cut 25-35 % CPU per event (README "Throughput"); reference cycles
+    "gc") cut 25-35 % CPU per event (docs/THROUGHPUT.md); reference cycles
     are still collected.
     """
     gc.collect()

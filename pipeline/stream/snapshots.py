@@ -49,14 +49,21 @@ class SnapshotPublisher:
         self.is_current = is_current
 
     async def capture(self) -> None:
-        """Capture every channel's state after the last processed batch (published once its rows are written)."""
+        """Capture every channel's state after the last processed batch (published once its rows are written).
+
+        Under the lock the state is only copied; the snapshots are encoded from
+        the copy in a thread (``BatchProcessor.snapshot_capture``), so neither
+        the agent nor the event loop waits for the encoding (done on the loop,
+        it held up every verdict each ``SNAPSHOT_INTERVAL_S``, issue #15).
+        :meth:`save` awaits it.
+        """
         state = self.state
         assert state.lock is not None
         async with state.lock:
             if not state.dirty or state.ledger.pending_snapshot_seq is not None or not self.is_current():
                 return
-            records = state.processor.snapshot_records(state.gate.last_offsets)
-            state.ledger.snapshot_taken((state.generation, records))
+            encode = state.processor.snapshot_capture(state.gate.last_offsets)
+            state.ledger.snapshot_taken((state.generation, asyncio.ensure_future(asyncio.to_thread(encode))))
             state.dirty = False
 
     async def save(self) -> None:
@@ -72,11 +79,12 @@ class SnapshotPublisher:
             ready = state.ledger.ready_snapshot()
             if ready is None:
                 return
-            generation, records = ready
+            generation, encoding = ready
             if generation != state.generation or not self.is_current():
                 state.ledger.drop_snapshot()
                 return
             epoch = state.ledger.epoch
+            records = await encoding  # encoded in a thread since the capture; raises what the encoding raised
             await self.send([(name.encode(), blob, snapshot_headers(offs, part))
                              for name, blob, offs, part in records])
             if epoch != state.ledger.epoch or not self.is_current():

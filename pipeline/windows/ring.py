@@ -16,7 +16,73 @@ Two rings per worker (see :mod:`pipeline.windows.store`):
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
+
 import numpy as np
+
+#: Linux ``madvise(2)`` advice that drops private anonymous pages (they read back as zeros).
+_MADV_DONTNEED = 4
+#: Linux ``madvise(2)`` advice: no transparent huge pages for this range.
+_MADV_NOHUGEPAGE = 15
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+_PAGE = mmap.PAGESIZE
+
+
+def _madvise(a: np.ndarray, advice: int) -> tuple[int, int, bool]:
+    """``madvise`` on the whole pages inside ``a``: ``(start, end, done)`` of that page range."""
+    start, n = a.ctypes.data, a.nbytes
+    lo, hi = -(-start // _PAGE) * _PAGE, (start + n) // _PAGE * _PAGE
+    if _LIBC is None or hi <= lo:
+        return lo, hi, False
+    return lo, hi, _advise(lo, hi - lo, advice)
+
+
+def _advise(address: int, length: int, advice: int) -> bool:
+    return _LIBC is not None and _LIBC.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), advice) == 0
+
+
+def small_pages(a: np.ndarray) -> np.ndarray:
+    """Ask Linux not to back ``a`` with transparent huge pages; returns ``a``.
+
+    numpy advises huge pages (2 MiB) for large arrays (numpy docs: "madvise hugepage"), so one
+    write to a fresh ring makes 2 MiB resident: the 16 KB a one-event channel writes would cost
+    ~80 KB per channel. With 4 KiB pages an untouched slot costs nothing. A no-op elsewhere.
+    """
+    _madvise(a, _MADV_NOHUGEPAGE)
+    return a
+
+
+def release_zero(a: np.ndarray, within: np.ndarray | None = None) -> None:
+    """Set the C-contiguous array ``a`` to zeros, handing its memory pages back to the OS.
+
+    The pages inside ``a`` are dropped with ``madvise(MADV_DONTNEED)`` (Linux, Linux man-pages
+    madvise(2): private anonymous pages read back zero-filled and are resident again only when
+    written). A page ``a`` shares with its neighbours is zeroed in place where it holds data, and
+    dropped too when it then is all zeros and lies inside ``within`` (the C-contiguous array ``a`` is
+    part of, e.g. a ring's whole ``hist``; only this thread writes it). Elsewhere (no Linux libc), or
+    when a call fails, ``a`` is zeroed in place (same contents, memory stays resident).
+    """
+    if not a.flags.c_contiguous:
+        raise ValueError("release_zero needs a C-contiguous array")
+    start, end = a.ctypes.data, a.ctypes.data + a.nbytes
+    lo, hi, done = _madvise(a, _MADV_DONTNEED)
+    b = a.reshape(-1).view(np.uint8)
+    if not done:
+        lo = hi = start  # no whole page released: every byte is an "edge"
+    for edge in (b[: max(min(lo, end) - start, 0)], b[max(hi, start) - start:]):
+        if edge.any():  # reading an untouched page allocates nothing
+            edge[:] = 0
+    if within is None or not within.flags.c_contiguous or _LIBC is None:
+        return
+    w0, w1 = within.ctypes.data, within.ctypes.data + within.nbytes
+    whole = within.reshape(-1).view(np.uint8)
+    for page in range(start // _PAGE * _PAGE, end, _PAGE):
+        if (lo <= page < hi) or page < w0 or page + _PAGE > w1:
+            continue  # released above, or not wholly inside ``within``
+        if not whole[page - w0: page - w0 + _PAGE].any():
+            _advise(page, _PAGE, _MADV_DONTNEED)
 
 
 class IntervalRing:
@@ -40,8 +106,8 @@ class IntervalRing:
         self.n_counters = int(n_counters)
         self.n_buckets = int(n_buckets)
         self.slot_id = np.full((capacity, n_slots), -1, dtype=np.int64)
-        self.counts = np.zeros((capacity, n_slots, n_counters), dtype=np.float32)
-        self.hist = np.zeros((capacity, n_slots, n_buckets), dtype=np.float32)
+        self.counts = small_pages(np.zeros((capacity, n_slots, n_counters), dtype=np.float32))
+        self.hist = small_pages(np.zeros((capacity, n_slots, n_buckets), dtype=np.float32))
 
     @property
     def capacity(self) -> int:
@@ -54,14 +120,24 @@ class IntervalRing:
         if n_channels <= cap:
             return
         new = max(n_channels, 2 * cap)
+        held = np.nonzero(self.slot_id >= 0)  # (channel, slot) pairs holding an interval
         self.slot_id = np.concatenate([self.slot_id, np.full((new - cap, self.n_slots), -1, np.int64)])
         # np.zeros takes zeroed pages from the OS lazily: rows not yet used add no resident memory
-        # (a reserve for channels that may never come costs nothing), and only the used rows are copied.
+        # (a reserve for channels that may never come costs nothing). Only the slots that hold an
+        # interval are copied, so the empty slots of sparse channels (one event: one slot of 30) and of
+        # released rows (:meth:`clear_rows`) stay untouched pages.
         for name in ("counts", "hist"):
             old = getattr(self, name)
-            grown = np.zeros((new, *old.shape[1:]), np.float32)
-            grown[:cap] = old
+            grown = small_pages(np.zeros((new, *old.shape[1:]), np.float32))
+            grown[held] = old[held]
             setattr(self, name, grown)
+
+    def clear_rows(self, rows: np.ndarray | list[int]) -> None:
+        """Empty channels ``rows`` (all slots), giving their histogram memory back (:func:`release_zero`)."""
+        for r in np.asarray(rows, dtype=np.int64).tolist():
+            self.slot_id[r] = -1
+            release_zero(self.counts[r], self.counts)
+            release_zero(self.hist[r], self.hist)
 
     def add(
         self,
@@ -102,8 +178,8 @@ class IntervalRing:
         else:
             newest_slot = self.slot_id[channel].max(axis=1)
         fits &= slot > newest_slot - self.n_slots
-        # Scatter-adds on the flat (1-D) arrays: numpy's ufunc.at is 4-8x slower with a 2-D target or a
-        # tuple index (measured: 91 → 23 ns per event for the counters, 186 → 29 ns for the histograms).
+        # Scatter-adds on the flat (1-D) arrays: numpy's ufunc.at is several times slower with a 2-D target
+        # or a tuple index (docs/THROUGHPUT.md, "Design measurements").
         if counter_rows is not None and self.n_counters:
             k = self.n_counters
             cells = (flat[fits][:, None] * k + np.arange(k)).reshape(-1)
@@ -154,7 +230,7 @@ def masked_sums(mask: np.ndarray, cube: np.ndarray, rows: slice | np.ndarray = s
 
     ``cube`` float32 (C, n_slots, k) (a ring's ``counts`` or ``hist``); ``rows`` a slice or unique channel
     indices; ``mask`` float32 (n, n_slots) of 0/1 for those channels. Sums are float32 (exact for integer
-    counts below 2**24). One ``einsum``, 2-4x faster than a batched ``matmul`` of (1, n_slots) @ (n_slots, k)
+    counts below 2**24). One ``einsum``, faster than a batched ``matmul`` of (1, n_slots) @ (n_slots, k)
     here; when the indices pick at least a quarter of the rows up to the largest, the mask is spread over
     those rows instead of copying the picked rows of ``cube`` (a channel's latency histograms: ~40 KB).
 

@@ -1,58 +1,39 @@
 """All event-time window state of one worker, and the per-round view of it.
 
-:class:`WindowStore` owns the channel registry, the short ring (30 × 10 s),
-the baseline ring (25 × 1 h), the consecutive-failure runs and the watermark.
+:class:`WindowStore` owns the channel registry, the short ring (30 × 10 s)
+of named counters (:mod:`pipeline.windows.features`), the baseline ring
+(25 × 1 h), the consecutive-failure runs and the watermark.
+:meth:`WindowStore.export_channel` / :meth:`WindowStore.import_channel` move
+one channel's rows as a :class:`ChannelWindows`, counters by name.
 :meth:`WindowStore.view` turns them into a :class:`WindowView` of per-channel
 aggregates (arrays of shape (C,)) that every detector reads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import compress
+from types import MappingProxyType
+from typing import Mapping
 
 import numpy as np
 
+from pipeline.windows.features import V1_COUNTER_NAMES, Counter, EventColumns, counter_layout  # noqa: F401
 from pipeline.windows.histogram import LatencyBuckets
 from pipeline.windows.quality import QualityWindows
 from pipeline.windows.ring import IntervalRing
 from pipeline.windows.runs import RunTracker
 
-# Counter columns of the short ring.
+# Columns of the base counters in the short ring (:data:`pipeline.windows.features.BASE_COUNTERS`);
+# counters a signal adds follow them, addressed by name.
 JUDGED, FAILURES, OK, NEUTRAL, CHECKED, MISSING, RATE_LIMITED = range(7)
 N_COUNTERS = 7
 
 SHORT_SLOT_MS = 10_000
+#: Slot of the short latency histograms: 30 s, the round interval (SPEC §4), so a round's 5 min
+#: window is the same whole slots as with 10 s ones at a third of the memory.
+LAT_SLOT_MS = 30_000
 BASE_SLOT_MS = 3_600_000
-
-
-@dataclass
-class EventColumns:
-    """A batch of validated events as columns (all arrays shape (n,)).
-
-    ``channel`` int64 index from :meth:`WindowStore.channel_index`;
-    ``ts_ms`` int64 event time; ``outcome`` int8 (1 upstream failure,
-    0 success, -1 neutral: cancelled/filtered); ``ok`` bool (status ok);
-    ``latency_ms`` float64 >= 0; ``checked`` bool (structure judged);
-    ``missing`` bool (judged and missing a field or unparseable);
-    ``rate_limited`` bool.
-    """
-
-    channel: np.ndarray
-    ts_ms: np.ndarray
-    outcome: np.ndarray
-    ok: np.ndarray
-    latency_ms: np.ndarray
-    checked: np.ndarray
-    missing: np.ndarray
-    rate_limited: np.ndarray
-
-    def take(self, mask: np.ndarray) -> "EventColumns":
-        """The rows selected by ``mask``."""
-        return EventColumns(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
-
-    def __len__(self) -> int:
-        return int(self.channel.shape[0])
 
 
 @dataclass(frozen=True)
@@ -77,6 +58,10 @@ class WindowView:
     scored 10 s slot (never after now) and the baseline before that slot's
     hour; ``quality_lag_ms`` is the event time from the window's end to now
     (NaN without scores; over 10 min the window counts as empty).
+
+    ``extra``: ``<name>_5m`` / ``<name>_1m`` sums of the counters a signal
+    added (:class:`~pipeline.windows.features.Counter`), also readable as
+    attributes; :meth:`feature` reads any feature by name.
     """
 
     now_ms: int
@@ -102,18 +87,70 @@ class WindowView:
     base_quality_var: np.ndarray
     base_quality_hours: np.ndarray
     quality_lag_ms: np.ndarray
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.__dict__["extra"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def feature(self, name: str) -> np.ndarray:
+        """The feature ``name`` (a field or an ``extra`` counter sum); raises ``KeyError`` if absent."""
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(f"window feature {name!r} is not in this view") from None
+
+
+@dataclass
+class ChannelWindows:
+    """One channel's rows of every window, counters by name (what a snapshot carries).
+
+    ``short_slot_id`` int64 (30,), ``counters`` name → float32 (30,): the
+    10 s ring; ``short_hist`` float32 (10, n_buckets) with
+    ``short_lat_slot_id`` int64 (10,): the 30 s latency ring (or, from an
+    older snapshot, ``short_hist`` (30, n_buckets) in the 10 s slots and
+    ``short_lat_slot_id`` None: summed into 30 s slots on import); ``base_slot_id``
+    int64 (25,), ``base_hist`` float32 (25, n_buckets): the 1 h ring;
+    ``quality_*``: the quality rings (:mod:`pipeline.windows.quality`; None =
+    empty) and the model version of their scores; ``run``: trailing failure
+    run; ``last_ts_ms``: the channel's newest event time.
+    """
+
+    n_buckets: int
+    short_slot_id: np.ndarray
+    counters: dict[str, np.ndarray]
+    short_hist: np.ndarray
+    base_slot_id: np.ndarray
+    base_hist: np.ndarray
+    run: int
+    last_ts_ms: int
+    quality_short_slot_id: np.ndarray | None = None
+    quality_short_counts: np.ndarray | None = None
+    quality_base_slot_id: np.ndarray | None = None
+    quality_base_counts: np.ndarray | None = None
+    quality_model: str | None = None
+    short_lat_slot_id: np.ndarray | None = None
 
 
 class WindowStore:
     """Bounded event-time state for all channels of a worker.
 
     ``buckets``: latency bucket mapping; ``window_ms`` / ``short_window_ms``:
-    the 5 min and 1 min windows (multiples of 10 s); ``baseline_hours``: 24.
-    Memory per channel ≈ (30 + 25) × (n_buckets + 7) × 4 bytes ≈ 75 KB.
+    the 5 min and 1 min windows (multiples of 10 s); ``baseline_hours``: 24;
+    ``counters``: counters kept beside the base ones (from the signals'
+    ``counters``; names must not repeat: ``ValueError``).
+    Rings: ``short`` 30 × 10 s counters, ``short_lat`` 10 × 30 s latency
+    histograms (10 s slots when ``window_ms`` is not a multiple of 30 s),
+    ``base`` 25 × 1 h histograms. Memory per busy channel ≈ (10 + 25) ×
+    n_buckets × 4 + 30 × n_counters × 4 bytes; a slot never written costs no
+    resident memory (see :mod:`pipeline.windows.ring`).
     """
 
     def __init__(self, buckets: LatencyBuckets | None = None, window_ms: int = 300_000,
-                 short_window_ms: int = 60_000, baseline_hours: int = 24, run_window: int = 100):
+                 short_window_ms: int = 60_000, baseline_hours: int = 24, run_window: int = 100,
+                 counters: tuple[Counter, ...] = ()):
         if window_ms % SHORT_SLOT_MS or short_window_ms % SHORT_SLOT_MS or short_window_ms > window_ms:
             raise ValueError("window lengths must be multiples of 10 s with short <= long")
         self.buckets = buckets or LatencyBuckets()
@@ -121,7 +158,13 @@ class WindowStore:
         self.short_window_ms = short_window_ms
         self.baseline_hours = baseline_hours
         k = self.buckets.n_buckets
-        self.short = IntervalRing(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, N_COUNTERS, k)
+        #: Short-ring counters in column order; :attr:`counter_column` maps their names to columns.
+        self.counters = counter_layout(counters)
+        self._extra = self.counters[N_COUNTERS:]
+        self.counter_column = {c.name: j for j, c in enumerate(self.counters)}
+        self.short = IntervalRing(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, len(self.counters), 0)
+        lat_ms = LAT_SLOT_MS if window_ms % LAT_SLOT_MS == 0 else SHORT_SLOT_MS
+        self.short_lat = IntervalRing(lat_ms, window_ms // lat_ms, 0, k)
         self.base = IntervalRing(BASE_SLOT_MS, baseline_hours + 1, 0, k)
         self.runs = RunTracker(run_window)
         self.quality = QualityWindows(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, BASE_SLOT_MS, baseline_hours + 1)
@@ -156,6 +199,24 @@ class WindowStore:
                 self.tiers[idx] = tier
         return idx
 
+    def clear_rows(self, rows: np.ndarray) -> None:
+        """Empty the windows of channels ``rows`` (evicted channels; their registry entries stay):
+        rings emptied with their histogram memory handed back, runs and cached baselines reset."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.short.clear_rows(rows)
+        self.short_lat.clear_rows(rows)
+        self.base.clear_rows(rows)
+        self.quality.short.clear_rows(rows)  # = quality.reset, handing the memory back
+        self.quality.base.clear_rows(rows)
+        for r in rows.tolist():
+            self.runs.reset(r)
+            self.invalidate_baseline(r)
+
+    @property
+    def index(self) -> Mapping[str, int]:
+        """Channel name → row (read-only view of the registry)."""
+        return MappingProxyType(self._index)
+
     def route_members(self) -> dict[str, list[int]]:
         """Route -> indices of its channels, in index order (cached until a channel is added or moves route)."""
         if self._members is None:
@@ -170,6 +231,7 @@ class WindowStore:
         snapshots; registering them one by one grows the arrays by doubling, copying them each time)."""
         n = int(n_channels)
         self.short.ensure_capacity(n)
+        self.short_lat.ensure_capacity(n)
         self.base.ensure_capacity(n)
         self.runs.ensure_capacity(n)
         self.quality.ensure_capacity(n)
@@ -222,7 +284,7 @@ class WindowStore:
         n = len(cols)
         if n == 0:
             return np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int32)
-        rows = np.zeros((n, N_COUNTERS), dtype=np.float32)
+        rows = np.zeros((n, len(self.counters)), dtype=np.float32)
         rows[:, JUDGED] = cols.outcome >= 0
         rows[:, FAILURES] = cols.outcome == 1
         rows[:, OK] = cols.ok
@@ -230,8 +292,11 @@ class WindowStore:
         rows[:, CHECKED] = cols.checked & cols.ok
         rows[:, MISSING] = cols.missing & cols.checked & cols.ok
         rows[:, RATE_LIMITED] = cols.rate_limited
+        for j, counter in enumerate(self._extra, N_COUNTERS):
+            rows[:, j] = counter.of(cols)
         key = self.buckets.key_of(cols.latency_ms)
-        late = self.short.add(cols.channel, cols.ts_ms, rows, cols.ok, key)
+        late = self.short.add(cols.channel, cols.ts_ms, rows)
+        self.short_lat.add(cols.channel, cols.ts_ms, None, cols.ok & ~late, key)
         self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
         hours = cols.ts_ms // BASE_SLOT_MS
         if self._base_hour.shape[0] > 0:
@@ -307,11 +372,18 @@ class WindowStore:
         m1 = ((ids >= lo_short[:, None]) & (ids < hi)).astype(np.float32)
         s5 = ring.sum_counts(m5, sel)
         s1 = ring.sum_counts(m1, sel)
-        h5 = ring.sum_hist(m5, sel)
+        lat = self.short_lat
+        per = lat.slot_ms // SHORT_SLOT_MS  # 10 s slots per latency slot; window ends are whole latency slots
+        lat_ids = lat.slot_id[sel]
+        lat_lo = -(-lo_long // per)
+        h5 = lat.sum_hist(((lat_ids >= lat_lo[:, None]) & (lat_ids < -(-hi // per))).astype(np.float32), sel)
         n_lat = h5.sum(axis=1)
         p95 = self.buckets.quantile(h5, 0.95, min_count=min_latency)
         base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline, rows)
         quality = self.quality.aggregates(rows, now_ms, since_ms, self.baseline_hours)
+        extra = {}
+        for j, counter in enumerate(self._extra, N_COUNTERS):
+            extra[f"{counter.name}_5m"], extra[f"{counter.name}_1m"] = s5[:, j], s1[:, j]
         return WindowView(
             now_ms=now_ms,
             judged_1m=s1[:, JUDGED], failures_1m=s1[:, FAILURES],
@@ -320,22 +392,37 @@ class WindowStore:
             p95_ms=p95, n_latency_5m=n_lat,
             base_p95_ms=base_p95, base_n=base_n, base_hours=base_hours,
             run=self.runs.trailing[rows].astype(np.float64),
-            **quality,
+            **quality, extra=extra,
         )
 
     # -- snapshot -----------------------------------------------------------
     def state(self) -> dict[str, object]:
         """Everything needed to resume after a restart (arrays + registry)."""
         return {
-            "short": self.short.state(), "base": self.base.state(), "runs": self.runs.state(),
+            "short": self.short.state(), "short_lat": self.short_lat.state(), "base": self.base.state(),
+            "runs": self.runs.state(),
             "names": list(self.names), "routes": list(self.routes), "tiers": list(self.tiers),
             "last_ts_ms": self.last_ts_ms, "watermark_ms": self.watermark_ms,
-            "quality": self.quality.state(),
+            "quality": self.quality.state(), "counters": [c.name for c in self.counters],
         }
 
     def load(self, state: dict[str, object]) -> None:
-        """Restore from :meth:`state` (raises ``ValueError`` on shape mismatch)."""
-        self.short.load(state["short"])  # type: ignore[arg-type]
+        """Restore from :meth:`state` (raises ``ValueError`` on shape mismatch).
+
+        Short-ring counters are matched by name (a state without names has the
+        version-1 columns); a counter the state lacks starts empty, one this
+        store does not keep is dropped.
+        """
+        short = dict(state["short"])  # type: ignore[call-overload]
+        names = list(state.get("counters") or V1_COUNTER_NAMES)  # type: ignore[attr-defined]
+        old = np.asarray(short["counts"])
+        counts = np.zeros(old.shape[:2] + (len(self.counters),), old.dtype)
+        for j, c in enumerate(self.counters):
+            if c.name in names:
+                counts[:, :, j] = old[:, :, names.index(c.name)]
+        short["counts"] = counts
+        self.short.load(short)
+        self.short_lat.load(state["short_lat"])  # type: ignore[arg-type]
         self.base.load(state["base"])  # type: ignore[arg-type]
         self.runs.load(state["runs"])  # type: ignore[arg-type]
         self.names = list(state["names"])  # type: ignore[arg-type]
@@ -352,3 +439,80 @@ class WindowStore:
                                           self.baseline_hours + 1)
         self.quality.ensure_capacity(self.short.capacity)
         self.invalidate_baseline()
+
+    def export_channel(self, i: int) -> ChannelWindows:
+        """Copies of channel ``i``'s rows of every window (``0 <= i < n_channels``)."""
+        q = self.quality
+        return ChannelWindows(
+            n_buckets=self.buckets.n_buckets,
+            short_slot_id=self.short.slot_id[i].copy(),
+            counters={c.name: self.short.counts[i, :, j].copy() for j, c in enumerate(self.counters)},
+            short_hist=self.short_lat.hist[i].copy(), short_lat_slot_id=self.short_lat.slot_id[i].copy(),
+            base_slot_id=self.base.slot_id[i].copy(),
+            base_hist=self.base.hist[i].copy(), run=int(self.runs.trailing[i]), last_ts_ms=int(self.last_ts_ms[i]),
+            quality_short_slot_id=q.short.slot_id[i].copy(),
+            quality_short_counts=q.short.counts[i].copy(),
+            quality_base_slot_id=q.base.slot_id[i].copy(),
+            quality_base_counts=q.base.counts[i].copy(),
+            quality_model=q.version[i],
+        )
+
+    def _load_10s_hist(self, i: int, ids: np.ndarray, hist: np.ndarray) -> None:
+        """Sum 10 s latency histograms (slot ids ``ids``, from an older snapshot) into row ``i`` of the
+        latency ring, keeping its ``n_slots`` newest slots."""
+        lat = self.short_lat
+        lat.slot_id[i] = -1
+        lat.hist[i] = 0.0
+        held = ids >= 0
+        if not held.any():
+            return
+        target = ids[held] * self.short.slot_ms // lat.slot_ms
+        keep = target > target.max() - lat.n_slots
+        for t, h in zip(target[keep].tolist(), hist[held][keep]):
+            lat.slot_id[i, t % lat.n_slots] = t
+            lat.hist[i, t % lat.n_slots] += h
+
+    def import_channel(self, i: int, w: ChannelWindows) -> list[str]:
+        """Load ``w`` into registered channel ``i``; returns the names of ``w``'s counters this store does not keep.
+
+        Counters are matched by name: one this store keeps and ``w`` lacks (a
+        feature added since ``w`` was saved) starts empty, every other counter
+        and ring keeps its history. Raises ``ValueError`` when the bucket
+        layout or a ring's size differs from this store's configuration.
+        """
+        k, ns, nb = self.buckets.n_buckets, self.short.n_slots, self.base.n_slots
+        nl = self.short_lat.n_slots if w.short_lat_slot_id is not None else ns
+        if w.n_buckets != k:
+            raise ValueError(f"state has {w.n_buckets} latency buckets, store {k}")
+        shapes = {"short_slot_id": (w.short_slot_id, (ns,)), "short_hist": (w.short_hist, (nl, k)),
+                  "base_slot_id": (w.base_slot_id, (nb,)), "base_hist": (w.base_hist, (nb, k)),
+                  **{f"counter {n}": (a, (ns,)) for n, a in w.counters.items()}}
+        for what, (arr, shape) in shapes.items():
+            if np.shape(arr) != shape:
+                raise ValueError(f"state {what} has shape {np.shape(arr)}, store {shape}")
+        self.short.slot_id[i] = w.short_slot_id
+        for j, c in enumerate(self.counters):
+            got = w.counters.get(c.name)
+            self.short.counts[i, :, j] = 0.0 if got is None else got
+        if w.short_lat_slot_id is not None:
+            if np.shape(w.short_lat_slot_id) != (nl,):
+                raise ValueError(f"state short_lat_slot_id has shape {np.shape(w.short_lat_slot_id)}, store {(nl,)}")
+            self.short_lat.slot_id[i] = w.short_lat_slot_id
+            self.short_lat.hist[i] = w.short_hist
+        else:
+            self._load_10s_hist(i, np.asarray(w.short_slot_id), np.asarray(w.short_hist))
+        self.base.slot_id[i] = w.base_slot_id
+        self.base.hist[i] = w.base_hist
+        q = self.quality
+        if w.quality_short_slot_id is not None:
+            q.short.slot_id[i] = w.quality_short_slot_id
+            q.short.counts[i] = w.quality_short_counts
+            q.base.slot_id[i] = w.quality_base_slot_id
+            q.base.counts[i] = w.quality_base_counts
+        else:
+            q.reset([i])
+        q.version[i] = w.quality_model
+        self.runs.trailing[i] = w.run
+        self.last_ts_ms[i] = max(int(self.last_ts_ms[i]), w.last_ts_ms)
+        self.invalidate_baseline(i)
+        return sorted(set(w.counters) - set(self.counter_column))

@@ -3,7 +3,7 @@
 The scenarios read the full sets in ``../shared/data`` when present, else the
 samples shipped in the package (the same events), so a plain clone runs them
 too. ``CHANNEL_HEALTH_TEST_TRACES_DIR`` (a test-only knob) names another
-folder, e.g. ``pipeline/simulate/samples`` to force the samples beside the
+folder, e.g. ``pipeline/tools/simulate/samples`` to force the samples beside the
 full sets.
 """
 
@@ -18,8 +18,8 @@ import pytest
 from pipeline.contracts import Verdict
 from pipeline.engine import Engine
 from pipeline.engine_replay import replay
-from pipeline.simulate.scenarios import Scenario, get_scenario
-from pipeline.simulate.traces import DataNotFoundError
+from pipeline.tools.simulate.scenarios import Scenario, get_scenario
+from pipeline.tools.simulate.traces import DataNotFoundError
 
 #: Scenario time 0: a fixed whole hour so runs are reproducible.
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000

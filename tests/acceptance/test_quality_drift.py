@@ -20,9 +20,9 @@ import pytest
 
 from pipeline.engine_replay import replay
 from pipeline.quality.sampler import QualitySampler
-from pipeline.simulate.chat_answers import load_chat_pool
-from pipeline.simulate.scenarios import WARMUP_S
-from pipeline.simulate.traces import DataNotFoundError
+from pipeline.tools.simulate.chat_answers import load_chat_pool
+from pipeline.tools.simulate.scenarios import WARMUP_S
+from pipeline.tools.simulate.traces import DataNotFoundError
 
 from .conftest import START_MS, TRACES_DIR, Run, scenario
 from .test_scenarios import NOT_HEALTHY, check_expected

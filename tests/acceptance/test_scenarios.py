@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.simulate.traces import list_llmperf, load_llmperf
+from pipeline.tools.simulate.traces import list_llmperf, load_llmperf
 
 from .conftest import TRACES_DIR
 
@@ -124,6 +124,10 @@ def test_recovery_follows_half_open_probe_and_ramp(scenario_run):
     for a, b in zip(times[2:8], times[3:9]):
         assert abs((b - a) - 120) <= tick  # ramp step every 120 s
     assert run.t(vs[last_open].ts_ms) >= 7200
+    # issue #18: no re-open after the fault ended (the probe is judged on the traffic since open)
+    end = max(f.end_s for f in run.scenario.faults)
+    reopened = [(run.t(v.ts_ms), v.reasons) for v in run.transitions(ch) if v.state == "open" and run.t(v.ts_ms) >= end]
+    assert not reopened
     check_expected(run)
 
 

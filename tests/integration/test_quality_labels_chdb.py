@@ -25,7 +25,7 @@ def test_import_labels_then_train_from_clickhouse(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from pipeline.config import load_settings
-    from pipeline.quality.cli import app, read_labels
+    from pipeline.tools.quality.cli import app, read_labels
     from pipeline.storage.client import close_clients, open_client
 
     close_clients()

@@ -20,8 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.simulate import traces
-from pipeline.simulate.scenarios import get_scenario
+from pipeline.tools.simulate import traces
+from pipeline.tools.simulate.scenarios import get_scenario
 from workers import Stack, VerdictTap
 
 pytestmark = pytest.mark.integration
@@ -61,6 +61,17 @@ async def _count_dlq(settings, want: int, timeout_s: float) -> dict[str, int]:
     return reasons
 
 
+async def _send_raw(settings, value: bytes) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    p = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await p.start()
+    try:
+        await p.send_and_wait(settings.topics.requests, value, key=b"sentinel")
+    finally:
+        await p.stop()
+
+
 def _t_s(v, start_ms: int) -> float:
     return (v.ts_ms - start_ms) / 1000
 
@@ -91,10 +102,14 @@ def test_a_day_from_a_year_ago_replays_on_its_own_clock(stack):
         tap.wait_for(lambda rx: any(v.ts_ms >= end_ms - 60_000 for _, v in rx), 180, "verdicts up to the scenario end",
                      on_fail=replay.log_tail)
         verdicts = tap.verdicts()
+        # A sentinel the replay worker must dead-letter after everything before it: once it is on the DLQ, the
+        # replay's dead letters are all there (awaited, not slept), and they must be this one alone.
+        asyncio.run(_send_raw(s, b"not json: replay sentinel"))
+        dlq = asyncio.run(_count_dlq(s, n_events + 1, 120))
     finally:
         tap.close()
     assert replay.stop() == 0
-    assert asyncio.run(_count_dlq(s, n_events + 1, 3)) == {"ts_too_old": n_events}  # the replay dead-lettered none
+    assert dlq == {"ts_too_old": n_events, "invalid_json": 1}  # the replay dead-lettered nothing of the scenario
     assert all(start_ms <= v.ts_ms <= now_ms - 364 * DAY_MS for v in verdicts), "verdicts run on the replay's clock"
     for exp in sc.expected:
         mine = [v for v in verdicts if v.channel == exp["channel"] and _t_s(v, start_ms) >= exp.get("from_s", 0)]

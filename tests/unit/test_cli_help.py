@@ -7,7 +7,7 @@ import typer
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.simulate.scenarios import SCENARIOS
+from pipeline.tools.simulate.scenarios import SCENARIOS
 
 runner = CliRunner()
 ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}

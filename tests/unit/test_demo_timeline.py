@@ -1,4 +1,4 @@
-"""pipeline.demo_timeline: the demo's folded timeline and closing summary (pure functions)."""
+"""pipeline.tools.demo_timeline: the demo's folded timeline and closing summary (pure functions)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 from rich.console import Console
 
 from pipeline.contracts import Verdict
-from pipeline.demo import choose_data_dir, fresh_data_dir
-from pipeline.demo_timeline import Timeline, fmt_duration, fmt_offset, summary_lines
+from pipeline.tools.demo import choose_data_dir, fresh_data_dir
+from pipeline.tools.demo_timeline import Timeline, fmt_duration, fmt_offset, summary_lines
 
 S = 1_780_000_000_000  # scenario time 0 (ms)
 CH = "lepton/llama-70b@free"

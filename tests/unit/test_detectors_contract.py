@@ -1,23 +1,37 @@
-"""Detector contract battery (every HARD/SOFT detector) and the specific SPEC §4 cases."""
+"""Detector contract battery (every registered signal, from its declaration) and the specific SPEC §4 cases."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
 
+import msgspec
 import numpy as np
 import pytest
 from scipy.stats import binomtest, norm
 
-from pipeline.detectors import HARD_DETECTORS, SOFT_DETECTORS, ErrorRate, LatencyRatio, MissingFields
+from pipeline.contracts import RequestEvent
+from pipeline.detectors import HARD_DETECTORS, SIGNALS, SOFT_DETECTORS, ErrorRate, LatencyRatio, MissingFields, Signal
 from pipeline.detectors.base import ThresholdArrays, safe_ratio, wilson_bounds, z_for
 from pipeline.detectors.consecutive import ConsecutiveFailures
+from pipeline.engine import Engine
+from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import FREE_TIER, PAID_TIER, Thresholds
+from pipeline.state.snapshot import decode_snapshot, export_channel, import_channel
 from pipeline.windows.store import WindowView
 
 ALL = HARD_DETECTORS + SOFT_DETECTORS
 IDS = [d.reason for d in ALL]
-VIEW_FIELDS = [f.name for f in dataclasses.fields(WindowView) if f.name != "now_ms"]
+SIG_IDS = [s.name for s in SIGNALS]
+#: Every feature a detector may read: the WindowView fields and the sums of the counters signals add.
+COUNTER_FIELDS = [f"{c.name}_{w}" for s in SIGNALS for c in s.counters for w in ("5m", "1m")]
+VIEW_FIELDS = [f.name for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")] + COUNTER_FIELDS
+
+
+def _replace(v: WindowView, fields: dict) -> WindowView:
+    """``v`` with ``fields`` replaced (counter sums go to ``extra``)."""
+    extra = {**v.extra, **{k: x for k, x in fields.items() if k in COUNTER_FIELDS}}
+    return dataclasses.replace(v, extra=extra, **{k: x for k, x in fields.items() if k not in COUNTER_FIELDS})
 
 
 def view(c: int = 1, **fields) -> WindowView:
@@ -27,7 +41,8 @@ def view(c: int = 1, **fields) -> WindowView:
     base["base_p95_ms"] = np.full(c, np.nan)
     for k, v in fields.items():
         base[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (c,)).copy()
-    return WindowView(now_ms=1_000_000, **base)
+    return _replace(WindowView(now_ms=1_000_000, **{k: base[k] for k in VIEW_FIELDS if k not in COUNTER_FIELDS}),
+                    {k: base[k] for k in COUNTER_FIELDS})
 
 
 def th(c: int = 1, tier: Thresholds = PAID_TIER) -> ThresholdArrays:
@@ -48,88 +63,224 @@ def _check_shapes(f, c):
         assert v.dtype == np.float64, k
 
 
-# --- contract battery ----------------------------------------------------------
+# --- contract battery: every registered signal, from its own declaration --------------------
 
-@pytest.mark.parametrize("det", ALL, ids=IDS)
-@pytest.mark.parametrize("c", [0, 1, 5])
-def test_empty_window_does_not_fire(det, c):
-    f = det.detect(view(c), th(c), np.zeros(c, bool))
+def _sig_view(c: int, fields: dict, base: WindowView | None = None, on: int | None = None) -> WindowView:
+    """``fields`` on top of ``base`` (default: an empty view) for every channel, or only channel ``on``."""
+    v = base if base is not None else view(c)
+    return _replace(v, {k: np.where(np.arange(c) == on, val, getattr(v, k)) if on is not None
+                                     else np.broadcast_to(np.asarray(val, np.float64), (c,)).copy()
+                        for k, val in fields.items()})
+
+
+def _check_declared(sig, f, c):
     _check_shapes(f, c)
+    assert f.reason == sig.name and f.reason in sig.reasons
+    assert tuple(f.metrics) == sig.metrics, "metrics are exactly the declared names, in order"
+
+
+class _Recorder:
+    """A WindowView stand-in that records the features a detector reads."""
+
+    def __init__(self, v: WindowView):
+        self._v, self.read = v, set()
+
+    def __getattr__(self, name):
+        self.read.add(name)
+        return getattr(self._v, name)
+
+
+def test_registry_lists_every_signal_once():
+    assert [s.name for s in SIGNALS] == IDS
+    assert all(isinstance(s, Signal) for s in SIGNALS)
+    fields = {f.name for f in dataclasses.fields(Thresholds)}
+    assert fields == {n for s in SIGNALS for n in s.param_names()} | {"half_open_max_error_rate"}
+    assert PAID_TIER.signal("error_rate") == SIGNALS[1].params()
+    assert FREE_TIER.signal("error_rate").error_rate_trip == 0.0035
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_signal_declaration_is_consistent(sig):
+    params = sig.params()  # defaults are valid
+    assert dataclasses.is_dataclass(params)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(params, sig.param_names()[0], 1)
+    for k in sig.features:
+        assert hasattr(busy_view(1), k), f"{k} is not a WindowView feature"
+    rec = _Recorder(busy_view(2))
+    f = sig.detector.detect(rec, th(2), np.zeros(2, bool))
+    _check_declared(sig, f, 2)
+    assert rec.read <= set(sig.features), f"reads undeclared features {sorted(rec.read - set(sig.features))}"
+    assert sig.rule and sig.default
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_signal_params_reject_bad_values_naming_the_key(sig):
+    for name in sig.param_names():
+        kind = sig.params.__dataclass_fields__[name].type
+        bad = {"float": -1.0, "int": 0}[kind if isinstance(kind, str) else kind.__name__]
+        with pytest.raises(ValueError, match=name):
+            sig.params(**{name: bad})
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+@pytest.mark.parametrize("c", [0, 1, 5])
+def test_empty_window_does_not_fire(sig, c):
+    f = sig.detector.detect(view(c), th(c), np.zeros(c, bool))
+    _check_declared(sig, f, c)
     assert not f.fired.any()
-    assert f.reason == det.reason
 
 
-@pytest.mark.parametrize("det", ALL, ids=IDS)
-def test_clean_busy_window_does_not_fire(det):
-    f = det.detect(busy_view(4), th(4), np.zeros(4, bool))
-    _check_shapes(f, 4)
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_clean_busy_window_does_not_fire(sig):
+    f = sig.detector.detect(busy_view(4), th(4), np.zeros(4, bool))
+    _check_declared(sig, f, 4)
     assert not f.fired.any()
 
 
-THIN = {
-    # below each detector's minimum sample, with values that would fire with enough data
-    "consecutive_failures": dict(run=4),
-    "error_rate": dict(judged_1m=29, failures_1m=29, judged_5m=29, failures_5m=29),
-    "latency_p95_ratio": dict(p95_ms=1_000.0, n_latency_5m=49, base_p95_ms=100.0, base_n=10_000, base_hours=24),
-    "missing_fields": dict(checked_5m=49, missing_5m=49),
-    "quality": dict(quality_n_5m=19, quality_mean_5m=0.2, quality_var_5m=0.01, base_quality_n=10_000,
-                    base_quality_mean=0.9, base_quality_var=0.01, base_quality_hours=24),
-}
-THIN_BASE = {
-    "latency_p95_ratio": [dict(p95_ms=1_000.0, n_latency_5m=500, base_p95_ms=100.0, base_n=499, base_hours=24),
-                          dict(p95_ms=1_000.0, n_latency_5m=500, base_p95_ms=100.0, base_n=10_000, base_hours=0)],
-    "error_rate": [dict(judged_1m=1_000, failures_1m=7, judged_5m=1_000, failures_5m=7)],  # < 8 failures
-    "quality": [dict(quality_n_5m=150, quality_mean_5m=0.2, quality_var_5m=0.01, base_quality_n=99,
-                     base_quality_mean=0.9, base_quality_var=0.01, base_quality_hours=24),
-                dict(quality_n_5m=150, quality_mean_5m=0.2, quality_var_5m=0.01, base_quality_n=10_000,
-                     base_quality_mean=0.9, base_quality_var=0.01, base_quality_hours=0)],
-}
-
-
-@pytest.mark.parametrize("det", ALL, ids=IDS)
-def test_thin_data_does_not_fire(det):
-    cases = [THIN[det.reason]] + THIN_BASE.get(det.reason, [])
-    for fields in cases:
-        f = det.detect(view(3, **fields), th(3), np.zeros(3, bool))
-        _check_shapes(f, 3)
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_thin_data_does_not_fire(sig):
+    assert sig.examples.thin, "every signal declares at least one thin-data case"
+    for fields in sig.examples.thin:
+        f = sig.detector.detect(_sig_view(3, fields), th(3), np.zeros(3, bool))
+        _check_declared(sig, f, 3)
         assert not f.fired.any(), fields
 
 
-@pytest.mark.parametrize("det", ALL, ids=IDS)
-def test_nan_inputs_do_not_fire_nor_raise(det):
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_all_failures(sig):
+    """Every request of the window failed: hard signals fire, soft ones have nothing to judge."""
+    c = 3
+    v = _sig_view(c, dict(judged_1m=600, failures_1m=600, judged_5m=3_000, failures_5m=3_000, run=100,
+                          base_p95_ms=200.0, base_n=50_000, base_hours=24))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = sig.detector.detect(v, th(c), np.zeros(c, bool))
+    _check_declared(sig, f, c)
+    assert f.fired.tolist() == [sig.examples.all_failures_fires] * c
+    assert sig.examples.all_failures_fires == (sig.kind == "hard")
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_nan_inputs_do_not_fire_nor_raise(sig):
     c = 3
     all_nan = view(c, **{f: np.nan for f in VIEW_FIELDS})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        f = det.detect(all_nan, th(c), np.zeros(c, bool))
-    _check_shapes(f, c)
+        f = sig.detector.detect(all_nan, th(c), np.zeros(c, bool))
+    _check_declared(sig, f, c)
     assert not f.fired.any()
-    # NaN in one channel does not disturb the others
-    mixed = busy_view(c)
-    mixed = dataclasses.replace(mixed, **{k: np.where(np.arange(c) == 1, np.nan, getattr(mixed, k))
-                                          for k in VIEW_FIELDS})
+    # NaN in one channel does not disturb the others, even with firing evidence on them
+    mixed = _sig_view(c, sig.examples.firing, busy_view(c))
+    mixed = _replace(mixed, {k: np.where(np.arange(c) == 1, np.nan, getattr(mixed, k)) for k in VIEW_FIELDS})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        f = det.detect(mixed, th(c), np.zeros(c, bool))
-    assert not f.fired.any()
+        f = sig.detector.detect(mixed, th(c), np.zeros(c, bool))
+    assert f.fired.tolist() == [True, False, True]
 
 
-@pytest.mark.parametrize("det", ALL, ids=IDS)
-def test_fires_per_channel_only_where_evidence_is(det):
-    """Channel 1 of 3 has firing evidence; 0 and 2 are clean."""
-    firing = {
-        "consecutive_failures": dict(run=5),
-        "error_rate": dict(judged_1m=600, failures_1m=30, judged_5m=600, failures_5m=30),
-        "latency_p95_ratio": dict(p95_ms=500.0, n_latency_5m=3_000),
-        "missing_fields": dict(checked_5m=1_500, missing_5m=45),
-        "quality": dict(quality_n_5m=150, quality_mean_5m=0.55, quality_var_5m=0.09, base_quality_n=10_000,
-                        base_quality_mean=0.8, base_quality_var=0.06, base_quality_hours=24),
-    }[det.reason]
-    v = busy_view(3)
-    v = dataclasses.replace(v, **{k: np.where(np.arange(3) == 1, val, getattr(v, k)) for k, val in firing.items()})
-    f = det.detect(v, th(3), np.zeros(3, bool))
-    _check_shapes(f, 3)
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_fires_per_channel_only_where_evidence_is(sig):
+    """Channel 1 of 3 has the signal's firing example; 0 and 2 are clean."""
+    f = sig.detector.detect(_sig_view(3, sig.examples.firing, busy_view(3), on=1), th(3), np.zeros(3, bool))
+    _check_declared(sig, f, 3)
     assert f.fired.tolist() == [False, True, False]
+
+
+# --- the battery on a real engine: late events and a restart from snapshots ------------------
+
+H = 3_600_000
+T0 = 1_750_000_000_000 - 1_750_000_000_000 % H
+
+
+def _traffic(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
+    """Two channels at ~2 req/s: some failures, structured answers, a slow hour on "b"."""
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(t_from, t_to, (t_to - t_from) // 250))
+    out = []
+    for i, t in enumerate(ts.tolist()):
+        ch = "a" if i % 2 else "b"
+        st = str(rng.choice(["ok", "error", "timeout", "cancelled"], p=[0.95, 0.02, 0.01, 0.02]))
+        slow = 3.0 if ch == "b" and t >= t_to - 15 * 60_000 else 1.0
+        out.append(RequestEvent(event_id=f"t{seed}-{i}", ts_ms=t, channel=ch, route="chat", status=st,
+                                latency_ms=float(rng.lognormal(5.3, 0.3)) * slow, tier="free" if ch == "b" else "paid",
+                                missing_fields=(["x"] if i % 9 == 0 else []) if st == "ok" and i % 2 == 0 else None))
+    return out
+
+
+def _fed(events: list[RequestEvent]) -> Engine:
+    resolve_onto(events)  # what ingest does: the engine reads the structure flags off the events
+    eng = Engine()
+    for k in range(0, len(events), 500):
+        eng.process(events[k:k + 500])
+    ok = [e for e in events if e.status == "ok"][::3]
+    rng = np.random.default_rng(3)
+    eng.add_quality_scores([e.channel for e in ok], [e.ts_ms for e in ok],
+                           np.clip(rng.normal(0.8, 0.1, len(ok)) - [0.3 * (e.channel == "b" and e.ts_ms > T0 + 2 * H)
+                                                                     for e in ok], 0, 1).tolist(), "v1")
+    return eng
+
+
+@pytest.fixture(scope="module")
+def warm():
+    events = _traffic(T0, T0 + 2 * H + 30 * 60_000, 1)
+    return events, _fed(events)
+
+
+def _finding(eng: Engine, sig, now_ms: int):
+    v = eng.store.view(now_ms)
+    th_all = eng.thresholds()
+    active = eng.active.get(sig.name, np.zeros(eng.store.n_channels, bool))
+    return {k: v.feature(k) for k in sig.features}, sig.detector.detect(v, th_all, active)
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_late_events_change_nothing(sig, warm):
+    events, _ = warm
+    now = events[-1].ts_ms + 1
+    eng = _fed(events)
+    feats, f = _finding(eng, sig, now)
+    late = [msgspec.structs.replace(e, event_id="late" + e.event_id, status="timeout", latency_ms=60_000.0,
+                                ts_ms=e.ts_ms - 130_000) for e in events[-300:]]
+    r = eng.process(late, low_watermark_ms=0)
+    assert len(r.late) == 300 and r.accepted == [] and eng.late_count == 300
+    feats2, f2 = _finding(eng, sig, now)
+    _same(feats, feats2)
+    assert f2.fired.tolist() == f.fired.tolist()
+    _same(f.metrics, f2.metrics)
+
+
+@pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
+def test_restart_from_snapshots_restores_the_same_finding(sig, warm):
+    events, eng = warm
+    now = events[-1].ts_ms + 1
+    fresh = Engine()
+    for i in range(eng.store.n_channels):
+        import_channel(fresh, decode_snapshot(export_channel(eng, i)))
+    assert fresh.store.names == eng.store.names
+    feats, f = _finding(eng, sig, now)
+    feats2, f2 = _finding(fresh, sig, now)
+    _same(feats, feats2)
+    assert f2.fired.tolist() == f.fired.tolist()
+    _same(f.metrics, f2.metrics)
+
+
+def test_battery_engine_traffic_exercises_the_signals(warm):
+    """The warm engine's state is not trivial: the restart test compares real numbers."""
+    events, eng = warm
+    v = eng.store.view(events[-1].ts_ms + 1)
+    assert (v.judged_5m > 100).all() and (v.failures_5m > 0).all() and (v.checked_5m > 50).any()
+    assert (v.base_hours == 2).all() and (v.quality_n_5m > 20).all() and (v.base_quality_n > 100).all()
+    assert eng.store.names == ["b", "a"]
+    fired = {s.name: _finding(eng, s, events[-1].ts_ms + 1)[1].fired.tolist() for s in SIGNALS}
+    assert fired == {"consecutive_failures": [False, False], "error_rate": [True, True],
+                     "latency_p95_ratio": [True, False], "missing_fields": [True, False], "quality": [True, False]}
 
 
 def test_hard_and_soft_sets():

@@ -194,7 +194,7 @@ def element(draw: st.DrawFn, clock_ms: int, next_id: list[int], earlier: list[di
     kind = draw(st.integers(0, 99))
     if kind < 50:
         return draw(valid_event(clock_ms, next_id)), "ok"
-    if kind < 54 and sent:  # redelivery of an event sent in an earlier message: processed again
+    if kind < 54 and sent:  # redelivery of an event sent in an earlier message: dropped as a duplicate
         doc = dict(draw(st.sampled_from(sent)))
         if any(e["event_id"] == doc["event_id"] for e in earlier):
             return doc, frozenset({R.DUPLICATE_IN_BATCH})
@@ -452,8 +452,13 @@ def _ring_counts(engine: Engine, stored: list[RequestEvent]) -> None:
             for col in (JUDGED, FAILURES, OK, NEUTRAL, RATE_LIMITED):
                 got = float(store.short.counts[row, held[s], col]) if s in held else 0.0
                 assert got == ref[(s, col)], (ch, s, col, got, ref[(s, col)])
-            got = float(store.short.hist[row, held[s]].sum()) if s in held else 0.0
-            assert got == ref[(s, "latency")], (ch, s, "latency", got)
+        lat = store.short_lat  # latency histograms: 30 s slots
+        per, top_l = lat.slot_ms // SHORT_SLOT_MS, newest[ch] // lat.slot_ms
+        held_l = {int(s): p for p, s in enumerate(lat.slot_id[row]) if s > top_l - lat.n_slots}
+        for s in range(top_l - lat.n_slots + 1, top_l + 1):
+            got = float(lat.hist[row, held_l[s]].sum()) if s in held_l else 0.0
+            want = sum(ref[(t, "latency")] for t in range(s * per, (s + 1) * per))
+            assert got == want, (ch, s, "latency", got, want)
         top_h = newest[ch] // BASE_SLOT_MS
         held_h = {int(s): p for p, s in enumerate(store.base.slot_id[row]) if s > top_h - store.base.n_slots}
         for h in range(top_h - store.base.n_slots + 1, top_h + 1):
@@ -469,6 +474,8 @@ def run_scenario(calls: list[Call]) -> None:
     all_stored: list[RequestEvent] = []
     decoded_total = 0
     late_total = 0
+    seen_ids: set[str] = set()  # reference dedup: every decoded event_id is remembered (horizon not reached)
+    dup_total = 0
     for call in calls:
         decoder.results = []
         raws = [m.raw for m in call.msgs]
@@ -478,9 +485,16 @@ def run_scenario(calls: list[Call]) -> None:
         assert len(decoder.results) == len(call.msgs)
         for m, res in zip(call.msgs, decoder.results):
             _check_message(m, res)
-        decoded = [e for res in decoder.results for e in res.events]
+        decoded_all = [e for res in decoder.results for e in res.events]
         decode_dead = [d for res in decoder.results for d in res.dead_letters]
-        decoded_total += len(decoded)
+        decoded_total += len(decoded_all)
+        dup_ids = set()  # id() of re-sent events: dropped before the engine (issue #16: counted once)
+        for e in decoded_all:
+            if e.event_id in seen_ids:
+                dup_ids.add(id(e))
+            seen_ids.add(e.event_id)
+        dup_total += len(dup_ids)
+        decoded = [e for e in decoded_all if id(e) not in dup_ids]
         # Reference lateness: more than the allowed lateness behind the channel's newest earlier event.
         late = [e for e in decoded if e.ts_ms < newest.get(e.channel, -(2**62)) - LATENESS]
         on_time_ooo = [e for e in decoded if newest.get(e.channel, -(2**62)) - LATENESS <= e.ts_ms
@@ -494,7 +508,7 @@ def run_scenario(calls: list[Call]) -> None:
         # Outputs: accepted rows (as rows, or as the whole envelopes none of whose events is late) + dead
         # letters account for every event sent.
         whole = [res for res in decoder.results
-                 if res.envelope is not None and not any(id(e) in late_ids for e in res.events)]
+                 if res.envelope is not None and not any(id(e) in late_ids or id(e) in dup_ids for e in res.events)]
         assert out.envelopes == [(res.envelope, len(res.events)) for res in whole]
         for res in whole:
             assert not res.dead_letters and all(e.response_text is None for e in res.events)
@@ -509,7 +523,8 @@ def run_scenario(calls: list[Call]) -> None:
         for d in late_dead:
             assert "behind the channel's newest event" in d.detail
             assert msgspec.json.decode(d.raw, type=RequestEvent).event_id == d.event_id
-        assert len(out.stored) + len(in_envelopes) + len(out.dead_letters) == sum(m.units for m in call.msgs)
+        assert len(out.stored) + len(in_envelopes) + len(out.dead_letters) + len(dup_ids) == sum(
+            m.units for m in call.msgs)
         for d in out.dead_letters:
             _check_dead_letter(d)
         for v in out.verdicts:
@@ -522,7 +537,7 @@ def run_scenario(calls: list[Call]) -> None:
             proc.advance_idle(call.idle_ms)
     # Counters match the outputs.
     sent = sum(m.units for c in calls for m in c.msgs)
-    assert len(all_stored) + len(all_dead) == sent
+    assert len(all_stored) + len(all_dead) + dup_total == sent and proc.duplicates == dup_total
     assert decoder.counters.messages == sum(len(c.msgs) for c in calls)
     assert decoder.counters.events == decoded_total == proc.events_in
     assert decoder.counters.dead_letters == len(all_dead) - late_total

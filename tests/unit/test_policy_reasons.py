@@ -30,3 +30,9 @@ def test_no_data_leaves_stale_soft_findings_out():
 
 def test_healthy_without_findings_has_no_reasons():
     assert published_reasons("healthy", [], [], []) == []
+
+
+def test_unregistered_soft_reason_is_published_last_without_raising():
+    """An engine built with a signal outside the registry (tests, a trial) may fire a soft code SOFT_ORDER lacks."""
+    assert published_reasons("degraded", ["quality"], [], ["zz_trial", "latency_p95_ratio", "quality"]) == [
+        "latency_p95_ratio", "quality", "zz_trial"]

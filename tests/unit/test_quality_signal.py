@@ -121,7 +121,7 @@ def test_store_state_roundtrip_and_old_state_without_quality():
 def qview(c=1, **kw):
     from pipeline.windows.store import WindowView
 
-    base = {f.name: np.zeros(c) for f in dataclasses.fields(WindowView) if f.name != "now_ms"}
+    base = {f.name: np.zeros(c) for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")}
     base.update(p95_ms=np.full(c, np.nan), base_p95_ms=np.full(c, np.nan))
     defaults = dict(quality_n_5m=150, quality_mean_5m=0.8, quality_var_5m=0.06, base_quality_n=5_000,
                     base_quality_mean=0.8, base_quality_var=0.06, base_quality_hours=24)

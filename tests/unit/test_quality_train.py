@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pipeline.quality.artifact import current_version, list_versions, load_model
-from pipeline.quality.train import (
+from pipeline.tools.quality.train import (
     evaluate,
     group_folds,
     label_from_score,
@@ -124,7 +124,7 @@ def test_train_evaluate_promote_and_refuse_worse(tmp_path, embedder):
 def test_cli_evaluate_prints_json_last_line(tmp_path, embedder):
     from typer.testing import CliRunner
 
-    from pipeline.quality.cli import app
+    from pipeline.tools.quality.cli import app
 
     path = tmp_path / "labels.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in _rows()) + "\n")

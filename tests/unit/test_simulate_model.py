@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.simulate.channels import BASE_ERROR_RATE, ChannelProfile, LatencyModel, RouteSpec
-from pipeline.simulate.faults import FAULT_KINDS, Fault, channel_effects, failure_probability, overload_factors
-from pipeline.simulate.load import DiurnalCurve
-from pipeline.simulate.traces import load_llmperf
+from pipeline.tools.simulate.channels import BASE_ERROR_RATE, ChannelProfile, LatencyModel, RouteSpec
+from pipeline.tools.simulate.faults import FAULT_KINDS, Fault, channel_effects, failure_probability, overload_factors
+from pipeline.tools.simulate.load import DiurnalCurve
+from pipeline.tools.simulate.traces import load_llmperf
 
 
 def test_diurnal_curve_trough_peak_and_latency_swing():

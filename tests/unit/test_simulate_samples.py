@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.simulate import traces
-from pipeline.simulate.answers import load_answer_bank
-from pipeline.simulate.chat_answers import GOOD_SCORE, load_chat_pool
-from pipeline.simulate.samples import SAMPLES_DIR, derive
-from pipeline.simulate.scenarios import get_scenario
-from pipeline.simulate.traces import (
+from pipeline.tools.simulate import traces
+from pipeline.tools.simulate.answers import load_answer_bank
+from pipeline.tools.simulate.chat_answers import GOOD_SCORE, load_chat_pool
+from pipeline.tools.simulate.samples import SAMPLES_DIR, derive
+from pipeline.tools.simulate.scenarios import get_scenario
+from pipeline.tools.simulate.traces import (
     DEFAULT_DATA_DIR,
     DataNotFoundError,
     describe_data_source,
@@ -40,7 +40,7 @@ def test_samples_are_used_when_the_shared_folder_is_absent(monkeypatch, tmp_path
     absent = tmp_path / "shared" / "data"
     monkeypatch.setattr(traces, "DEFAULT_DATA_DIR", absent)
     assert resolve_data_dir() == SAMPLES_DIR
-    assert describe_data_source() == f"traces: shipped samples (pipeline/simulate/samples; full sets not found at {absent})"
+    assert describe_data_source() == f"traces: shipped samples (pipeline/tools/simulate/samples; full sets not found at {absent})"
     absent.mkdir(parents=True)
     assert resolve_data_dir() == absent.resolve()
     assert describe_data_source() == f"traces: full sets ({absent.resolve()})"
@@ -52,7 +52,7 @@ def test_a_named_folder_that_is_missing_is_an_error_not_a_fallback(tmp_path):
         describe_data_source(missing)
     with pytest.raises(DataNotFoundError, match="shared data folder not found"):
         next(get_scenario("recovery", data_dir=missing).events(start_ms=0))
-    assert describe_data_source(SAMPLES_DIR) == "traces: shipped samples (pipeline/simulate/samples)"
+    assert describe_data_source(SAMPLES_DIR) == "traces: shipped samples (pipeline/tools/simulate/samples)"
 
 
 def test_sample_traces_hold_every_request():
@@ -99,7 +99,7 @@ def test_samples_stay_small_and_carry_their_licences():
 def test_package_data_ships_every_sample_file():
     """pyproject's package-data globs (as setuptools expands them) name exactly the shipped files."""
     conf = tomllib.loads((REPO / "pyproject.toml").read_text())
-    globs = conf["tool"]["setuptools"]["package-data"]["pipeline.simulate.samples"]
+    globs = conf["tool"]["setuptools"]["package-data"]["pipeline.tools.simulate.samples"]
     matched = {p for g in globs for p in SAMPLES_DIR.glob(g) if p.is_file()}
     assert matched == _shipped_files()
 

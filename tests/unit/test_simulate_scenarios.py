@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent
-from pipeline.simulate import SCENARIOS, WARMUP_S, get_scenario
-from pipeline.simulate.traces import load_llmperf
+from pipeline.tools.simulate import SCENARIOS, WARMUP_S, get_scenario
+from pipeline.tools.simulate.traces import load_llmperf
 
 # The scenarios read ../shared/data when present, else the samples shipped in the package (the same events).
 
@@ -31,6 +31,8 @@ NAMES = (
     "content-hollowing",
     "quality-drift",
     "sparse-consecutive-failures",
+    "slow-failure",
+    "quota-exhaustion",
     "recovery",
     "clean-day",
     "real-providers",

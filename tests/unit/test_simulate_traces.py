@@ -1,4 +1,4 @@
-"""Loaders of the real data behind the simulator (pipeline/simulate/traces.py, answers.py)."""
+"""Loaders of the real data behind the simulator (pipeline/tools/simulate/traces.py, answers.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.simulate.answers import load_answer_bank
-from pipeline.simulate.traces import (
+from pipeline.tools.simulate.answers import load_answer_bank
+from pipeline.tools.simulate.traces import (
     DEFAULT_DATA_DIR,
     DataNotFoundError,
     list_llmperf,

@@ -225,11 +225,15 @@ def test_snapshot_is_published_after_its_rows_then_acks_the_messages() -> None:
 
     snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
     events = _events([_raw(1), _raw(2)])
-    asyncio.run(intake.handle(events))
-    asyncio.run(snapshots.tick())  # captured; its rows are not written yet: not published
-    assert sent == [] and state.ledger.pending_snapshot_seq == 1
-    assert asyncio.run(writer.flush_once())
-    asyncio.run(snapshots.try_save())
+
+    async def run() -> None:  # one event loop: the snapshot is encoded in a thread of it (to_thread)
+        await intake.handle(events)
+        await snapshots.tick()  # captured; its rows are not written yet: not published
+        assert sent == [] and state.ledger.pending_snapshot_seq == 1
+        assert await writer.flush_once()
+        await snapshots.try_save()
+
+    asyncio.run(run())
     assert [key for key, _, _ in sent[0]] == [b"p/m@paid"]
     assert all(e.message.acked for e in events) and state.acked_messages == 2 and state.snapshots_written == 1
 
@@ -241,10 +245,14 @@ def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:
         raise RuntimeError("broker gone")
 
     snapshots = SnapshotPublisher(state, refuse, lambda m: pytest.fail("acked"), assignment.current)
-    asyncio.run(intake.handle(_events([_raw(1)])))
-    asyncio.run(snapshots.capture())
-    asyncio.run(writer.flush_once())
-    asyncio.run(snapshots.try_save())
+
+    async def run() -> None:  # one event loop: the snapshot is encoded in a thread of it (to_thread)
+        await intake.handle(_events([_raw(1)]))
+        await snapshots.capture()
+        await writer.flush_once()
+        await snapshots.try_save()
+
+    asyncio.run(run())
     assert state.ledger.pending_snapshot_seq is None and state.dirty and state.acked_messages == 0
 
 

@@ -16,8 +16,8 @@ import msgspec
 import pytest
 
 from pipeline.engine_replay import replay
-from pipeline.simulate.scenarios import get_scenario
-from pipeline.simulate.traces import DataNotFoundError
+from pipeline.tools.simulate.scenarios import get_scenario
+from pipeline.tools.simulate.traces import DataNotFoundError
 from pipeline.stream.processor import BatchProcessor
 
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
@@ -147,5 +147,27 @@ def test_no_envelope_is_passed_while_restored_state_may_cover_input():
     msg = _env(_ev(3, t + 10), _ev(6, t + 11))
     out = proc.process([msg], [0], [5])  # offset 5: covered by the snapshot
     assert out.envelopes == [] and sorted(row[0].event_id for row in out.stored) == ["e3", "e6"]
-    out = proc.process([msg], [0], [6])
-    assert out.envelopes == [(msg, 2)] and out.stored == []
+    later = _env(_ev(7, t + 12), _ev(8, t + 13))  # new event ids: a message's ids are counted once
+    out = proc.process([later], [0], [6])
+    assert out.envelopes == [(later, 2)] and out.stored == []
+
+
+def test_a_snapshot_capture_encodes_the_state_at_capture_time_whatever_is_processed_after():
+    """Issue #15: the worker encodes snapshots in a thread from a copy taken between batches; the bytes
+    must be those of the state at the copy, not of the state the engine has moved on to meanwhile."""
+    from pipeline.state.snapshot import decode_snapshot
+
+    now = 1_780_000_000_000
+    t = now - 3_600_000
+    proc = BatchProcessor(clock_ms=lambda: now)
+    proc.process([_env(*(_ev(i, t + i, status="ok" if i % 2 else "error") for i in range(30)))], [1], [5])
+    expected = proc.snapshot_records({1: 5})
+    encode = proc.snapshot_capture({1: 5})
+    proc.process([_env(*(_ev(i, t + 60_000 + i, status="error", latency_ms=900.0) for i in range(100, 160)))],
+                 [1], [6])
+    later = proc.snapshot_records({1: 6})
+    got = encode()
+    assert got == expected
+    assert [(name, cov, part) for name, _, cov, part in got] == [(f"c{i}", {1: 5}, 1) for i in range(3)]
+    assert [blob for _, blob, _, _ in later] != [blob for _, blob, _, _ in got]  # the engine did move on
+    assert [decode_snapshot(blob).last_ts_ms for _, blob, _, _ in got] == [t + 27, t + 28, t + 29]

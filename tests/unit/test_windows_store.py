@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.windows.histogram import LatencyBuckets
 from pipeline.windows.ring import IntervalRing
-from pipeline.windows.store import BASE_SLOT_MS, SHORT_SLOT_MS, EventColumns, WindowStore
+from pipeline.windows.store import BASE_SLOT_MS, LAT_SLOT_MS, SHORT_SLOT_MS, EventColumns, WindowStore
 
 ALPHA = 0.02
 TOL = ALPHA * (1 + 1e-9)
@@ -124,7 +124,11 @@ def test_view_windows_exact(data, k):
         assert v.rate_limited_5m[ch] == (s5 == "rate_limited").sum()
         assert v.checked_5m[ch] == data.checked[w5].sum()
         assert v.missing_5m[ch] == data.missing[w5].sum()
-        ok_lat = data.latency[w5 & (data.status == "ok")]
+        # Latency histograms have 30 s slots: the window is their whole slots from the first one that
+        # starts in the 5 min (the same events for a round's `now`, a multiple of 30 s).
+        per = LAT_SLOT_MS // SHORT_SLOT_MS
+        wl = data.in_slots(ch, -(-(hi - 30) // per) * per, -(-hi // per) * per)
+        ok_lat = data.latency[wl & (data.status == "ok")]
         assert v.n_latency_5m[ch] == ok_lat.size
         if ok_lat.size:
             exact = float(np.quantile(ok_lat, 0.95, method="lower"))
@@ -235,7 +239,9 @@ def test_since_restricts_windows(data, since_offset):
         assert v.failures_5m[ch] == (w5 & fails).sum()
         assert v.judged_1m[ch] == (w1 & judged).sum()
         assert v.failures_1m[ch] == (w1 & fails).sum()
-        assert v.n_latency_5m[ch] == (w5 & (data.status == "ok")).sum()
+        per = LAT_SLOT_MS // SHORT_SLOT_MS  # latency: whole 30 s slots from the first starting in the window
+        wl = data.in_slots(ch, -(-lo5 // per) * per, -(-hi // per) * per)
+        assert v.n_latency_5m[ch] == (wl & (data.status == "ok")).sum()
     # since entirely in the future: empty windows, NaN P95
     v = data.store.view(now, since_ms=np.array([now + 20_000, now + 20_000]))
     assert v.judged_5m.tolist() == [0.0, 0.0] and v.judged_1m.tolist() == [0.0, 0.0]

@@ -1,0 +1,100 @@
+"""The signal plug-in contract: what one SPEC §4 signal module declares.
+
+A signal is one module holding a detector (stateless ``detect(view, th,
+active) -> Finding``, :mod:`pipeline.detectors.base`) and a :class:`Signal`
+record: its typed parameters, the window features it reads, its reason
+codes and metric names, the counters it adds to the windows, its README
+line and example inputs for the shared battery
+(``tests/unit/test_detectors_contract.py``). :mod:`pipeline.detectors.registry`
+lists the signals; the engine, the policy loader (``[tier.X.<name>]``
+tables), snapshots and the README's policy table follow from that list.
+The recipe: ``docs/ADDING_A_SIGNAL.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+from pipeline.windows.features import Counter
+
+
+@dataclass(frozen=True)
+class Examples:
+    """Example inputs for the shared battery: WindowView fields → value (scalars broadcast).
+
+    ``firing``: evidence on which the detector fires (given on top of a busy,
+    clean view); ``thin``: cases below a minimum sample that must not fire
+    although the values would; ``all_failures_fires``: whether a view in
+    which every request failed fires this signal.
+    """
+
+    firing: Mapping[str, float]
+    thin: tuple[Mapping[str, float], ...]
+    all_failures_fires: bool = False
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One signal's declaration (see the module docstring).
+
+    ``name``: reason code (SPEC §3), policy table name and metric prefix
+    where one fits; ``kind``: ``"hard"`` (opens the circuit) or ``"soft"``
+    (degrades); ``params``: frozen dataclass whose fields (with defaults and
+    ``__post_init__`` validation naming the key) are the thresholds the
+    detector reads from ``th``; field names must be unique over all signals;
+    ``tier_defaults``: tier → field overrides of the built-in defaults (e.g.
+    the free tier's lower error line); ``features``: the WindowView fields
+    (or ``Counter`` sums) ``detect`` reads; ``metrics``: the keys of its
+    ``Finding.metrics``; ``counters``: window counters it adds to the store
+    (empty in a restored snapshot that predates them); ``detector``: the
+    object with ``detect``; ``rule`` / ``default``: its README policy line.
+    """
+
+    name: str
+    kind: Literal["hard", "soft"]
+    params: type
+    features: tuple[str, ...]
+    metrics: tuple[str, ...]
+    detector: Any
+    examples: Examples
+    rule: str
+    default: str
+    tier_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    counters: tuple[Counter, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("hard", "soft"):
+            raise ValueError(f"signal {self.name}: kind must be 'hard' or 'soft', got {self.kind!r}")
+        if not (dataclasses.is_dataclass(self.params) and self.params.__dataclass_params__.frozen):
+            raise TypeError(f"signal {self.name}: params must be a frozen dataclass")
+        if getattr(self.detector, "reason", None) != self.name:
+            raise ValueError(f"signal {self.name}: detector.reason is {getattr(self.detector, 'reason', None)!r}")
+        known = self.param_names()
+        for tier, table in self.tier_defaults.items():
+            bad = set(table) - set(known)
+            if bad:
+                raise ValueError(f"signal {self.name}: tier_defaults[{tier!r}] has unknown keys {sorted(bad)}")
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Reason codes this signal publishes (its name)."""
+        return (self.name,)
+
+    def param_names(self) -> tuple[str, ...]:
+        """Field names of :attr:`params`, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(self.params))
+
+
+def check_registry(signals: tuple[Signal, ...]) -> None:
+    """Raise ``ValueError`` when names, parameter fields, counters or metric names collide."""
+    seen: dict[str, str] = {}
+    for s in signals:
+        for what, names in (("signal", (s.name,)), ("parameter", s.param_names()),
+                            ("counter", tuple(c.name for c in s.counters)), ("metric", s.metrics)):
+            for n in names:
+                key = f"{what}:{n}"
+                if key in seen:
+                    raise ValueError(f"{what} {n!r} is declared by both {seen[key]} and {s.name}")
+                seen[key] = s.name

@@ -1,0 +1,85 @@
+"""What the baseline breakers share: a call, its outcome, and a per-channel wrapper.
+
+Status mapping (SPEC §3 ``status`` -> what each breaker sees), the same for all:
+
+* ``ok`` -> success.
+* ``error`` -> failure with the event's ``http_status`` (the simulator reports 502/503).
+* ``timeout`` -> failure, HTTP 504 when the event has no ``http_status``: a gateway
+  timeout is what Envoy maps a local-origin timeout to (5xx, ``split_external_local_origin_errors``
+  false by default), what LiteLLM raises as a ``Timeout`` (408, cooled down) and an exception for
+  resilience4j and pybreaker.
+* ``rate_limited`` -> failure, HTTP 429: an exception for resilience4j/pybreaker, LiteLLM's
+  immediate-cooldown status, and not a 5xx for Envoy (it resets Envoy's consecutive-5xx count).
+* ``cancelled``, ``filtered`` -> not recorded (a client cancel or a content filter is not an
+  upstream failure, as in SPEC §4.1; none of the breakers sees a call that the client dropped).
+
+How a breaker "detects": its open / cooldown / ejection decision is taken as a non-healthy
+verdict for the channel at that event time. While open, the channel's calls are not sent to it
+(a router sends them elsewhere), so they are skipped; when the breaker lets calls through again
+(half-open, cooldown over, ejection over) they count again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+#: Statuses that are upstream failures (same set as :data:`pipeline.contracts.FAILURE_STATUSES`).
+FAILURES = frozenset({"error", "timeout", "rate_limited"})
+#: HTTP status assumed where an event has none.
+DEFAULT_HTTP = {"error": 500, "timeout": 504, "rate_limited": 429, "ok": 200}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One finished request as a breaker sees it.
+
+    ts_ms: event time, UTC epoch ms. failed: an upstream failure (see the module's mapping).
+    http_status: 100..599. latency_ms: >= 0.
+    """
+
+    ts_ms: int
+    failed: bool
+    http_status: int
+    latency_ms: float
+
+
+def to_call(event: dict) -> Call | None:
+    """A SPEC §3 event dict as a :class:`Call`; ``None`` for ``cancelled``/``filtered`` (not recorded)."""
+    status = event["status"]
+    if status not in FAILURES and status != "ok":
+        return None
+    http = event.get("http_status") or DEFAULT_HTTP[status]
+    if status == "rate_limited":
+        http = 429
+    return Call(int(event["ts_ms"]), status in FAILURES, int(http), float(event["latency_ms"]))
+
+
+class Breaker(Protocol):
+    """One channel's breaker: ``allows(ts_ms)`` whether a call goes to the channel now;
+    ``record(call)`` files the call's outcome and returns True when this call opened it."""
+
+    def allows(self, ts_ms: int) -> bool: ...
+
+    def record(self, call: Call) -> bool: ...
+
+
+class Pool(Protocol):
+    """A route's channels under one policy: ``offer(channel, call)`` returns True when the call
+    opened (ejected, cooled down) ``channel``. Calls arrive in event-time order."""
+
+    def offer(self, channel: str, call: Call) -> bool: ...
+
+
+class PerChannel:
+    """A :class:`Pool` of independent per-channel breakers made by ``factory()``."""
+
+    def __init__(self, factory, channels: list[str]):
+        self.breakers = {c: factory() for c in channels}
+
+    def offer(self, channel: str, call: Call) -> bool:
+        """Skip the call while the channel's breaker holds it off; else record it (True: it opened)."""
+        b = self.breakers[channel]
+        if not b.allows(call.ts_ms):
+            return False
+        return b.record(call)

@@ -1,0 +1,91 @@
+"""Window features by name: the event columns, and the per-interval counters the short ring keeps.
+
+A :class:`Counter` turns a batch of :class:`EventColumns` into one number per
+event (0/1 or a count); the short ring (30 × 10 s) sums it per interval, and
+:meth:`pipeline.windows.store.WindowStore.view` exposes its sums over the
+last 5 min and 1 min as ``<name>_5m`` / ``<name>_1m``. Counters are stored,
+snapshotted and restored **by name** (:mod:`pipeline.state.snapshot`), so a
+counter added by a new signal (``Signal.counters``) starts empty on a
+restored channel while every other counter keeps its history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class EventColumns:
+    """A batch of validated events as columns (all arrays shape (n,)).
+
+    ``channel`` int64 index from :meth:`WindowStore.channel_index`;
+    ``ts_ms`` int64 event time; ``outcome`` int8 (1 upstream failure,
+    0 success, -1 neutral: cancelled/filtered); ``ok`` bool (status ok);
+    ``latency_ms`` float64 >= 0; ``checked`` bool (structure judged);
+    ``missing`` bool (judged and missing a field or unparseable);
+    ``rate_limited`` bool.
+    """
+
+    channel: np.ndarray
+    ts_ms: np.ndarray
+    outcome: np.ndarray
+    ok: np.ndarray
+    latency_ms: np.ndarray
+    checked: np.ndarray
+    missing: np.ndarray
+    rate_limited: np.ndarray
+
+    def take(self, mask: np.ndarray) -> "EventColumns":
+        """The rows selected by ``mask``."""
+        return EventColumns(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+    def __len__(self) -> int:
+        return int(self.channel.shape[0])
+
+
+@dataclass(frozen=True)
+class Counter:
+    """A named per-interval counter of the short ring.
+
+    ``name``: snake_case, unique in a store; the view exposes ``<name>_5m``
+    and ``<name>_1m`` (float64 sums, shape (C,)). ``of``: ``EventColumns ->``
+    array (n,) of the amount each event adds (bool or float, >= 0). ``doc``:
+    what it counts (one line).
+    """
+
+    name: str
+    of: Callable[[EventColumns], np.ndarray]
+    doc: str
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name != self.name.lower():
+            raise ValueError(f"counter name must be a lower-case identifier, got {self.name!r}")
+
+
+#: The counters every store keeps, in the column order of snapshot version 1 (SPEC §4.1-4.4).
+BASE_COUNTERS: tuple[Counter, ...] = (
+    Counter("judged", lambda c: c.outcome >= 0, "requests judged: success or upstream failure"),
+    Counter("failures", lambda c: c.outcome == 1, "upstream failures (error, timeout, rate_limited)"),
+    Counter("ok", lambda c: c.ok, "requests with status ok"),
+    Counter("neutral", lambda c: c.outcome < 0, "cancelled or filtered requests"),
+    Counter("checked", lambda c: c.checked & c.ok, "ok answers whose structure was judged"),
+    Counter("missing", lambda c: c.missing & c.checked & c.ok, "checked ok answers missing a field or unparseable"),
+    Counter("rate_limited", lambda c: c.rate_limited, "requests with status rate_limited"),
+)
+
+#: Counter names of snapshot version 1, whose short-ring counts were positional.
+V1_COUNTER_NAMES: tuple[str, ...] = tuple(c.name for c in BASE_COUNTERS)
+
+
+def counter_layout(extra: tuple[Counter, ...] = ()) -> tuple[Counter, ...]:
+    """:data:`BASE_COUNTERS` followed by ``extra``; raises ``ValueError`` on a repeated name."""
+    out = BASE_COUNTERS + tuple(extra)
+    seen: set[str] = set()
+    for c in out:
+        if c.name in seen:
+            raise ValueError(f"window counter {c.name!r} is declared twice")
+        seen.add(c.name)
+    return out

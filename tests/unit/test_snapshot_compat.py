@@ -1,0 +1,183 @@
+"""Snapshots keyed by feature name (issue #15 item 2): old snapshots restore, new features start empty."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.contracts import RequestEvent
+from pipeline.detectors import SIGNALS, Examples, Finding, Signal
+from pipeline.engine import Engine
+from pipeline.state.snapshot import SNAPSHOT_VERSION, SnapshotError, decode_snapshot, export_channel, import_channel
+from pipeline.windows.features import Counter, V1_COUNTER_NAMES
+from pipeline.windows.store import WindowStore
+
+DATA = Path(__file__).parents[1] / "data"
+HOUR = 3_600_000
+T0 = 1_750_000_000_000 - 1_750_000_000_000 % HOUR
+
+
+# --- a version-1 snapshot written by main's code (tests/data/make_snapshot_v1.py) -------------
+
+def _restored_v1() -> Engine:
+    eng = Engine()
+    snap = decode_snapshot((DATA / "snapshot_v1.msgpack").read_bytes())
+    assert snap.version == 1 and snap.short_counts and not snap.counters
+    import_channel(eng, snap)
+    return eng
+
+
+def _check_against_v1_expectation(eng: Engine) -> None:
+    want = json.loads((DATA / "snapshot_v1_expected.json").read_text())
+    view = eng.store.view(want["now_ms"])
+    for k, v in want.items():
+        if k in ("now_ms", "machine", "seq", "next_eval_ms"):
+            continue
+        np.testing.assert_array_equal(np.asarray(getattr(view, k), np.float64), np.asarray(v, np.float64), err_msg=k)
+    machine = vars(eng.machines[0])
+    assert {k: str(v) if not isinstance(v, (int, float, type(None))) else v
+            for k, v in machine.items() if k in want["machine"]} == {
+        k: v if not isinstance(v, list) else str(v) for k, v in want["machine"].items()}
+    # Fields added to the machine since version 1 (the probe's pre-incident baseline, issue #18) start at
+    # their defaults.
+    fresh = vars(type(eng.machines[0])())
+    assert {k: v for k, v in machine.items() if k not in want["machine"]} == {
+        k: v for k, v in fresh.items() if k not in want["machine"]}
+    assert eng.seq[0] == want["seq"] and int(eng.next_eval[0]) == want["next_eval_ms"]
+
+
+def test_version_1_snapshot_restores_exactly():
+    eng = _restored_v1()
+    assert eng.store.names == ["snap/model@free"] and eng.store.tiers == ["free"]
+    _check_against_v1_expectation(eng)
+    assert eng.dropped_state == {}
+
+
+def test_version_1_snapshot_rewritten_as_current_version_restores_the_same():
+    raw = export_channel(_restored_v1(), 0)
+    snap = decode_snapshot(raw)
+    assert snap.version == SNAPSHOT_VERSION == 2 and set(snap.counters) == set(V1_COUNTER_NAMES)
+    eng = Engine()
+    import_channel(eng, snap)
+    _check_against_v1_expectation(eng)
+
+
+def test_unknown_version_and_bad_counter_are_snapshot_errors():
+    raw = export_channel(_restored_v1(), 0)
+    snap = decode_snapshot(raw)
+    import msgspec
+
+    with pytest.raises(SnapshotError, match="version 9"):
+        decode_snapshot(msgspec.msgpack.encode(msgspec.structs.replace(snap, version=9)))
+    short = msgspec.structs.replace(snap, counters={**snap.counters, "judged": zlib.compress(b"\x00" * 20)})
+    with pytest.raises(SnapshotError, match="corrupt or mismatched"):
+        import_channel(Engine(), short)
+
+
+# --- a new signal with a new window feature, registered after the snapshot was taken ------------
+
+@dataclasses.dataclass(frozen=True)
+class SlowParams:
+    """Test signal parameters (no policy fields: it is not in the registry)."""
+
+    slow_share_trip: float = 0.9
+
+
+class SlowRequests:
+    """Soft test signal: share of requests slower than 1 s over 5 min above 90 %."""
+
+    reason = "test_over_1s"
+
+    def detect(self, view, th, active) -> Finding:
+        share = np.where(view.judged_5m > 0, view.over_1s_5m / np.maximum(view.judged_5m, 1), np.nan)
+        return Finding(self.reason, np.nan_to_num(share) > SlowParams().slow_share_trip, {"slow_share_5m": share})
+
+
+SLOW = Signal(name="test_over_1s", kind="soft", params=SlowParams, detector=SlowRequests(),
+              features=("over_1s_5m", "judged_5m"), metrics=("slow_share_5m",),
+              examples=Examples(firing={"over_1s_5m": 600, "judged_5m": 600}, thin=({},)),
+              rule="test only", default="90 %",
+              counters=(Counter("over_1s", lambda c: c.latency_ms > 1_000.0, "requests slower than 1 s"),))
+
+
+def _events(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(t_from, t_to, (t_to - t_from) // 400))
+    return [RequestEvent(event_id=f"s{seed}-{i}", ts_ms=t, channel=f"c{i % 3}", route="chat",
+                         status=str(rng.choice(["ok", "error"], p=[0.97, 0.03])),
+                         latency_ms=float(rng.lognormal(6.0, 0.5)), tier="paid")
+            for i, t in enumerate(ts.tolist())]
+
+
+def _feed(eng: Engine, events: list[RequestEvent]) -> list:
+    out = []
+    for k in range(0, len(events), 500):
+        out.extend(eng.process(events[k:k + 500]).verdicts)
+    return out
+
+
+def test_new_signal_with_new_feature_restores_baselines_and_changes_nothing():
+    day, after = _events(T0, T0 + 3 * HOUR, 1), _events(T0 + 3 * HOUR, T0 + 3 * HOUR + 20 * 60_000, 2)
+    old = Engine()
+    _feed(old, day)
+    blobs = [export_channel(old, i) for i in range(old.store.n_channels)]
+    new = Engine(signals=SIGNALS + (SLOW,))
+    assert [c.name for c in new.store.counters][-1] == "over_1s"
+    for b in blobs:
+        import_channel(new, decode_snapshot(b))
+    assert new.dropped_state == {}
+    now = day[-1].ts_ms + 1
+    v_old, v_new = old.store.view(now), new.store.view(now)
+    for f in dataclasses.fields(v_old):
+        if f.name != "extra":  # every existing feature, the 24 h baselines included, is intact
+            np.testing.assert_array_equal(getattr(v_old, f.name), getattr(v_new, f.name), err_msg=f.name)
+    assert (v_old.base_hours == 2).all() and (v_old.base_n > 1_000).all()  # the complete hours before now
+    assert v_new.over_1s_5m.tolist() == [0.0] * 3 and v_new.feature("over_1s_1m").tolist() == [0.0] * 3
+    assert [vars(m) for m in new.machines] == [vars(m) for m in old.machines] and new.seq == old.seq
+    # the restart changes no state: the same events afterwards give the same verdicts
+    verdicts_old, verdicts_new = _feed(old, after), _feed(new, after)
+    assert len(verdicts_old) == len(verdicts_new) > 100
+    for a, b in zip(verdicts_old, verdicts_new):
+        b_metrics = {k: v for k, v in b.metrics.items() if k != "slow_share_5m"}
+        assert (a.channel, a.state, a.weight, a.reasons, a.ts_ms, a.seq, a.metrics) == \
+            (b.channel, b.state, b.weight, b.reasons, b.ts_ms, b.seq, b_metrics)
+        if "route_share" in b.metrics:  # a round's verdict (not a pre-trip) carries the new signal's numbers
+            assert b.metrics["slow_share_5m"] is not None
+    # the new counter fills from events after the restart, exactly
+    end = after[-1].ts_ms + 1
+    lo = (-(-end // 10_000) - 30) * 10_000  # the 5 min window: whole 10 s slots
+    want = [sum(1 for e in after if e.channel == c and e.ts_ms >= lo and e.latency_ms > 1_000.0) for c in new.store.names]
+    assert new.store.view(end).over_1s_5m.tolist() == want and min(want) > 0
+
+
+def test_snapshot_with_a_feature_the_engine_lacks_drops_it_and_counts_it():
+    new = Engine(signals=SIGNALS + (SLOW,))
+    _feed(new, _events(T0, T0 + HOUR, 3))
+    old = Engine()
+    for i in range(new.store.n_channels):
+        import_channel(old, decode_snapshot(export_channel(new, i)))
+    assert old.dropped_state == {"over_1s": 3, "test_over_1s": 3}
+    now = T0 + HOUR
+    np.testing.assert_array_equal(old.store.view(now).judged_5m, new.store.view(now).judged_5m)
+
+
+def test_store_state_loads_counters_by_name():
+    eng = Engine()
+    _feed(eng, _events(T0, T0 + HOUR, 5))
+    state = eng.store.state()
+    wider = WindowStore(counters=SLOW.counters)
+    wider.load(state)
+    now = T0 + HOUR
+    a, b = eng.store.view(now), wider.view(now)
+    for name in ("judged_5m", "failures_1m", "ok_5m", "rate_limited_5m", "base_p95_ms"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    assert b.over_1s_5m.tolist() == [0.0] * 3
+    legacy = {k: v for k, v in state.items() if k != "counters"}  # a state saved before counters had names
+    again = WindowStore()
+    again.load(legacy)
+    np.testing.assert_array_equal(again.view(now).judged_5m, a.judged_5m)
