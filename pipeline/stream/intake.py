@@ -65,7 +65,7 @@ class Assignment:
     (:func:`pipeline.stream.state_topic.load_snapshot_records`);
     ``load_starts``: the committed offset of each given input partition
     (:func:`pipeline.stream.offsets.start_offsets`); ``new_engine``: a fresh
-    :class:`~pipeline.engine.Engine` with the worker's policy.
+    :class:`~pipeline.engine.Engine` with the worker's policy and state limits.
     """
 
     def __init__(self, state: WorkerState, consumer: ConsumerView,

@@ -238,6 +238,41 @@ def test_snapshot_is_published_after_its_rows_then_acks_the_messages() -> None:
     assert all(e.message.acked for e in events) and state.acked_messages == 2 and state.snapshots_written == 1
 
 
+def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
+    """Under the lock the state is only captured (``snapshot_capture``); the encoding runs in a thread."""
+    import threading
+
+    state, assignment, intake, writer, _ = _worker(FakeSink())
+    encoded_in: list[threading.Thread] = []
+    capture = state.processor.snapshot_capture
+
+    def traced(offsets: Any) -> Any:
+        encode = capture(offsets)
+
+        def run() -> Any:
+            encoded_in.append(threading.current_thread())
+            return encode()
+
+        return run
+
+    state.processor.snapshot_capture = traced  # type: ignore[method-assign]
+    sent: list[list] = []
+
+    async def send(records: list) -> None:
+        sent.append(records)
+
+    snapshots = SnapshotPublisher(state, send, lambda m: None, assignment.current)
+
+    async def run() -> None:
+        await intake.handle(_events([_raw(1)]))
+        await snapshots.capture()
+        assert await writer.flush_once()
+        await snapshots.try_save()
+
+    asyncio.run(run())
+    assert len(sent) == 1 and encoded_in and encoded_in[0] is not threading.main_thread()
+
+
 def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:
     state, assignment, intake, writer, _ = _worker(FakeSink())
 
