@@ -443,6 +443,16 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
 
 from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
 app.command("alert")(_alert)
+from pipeline.cli_override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)
+app.add_typer(_override_app, name="override")
+from pipeline.cli_watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
+app.command("watch")(_watch)
+from pipeline.cli_report import report as _report  # noqa: E402  (issue #21: the HTML report)
+app.command("report")(_report)
+from pipeline.cli_drill import drill as _drill  # noqa: E402  (issue #22: drills)
+app.command("drill")(_drill)
+from pipeline.cli_history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
+_register_history(app)
 use_plain_help(app)
 
 

@@ -281,6 +281,29 @@ class StateLimits:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    """Prometheus ``/metrics`` of the long-running processes (worker, alert, watch; issue #21).
+
+    ``port``: TCP port of the HTTP endpoint, 1..65535, None = no endpoint
+    (``CHANNEL_HEALTH_METRICS_PORT`` unset). ``max_channels``: most channels
+    with their own per-channel series (state, weight), >= 1 (default 500:
+    two gauges x 6 states per channel keep a scrape under ~4,000 series);
+    channels beyond it are not exported and counted in
+    ``channel_health_metrics_dropped_channels_total``
+    (``CHANNEL_HEALTH_METRICS_MAX_CHANNELS``). Raises :class:`ConfigError` outside the ranges.
+    """
+
+    port: int | None = None
+    max_channels: int = 500
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise ConfigError(f"metrics port must be 1..65535, got {self.port!r}")
+        if self.max_channels < 1:
+            raise ConfigError(f"metrics max_channels must be >= 1, got {self.max_channels!r}")
+
+
+@dataclass(frozen=True)
 class Settings:
     """All runtime settings, read once by :func:`load_settings`."""
 
@@ -312,6 +335,8 @@ class Settings:
     clock: str = "wall"
     #: Channel-state and dedup bounds (``CHANNEL_HEALTH_MAX_CHANNELS`` etc.).
     state_limits: StateLimits = StateLimits()
+    #: Prometheus endpoint (``CHANNEL_HEALTH_METRICS_PORT``, ``_METRICS_MAX_CHANNELS``); off by default.
+    metrics: MetricsSettings = MetricsSettings()
 
     @property
     def topics(self) -> Topics:
@@ -544,8 +569,27 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         query_limits=query_limits,
         **_topic_and_time_settings(env),
         state_limits=StateLimits(**limits),
+        metrics=_read_metrics_settings(env),
         **bounds,  # type: ignore[arg-type]
     )
+
+
+def _read_metrics_settings(env: Mapping[str, str]) -> MetricsSettings:
+    """:class:`MetricsSettings` from ``CHANNEL_HEALTH_METRICS_PORT`` / ``_METRICS_MAX_CHANNELS`` (unset or empty:
+    the defaults); :class:`ConfigError` if malformed."""
+    values: dict[str, int] = {}
+    for name, field_name, low, high in (("METRICS_PORT", "port", 1, 65535),
+                                        ("METRICS_MAX_CHANNELS", "max_channels", 1, 10**7)):
+        raw = env.get(f"{ENV_PREFIX}{name}")
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            values[field_name] = int(raw)
+            if not low <= values[field_name] <= high:
+                raise ValueError
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{name} must be an integer {low}..{high}, got {raw!r}") from None
+    return MetricsSettings(**values)
 
 
 def _read_query_limits(env: Mapping[str, str]) -> QueryLimits:

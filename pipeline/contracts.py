@@ -124,6 +124,12 @@ class Verdict(msgspec.Struct, omit_defaults=False):
     ``metrics`` holds the numbers behind ``reasons``; ``ts_ms`` is the event
     time of the evaluation; ``seq`` increases by one per published verdict of
     the channel.
+
+    ``override`` (SPEC §3): present only while an operator's override is in
+    force (:mod:`pipeline.policy.override`): ``kind``, ``by``, ``reason``,
+    ``set_ts_ms`` and ``expires_ts_ms`` (UTC epoch ms, wall time), the forced
+    ``weight``, the forced ``state`` (kinds ``open``/``healthy``) or the frozen
+    ``route``. Absent (``msgspec.UNSET``, not encoded) otherwise.
     """
 
     channel: str
@@ -135,6 +141,7 @@ class Verdict(msgspec.Struct, omit_defaults=False):
     ts_ms: NonNegInt
     seq: NonNegInt
     schema_version: int = SCHEMA_VERSION
+    override: Union[dict[str, Union[float, int, str, None]], msgspec.UnsetType] = msgspec.UNSET
 
 
 _encoder = msgspec.json.Encoder()

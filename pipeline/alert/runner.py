@@ -93,8 +93,9 @@ class AlertService:
 class Sender:
     """Runs dispatches in the background, chained per dedup key; :meth:`drain` waits for them (bounded)."""
 
-    def __init__(self, dispatcher: Dispatcher):
+    def __init__(self, dispatcher: Dispatcher, metrics: Any = None):
         self.dispatcher = dispatcher
+        self.metrics = metrics  # pipeline.metrics.PipelineMetrics or None: alerts_sent_total{route,outcome}
         self._chains: dict[str, asyncio.Task] = {}
 
     def submit(self, n: Notification) -> None:
@@ -107,8 +108,12 @@ class Sender:
             try:
                 names = await self.dispatcher.dispatch(n)
                 log.info("%s %s (%s) delivered to %s", n.kind, n.key, n.severity, ", ".join(names) or "no route")
+                for name in names if self.metrics is not None else ():
+                    self.metrics.alerts_sent_total.labels(name, "sent").inc()
             except Exception:  # a bug in a formatter must not end the process
                 log.exception("sending %s failed", n.key)
+                if self.metrics is not None:
+                    self.metrics.alerts_sent_total.labels("none", "failed").inc()
 
         self._chains[n.key] = asyncio.create_task(run(), name=f"alert-{n.key}")
 
@@ -143,10 +148,17 @@ async def run_alerts(config: AlertConfig, settings: Settings, stop: asyncio.Even
     from aiokafka import AIOKafkaConsumer
     from aiokafka.errors import KafkaError
 
+    from pipeline.metrics import start_metrics_server
+
     service = AlertService(config)
+    metrics = start_metrics_server(settings)  # issue #21: /metrics on CHANNEL_HEALTH_METRICS_PORT (unset: none)
+    metrics.track("channel_health_alert_verdicts_total", "Messages read from channel.health.",
+                  lambda: service.messages, kind="counter")
+    metrics.track("channel_health_alert_bad_messages_total", "channel.health messages that were not verdicts.",
+                  lambda: service.bad_messages, kind="counter")
     consumer = (consumer_factory or AIOKafkaConsumer)(settings.topics.health, **consumer_kwargs(settings, config))
     async with Dispatcher(config) as dispatcher:
-        sender = Sender(dispatcher)
+        sender = Sender(dispatcher, metrics)
         await consumer.start()
         log.info("alert process reading %s as group %s; routes: %s", settings.topics.health, config.consumer_group,
                  ", ".join(f"{r.name} ({r.format}, >= {r.min_severity})" for r in config.routes))
@@ -173,4 +185,5 @@ async def run_alerts(config: AlertConfig, settings: Settings, stop: asyncio.Even
         finally:
             await sender.drain(drain_s)
             await consumer.stop()
+            metrics.close()
     return service

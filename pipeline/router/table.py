@@ -13,9 +13,23 @@ Rules:
 - **Membership follows the latest verdict.** A channel belongs to the route
   named by its latest accepted verdict; a verdict naming another route moves
   it there. A route with no channel left disappears.
-- **Shares are weights normalised within the route** (SPEC §4): sum 1 over
-  the route's channels. When every weight is 0 every share is 0 and
-  ``all_open`` is set, so the router applies its own fallback rule.
+- **Shares are the engine's bounded route shares** (``metrics.route_share``,
+  SPEC §4): the worker already limits how fast a channel's share may grow per
+  round (``PolicyConfig.max_share_growth``), so a router must not re-normalise
+  raw weights (that would undo the anti-flip-flop bound). Shares are used as
+  published (normalised to sum 1 only against rounding); a channel at weight
+  0 counts 0 (a pre-trip verdict carries no share). When a verdict of
+  the route at a weight above 0 lacks ``route_share`` (an older worker), the route falls back to
+  its weights normalised within the route, and ``source`` says ``weights``.
+  When every share is 0 every share is 0 and ``all_open`` is set, so the
+  router applies its own fallback rule.
+- **Overrides are honoured.** A channel under an operator's channel override
+  (verdict ``override`` of kind ``open``/``healthy``/``weight``) counts with the
+  forced weight against the others' ``k × route_share`` (k channels in the
+  route: 1 for each channel of an all-healthy route), then the route is
+  normalised: forcing one of two equal channels to 0.5 gives it 1/3, forcing
+  it open gives the other all. Applied at once, not ramped: it is the last
+  resort. A route freeze needs nothing here: the worker holds the shares.
 - **Fail-static.** When the newest verdict of a route was received more than
   ``stale_after_s`` ago (the pipeline stopped), the last known shares are
   still returned, flagged ``stale``; a fresh verdict clears the flag.
@@ -53,6 +67,8 @@ class RouteWeights:
     stale: bool
     age_s: float
     all_open: bool
+    source: str = "route_share"
+    overridden: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,8 +165,8 @@ class HealthTable:
         names = self.channels(route)
         entries = [self._entries[c] for c in names]
         raw = {c: float(e.verdict.weight) for c, e in zip(names, entries)}
-        total = sum(raw.values())
-        shares = {c: (w / total if total > 0 else 0.0) for c, w in raw.items()}
+        shares, source, overridden = route_shares([e.verdict for e in entries])
+        total = sum(shares.values())
         age_s = max(0.0, self._clock() - max(e.received_s for e in entries))
         return RouteWeights(
             route=route,
@@ -160,6 +176,8 @@ class HealthTable:
             stale=age_s > self.stale_after_s,
             age_s=age_s,
             all_open=total <= 0,
+            source=source,
+            overridden=overridden,
         )
 
     def snapshot(self) -> dict[str, dict]:
@@ -187,3 +205,33 @@ class HealthTable:
                 }
             out[route] = {"stale": rw.stale, "age_s": rw.age_s, "all_open": rw.all_open, "channels": rows}
         return out
+
+
+_CHANNEL_OVERRIDES = ("open", "healthy", "weight")
+
+
+def route_shares(verdicts: list[Verdict]) -> tuple[dict[str, float], str, tuple[str, ...]]:
+    """Shares of one route's channels from their latest verdicts (rules in the module docstring).
+
+    Returns ``(channel -> share in [0, 1] summing to 1 or all 0, source, overridden channels)``.
+    """
+    import msgspec
+
+    k = len(verdicts)
+    # a channel at weight 0 gets no traffic whatever its share said (the engine's pre-trip verdict of a
+    # failure run carries no route_share: the others' shares are re-bounded at the next round)
+    shares_in = [0.0 if float(v.weight) <= 0 else v.metrics.get("route_share") for v in verdicts]
+    usable = all(isinstance(s, (int, float)) and math.isfinite(s) and s >= 0 for s in shares_in)
+    source = "route_share" if usable else "weights"
+    overridden = tuple(v.channel for v in verdicts
+                       if v.override is not msgspec.UNSET and v.override.get("kind") in _CHANNEL_OVERRIDES)
+    x = {}
+    for v, s in zip(verdicts, shares_in):
+        if v.channel in overridden:
+            x[v.channel] = float(v.weight)
+        elif usable:
+            x[v.channel] = float(s) * (k if overridden else 1)  # type: ignore[arg-type]
+        else:
+            x[v.channel] = float(v.weight)
+    total = sum(x.values())
+    return {c: (w / total if total > 0 else 0.0) for c, w in x.items()}, source, overridden

@@ -9,7 +9,7 @@ event's structure flags as ingest resolved them already in them
 new channel over the limit) or a re-sent duplicate: one envelope
 per line, ``JSONEachRow`` into ``request_event_envelopes``, whose
 materialized view writes one ``request_events`` row per event with the
-flags read as data (``infra/clickhouse/008_request_event_envelopes.sql``).
+flags read as data (``infra/clickhouse/011_request_event_envelopes.sql``).
 Every other accepted event goes as a row ``(event, parse_ok,
 missing_fields)`` (:func:`stored_rows`, the flags read from the event).
 Encoding the rows cost the worker's main thread a sizeable share of its

@@ -70,6 +70,7 @@ def _adders() -> dict[str, Adder]:
         "verdicts": lambda sink, p, at, n, seq: sink.add_verdicts(verdicts.decode(p), at),
         "quality_scores": lambda sink, p, at, n, seq: sink.add_quality_scores(rows.decode(p)),
         "quality_labels": lambda sink, p, at, n, seq: sink.add_quality_labels(rows.decode(p)),
+        "overrides": lambda sink, p, at, n, seq: sink.add_overrides(rows.decode(p)),
     }
 
 

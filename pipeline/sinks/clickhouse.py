@@ -45,6 +45,8 @@ from pipeline.sinks.rows import (
     QUALITY_LABELS_TABLE,
     QUALITY_SCORE_COLUMNS,
     QUALITY_SCORES_TABLE,
+    OVERRIDE_COLUMNS,
+    OVERRIDES_TABLE,
     TABLE_NAMES,
     VERDICT_COLUMNS,
     VERDICTS_TABLE,
@@ -93,6 +95,7 @@ class ClickHouseSink(FlushRetries):
         self.verdicts = TableSink(client, VERDICTS_TABLE, VERDICT_COLUMNS, **bounds)
         self.quality_scores = TableSink(client, QUALITY_SCORES_TABLE, QUALITY_SCORE_COLUMNS, **bounds)
         self.quality_labels = TableSink(client, QUALITY_LABELS_TABLE, QUALITY_LABEL_COLUMNS, **bounds)
+        self.overrides = TableSink(client, OVERRIDES_TABLE, OVERRIDE_COLUMNS, **bounds)
         self._tables = tuple(getattr(self, name) for name in TABLE_NAMES)
         #: Rows written per table since the start (the :class:`~pipeline.sinks.protocol.Sink` contract).
         self.written = dict.fromkeys(TABLE_NAMES, 0)
@@ -195,6 +198,10 @@ class ClickHouseSink(FlushRetries):
     def add_quality_labels(self, rows: Iterable[tuple]) -> None:
         """Buffer ``quality_labels`` rows built with :func:`label_row`."""
         self.quality_labels.add(rows)
+
+    def add_overrides(self, rows: Iterable[tuple]) -> None:
+        """Buffer ``channel_overrides`` audit rows (:func:`pipeline.stream.control.audit_row`)."""
+        self.overrides.add(rows)
 
     def flush(self) -> int:
         """Write every table's buffer; return the rows written.

@@ -191,6 +191,11 @@ class ProcessSink(FlushRetries):
         rows = list(rows)
         self._add("quality_labels", self._encode(rows), len(rows), 0)
 
+    def add_overrides(self, rows: Iterable[tuple]) -> None:
+        """Add ``channel_overrides`` audit rows (:func:`pipeline.stream.control.audit_row`)."""
+        rows = list(rows)
+        self._add("overrides", self._encode(rows), len(rows), 0)
+
     def flush(self) -> int:
         """Have the sink process write every row added before this call; return the rows written.
 

@@ -1,4 +1,4 @@
-"""The contract every ``request_events`` / ``channel_verdicts`` sink of the worker keeps.
+"""The contract every ``request_events`` / ``channel_verdicts`` / ``channel_overrides`` sink of the worker keeps.
 
 Shaped like quix-streams' sink contract (``quixstreams/sinks/base``: rows
 are *added* as they are processed, *flushed* on the checkpoint, and only a
@@ -53,6 +53,9 @@ class Sink(Protocol):
 
     def add_verdicts(self, verdicts: Iterable[Verdict]) -> None:
         """Buffer ``channel_verdicts`` rows."""
+
+    def add_overrides(self, rows: Iterable[tuple]) -> None:
+        """Buffer ``channel_overrides`` audit rows (:func:`pipeline.stream.control.audit_row`)."""
 
     def flush(self) -> int:
         """Write every buffered row; return how many were written."""

@@ -21,14 +21,15 @@ from pipeline.storage import DATABASE
 EVENTS_TABLE = f"{DATABASE}.request_events"
 #: Where ``request_events`` rows are inserted (Null engine; its view writes ``request_events``).
 EVENTS_INPUT_TABLE = f"{DATABASE}.request_events_input"
-#: Where whole batch envelopes are inserted (Null engine, DDL 008; its view writes ``request_events``; :mod:`.batches`).
+#: Where whole batch envelopes are inserted (Null engine, DDL 011; its view writes ``request_events``; :mod:`.batches`).
 EVENT_BATCHES_TABLE = f"{DATABASE}.request_event_envelopes"
 VERDICTS_TABLE = f"{DATABASE}.channel_verdicts"
 QUALITY_SCORES_TABLE = f"{DATABASE}.quality_scores"
 QUALITY_LABELS_TABLE = f"{DATABASE}.quality_labels"
+OVERRIDES_TABLE = f"{DATABASE}.channel_overrides"
 #: The sinks' tables by short name, in flush order (``ClickHouseSink`` attributes; ``ProcessSink`` counters);
 #: ``event_batches``: ``request_events`` rows that come as whole envelopes (:mod:`pipeline.sinks.batches`).
-TABLE_NAMES = ("events", "event_batches", "verdicts", "quality_scores", "quality_labels")
+TABLE_NAMES = ("events", "event_batches", "verdicts", "quality_scores", "quality_labels", "overrides")
 
 EVENT_COLUMNS: tuple[str, ...] = (
     "event_id", "ts", "channel", "route", "tier", "status", "latency_ms", "ttft_ms",
@@ -45,6 +46,11 @@ QUALITY_SCORE_COLUMNS: tuple[str, ...] = (
     "scored_at",
 )  # fmt: skip
 QUALITY_LABEL_COLUMNS: tuple[str, ...] = ("label_id", "prompt", "response", "label", "source", "imported_at")
+#: ``channel_overrides`` rows: :func:`pipeline.stream.control.audit_row`.
+OVERRIDE_COLUMNS: tuple[str, ...] = (
+    "override_key", "action", "kind", "channel", "route", "weight", "by", "reason", "set_ts", "expires_ts", "at",
+    "ingested_at",
+)  # fmt: skip
 
 #: Default cap on stored response/prompt text, in characters.
 MAX_TEXT_CHARS = 2000

@@ -66,9 +66,11 @@ from faust.types import TP
 from pipeline.config import Settings
 from pipeline.contracts import encode
 from pipeline.engine import Engine
+from pipeline.metrics import PipelineMetrics
 from pipeline.ingest.dead_letter import raw_budget
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.sinks.protocol import Sink
+from pipeline.stream.control_agent import install_control
 from pipeline.stream.dead_letters import DeadLetterPublisher
 from pipeline.stream.flushing import FLUSH_BACKOFF_MAX_S, FLUSH_BACKOFF_MIN_S, FLUSH_INTERVAL_S, SinkWriter
 from pipeline.stream.intake import IDLE_ADVANCE_AFTER_S, IDLE_STEP_MS, Assignment, Intake
@@ -126,12 +128,13 @@ class FaustConsumer:
 
 
 def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink | None = None,
-              datadir: str | None = None) -> tuple[faust.App, WorkerState]:
+              datadir: str | None = None, metrics: PipelineMetrics | None = None) -> tuple[faust.App, WorkerState]:
     """Create the faust app, its topics, the agent, the sink flusher and the timers.
 
     ``sink``: where rows go (:class:`~pipeline.sinks.protocol.Sink`: a
     :class:`~pipeline.sinks.process.ProcessSink` or an in-process
-    :class:`~pipeline.sinks.clickhouse.ClickHouseSink`), or None to skip storage.
+    :class:`~pipeline.sinks.clickhouse.ClickHouseSink`), or None to skip storage. ``metrics``: where to count
+    (:mod:`pipeline.metrics`; None: a private, unserved one).
     """
     topics = settings.topics
     if datadir is None:
@@ -160,8 +163,21 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
     requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
     dead_letters = DeadLetterPublisher(topics.dlq, raw_budget(settings.producer_max_request_bytes))
     install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
+    # overrides: applied by intake.emit before verdicts are published and stored (the lambdas resolve later)
+    control = install_control(app, state, settings, lambda out: intake.emit(out), lambda out: writer.store(out))
     kafka = settings.kafka_bootstrap or ""
     security = settings.kafka_security.aiokafka_kwargs
+    consumer = FaustConsumer(app, topics.requests)
+
+    def consumer_lags() -> dict[tuple[str, int], int]:
+        """Messages behind the end of each assigned input partition (the highwater of the last fetch)."""
+        last = state.gate.last_offsets
+        return {(topics.requests, p): max(0, (consumer.highwater(p) or 0) - 1 - last.get(p, -1))
+                for p in consumer.assigned_partitions()}
+
+    metrics = metrics or PipelineMetrics()  # issue #21: counts the processor keeps are read at scrape time
+    metrics.track_worker(lambda: state.processor, consumer_lags, lambda: state.sink,
+                         lambda: getattr(state, "quality", None))
 
     async def load_records() -> Any:
         from pipeline.stream.state_topic import load_snapshot_records
@@ -173,17 +189,17 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
 
     async def publish(out: ProcessedBatch) -> None:
         """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them (a refused dead
-        letter is sent again without its copy of the input, then counted as lost: never fatal)."""
+        letter is sent again without its copy of the input, then counted as lost: never fatal). Overrides are
+        applied before this, by :meth:`Intake.emit`."""
         await send_and_wait(app.producer, topics.health, [(v.channel.encode(), encode(v), None) for v in out.verdicts])
         await dead_letters.publish(app.producer, out.dead_letters)  # never raises for a refused dead letter
 
     async def send_state(records: Any) -> None:
         await send_and_wait(app.producer, topics.state, records)
 
-    assignment = Assignment(state, FaustConsumer(app, topics.requests), load_records, load_starts,
-                            lambda: Engine(policy, settings.state_limits))
-    writer = SinkWriter(state)
-    intake = Intake(state, assignment, publish, writer, CHUNK_BYTES)
+    assignment = Assignment(state, consumer, load_records, load_starts, lambda: Engine(policy, settings.state_limits))
+    writer = SinkWriter(state, metrics)
+    intake = Intake(state, assignment, publish, writer, CHUNK_BYTES, control=control, metrics=metrics)
     snapshots = SnapshotPublisher(state, send_state, lambda m: m.ack(app.consumer), assignment.current)
 
     @app.agent(requests)
@@ -243,8 +259,10 @@ def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel:
     """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
     from pipeline.stream.runtime import open_sink_and_topics
 
+    from pipeline.metrics import start_metrics_server
+
     sink = open_sink_and_topics(settings)
-    app, _state = build_app(settings, policy, sink)
+    app, _state = build_app(settings, policy, sink, metrics=start_metrics_server(settings))
     tune_gc()
     worker = BoundedStopWorker(app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

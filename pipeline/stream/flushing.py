@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from pipeline.sinks.buffer import FLUSH_SHARE
 from pipeline.sinks.errors import SinkBackpressure
@@ -40,10 +40,13 @@ class SinkWriter:
     ``sink_failures``, ``sink_down_since``, ``peak_pending_rows``,
     ``backpressure_waits``, ``intake_paused``, ``wall_s["backpressure"]``,
     the ``ledger``); call ``state.init_sync()`` on the event loop first.
+    ``metrics``: a :class:`~pipeline.metrics.PipelineMetrics` that observes
+    each write and counts failed ones (None: nothing observed).
     """
 
-    def __init__(self, state: WorkerState) -> None:
+    def __init__(self, state: WorkerState, metrics: Any = None) -> None:
         self.state = state
+        self.metrics = metrics
 
     def kick(self) -> None:
         """Have the flusher write now instead of at the next interval."""
@@ -112,8 +115,13 @@ class SinkWriter:
         pending = sink.pending_rows
         state.peak_pending_rows = max(state.peak_pending_rows, pending)
         try:
+            started = time.perf_counter()
             written = await asyncio.to_thread(sink.flush)
+            if self.metrics is not None:
+                self.metrics.observe_flush(time.perf_counter() - started, written)
         except Exception as exc:  # SinkWriteError and transport errors: keep the rows, retry, ack nothing
+            if self.metrics is not None:
+                self.metrics.sink_write_failures_total.inc()
             state.sink_failures += 1
             if state.sink_down_since is None:
                 state.sink_down_since = time.monotonic()

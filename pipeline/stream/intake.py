@@ -124,17 +124,31 @@ class Intake:
 
     ``publish``: sends a batch's verdicts and dead letters and returns once
     Kafka acknowledged them; ``writer``: puts its rows in the sink;
-    ``chunk_bytes``: most message bytes per processor call.
+    ``chunk_bytes``: most message bytes per processor call; ``control``: the
+    operators' overrides (:class:`~pipeline.stream.control_agent.ControlHook`,
+    its ``apply`` runs on every batch's verdicts before they are published and
+    stored; None: none); ``metrics``: a :class:`~pipeline.metrics.PipelineMetrics`
+    that observes batches and verdicts (None: nothing observed).
     """
 
     def __init__(self, state: WorkerState, assignment: Assignment,
-                 publish: Callable[[ProcessedBatch], Awaitable[None]], writer: SinkWriter, chunk_bytes: int) -> None:
+                 publish: Callable[[ProcessedBatch], Awaitable[None]], writer: SinkWriter, chunk_bytes: int,
+                 control: Any = None, metrics: Any = None) -> None:
         self.state = state
         self.assignment = assignment
         self.consumer = assignment.consumer
         self.publish = publish
         self.writer = writer
         self.chunk_bytes = chunk_bytes
+        self.control = control
+        self.metrics = metrics
+
+    async def emit(self, out: ProcessedBatch) -> None:
+        """Publish ``out``: the overrides in force applied to its verdicts first (``out.verdicts`` is
+        replaced, so the stored verdict rows carry the override too)."""
+        if self.control is not None:
+            out.verdicts = self.control.apply(out.verdicts)  # operators' overrides (SPEC §4)
+        await self.publish(out)
 
     async def handle(self, events: Sequence[Any]) -> None:
         """Process one batch of faust events (``.value``, ``.message`` with ``partition``, ``offset``,
@@ -192,8 +206,10 @@ class Intake:
         out = state.processor.process([e.value for e in chunk], [e.message.partition for e in chunk],
                                       [e.message.offset for e in chunk])
         t1 = time.perf_counter()
-        await self.publish(out)
+        await self.emit(out)
         t2, waited = time.perf_counter(), state.wall_s["backpressure"]
+        if self.metrics is not None:
+            self.metrics.observe_batch(t1 - t0, t2 - t0, out.verdicts)
         await self.writer.store(out)  # rows leave as one encoded payload: the decoded events die with ``out``
         wall = state.wall_s
         wall["process"] += t1 - t0
@@ -232,7 +248,9 @@ class Intake:
             verdicts = state.processor.advance_idle(IDLE_STEP_MS, now_ms=now_ms)
             if verdicts:
                 out = ProcessedBatch(verdicts=verdicts)
-                await self.publish(out)
+                await self.emit(out)
+                if self.metrics is not None:
+                    self.metrics.observe_verdicts(out.verdicts)
                 await self.writer.store(out)
                 state.ledger.add_batch([])
                 state.dirty = True

@@ -273,6 +273,7 @@ def _run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: in
         stop_in_order(worker, broker, console.print)
     if rc == 0:
         _summary(settings, console)
+        _report(settings, console, scenario, data_dir)
     return rc
 
 
@@ -292,4 +293,32 @@ def _summary(settings: Settings, console: Console) -> None:
     # A terminal: fit its width. Piped: the table's own width, printed as is (no re-wrapping into run-on lines).
     width = console.width if console.is_terminal else 200
     console.print(Text(format_table(cols, rows, width=width).rstrip("\n")), soft_wrap=True)
+    console.file.flush()
+
+
+def _report(settings: Settings, console: Console, scenario_name: str, data_dir: Path) -> None:
+    """Write the HTML report (issue #21) of the scenario's faulted channel into ``data_dir`` and print its path.
+
+    Window: the channel's first incident (``--incident``), or all its verdicts when it had none. A report
+    that cannot be made is said in one line; the demo's result stands.
+    """
+    from pipeline.storage.client import open_client
+    from pipeline.tools.report import write_report
+    from pipeline.tools.report.data import ReportError
+    from pipeline.tools.simulate.scenarios import get_scenario
+
+    scenario = get_scenario(scenario_name)
+    channel = scenario.faults[0].channel if scenario.faults else scenario.channels[0].name
+    out = data_dir / ("report-" + "".join(c if c.isalnum() or c in "-." else "_" for c in channel) + ".html")
+    client = open_client(settings)
+    try:
+        try:
+            path = write_report(client, out, settings.clickhouse_url_redacted, channel=channel, incident=True)
+        except ReportError:  # no incident on this channel: its whole history
+            path = write_report(client, out, settings.clickhouse_url_redacted, channel=channel)
+    except Exception as exc:  # the report is an extra: say why it is missing, keep the demo's exit code
+        console.print(Text(f"No report written: {exc}"), soft_wrap=True)
+        return
+    console.print(Text(f"\nReport of {channel}: {path}\n  (open it in a browser; make another with "
+                       f"channel-health report --channel {channel} --incident --out FILE.html)"), soft_wrap=True)
     console.file.flush()

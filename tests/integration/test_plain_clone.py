@@ -90,6 +90,9 @@ def test_plain_clone_runs_the_demo_end_to_end(clone, tmp_path):
     # The summary's example query reads the verdicts back from chDB.
     assert re.search(rf"{re.escape(CHANNEL)}\s*│\s*open\s*│", out) or re.search(rf"{re.escape(CHANNEL)}\s+open\s", out), \
         out[-3000:]
+    # The demo ends with the faulted channel's HTML report (issue #21).
+    report = re.search(rf"Report of {re.escape(CHANNEL)}: (\S+\.html)", out)
+    assert report and Path(report.group(1)).stat().st_size > 20_000, out[-2000:]
 
 
 def test_plain_clone_quality_train_names_the_missing_labels_in_one_line(clone):

@@ -119,7 +119,7 @@ def test_an_envelope_clickhouse_refuses_is_written_as_rows(ch) -> None:
     sink.add_event_batches(out.envelopes[1:])
     assert sink.flush_counts()["event_batches"] == 1
     assert sink.rejected == {"events": 0, "event_batches": 0, "verdicts": 0, "quality_scores": 0,
-                             "quality_labels": 0} and sink.take_rejected() == []
+                             "quality_labels": 0, "overrides": 0} and sink.take_rejected() == []
     rows = dict(ch.query("SELECT event_id, latency_ms FROM channel_health.request_events FINAL").result_rows)
     assert rows == {"e01": 101.0, "e02": 102.0, "e03": 103.0, "e04": 104.0, "e20": 7.0}
 

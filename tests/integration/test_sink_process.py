@@ -77,7 +77,7 @@ def test_rows_written_by_the_sink_process_are_the_in_process_rows(tmp_path: Path
         assert sink.pending_rows == 6
         assert sink.flush() == 6
         assert sink.pending_rows == 0 and sink.written == {"events": 3, "event_batches": 0, "verdicts": 1,
-                                                           "quality_scores": 1, "quality_labels": 1}
+                                                           "quality_scores": 1, "quality_labels": 1, "overrides": 0}
     events = _read(tmp_path / "ch", "SELECT * EXCEPT (ts, ingested_at), toUnixTimestamp64Milli(ts), "
                                     "toUnixTimestamp64Milli(ingested_at) FROM channel_health.request_events "
                                     "ORDER BY event_id")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from pipeline.contracts import Verdict
@@ -36,7 +37,7 @@ def table(clock: FakeClock) -> HealthTable:
     return HealthTable(stale_after_s=90.0, clock=clock)
 
 
-def test_weights_are_normalised_within_the_route(table: HealthTable) -> None:
+def test_without_route_share_weights_are_normalised_within_the_route(table: HealthTable) -> None:
     assert table.update(verdict("a", 1.0, 1))
     assert table.update(verdict("b", 0.5, 1, state="degraded"))
     assert table.update(verdict("c", 0.0, 1, state="open"))
@@ -51,6 +52,7 @@ def test_weights_are_normalised_within_the_route(table: HealthTable) -> None:
         stale=False,
         age_s=0.0,
         all_open=False,
+        source="weights",
     )
     assert list(rw.shares) == ["a", "b", "c"]
     assert table.weights("other").shares == {"x": 1.0}
@@ -209,3 +211,72 @@ def test_snapshot(table: HealthTable, clock: FakeClock) -> None:
             },
         }
     }
+
+
+# -- issue #20 item 3: the engine's bounded shares reach the router --------------------------------------
+
+def share_verdict(channel: str, weight: float, share: float, seq: int, override: dict | None = None) -> Verdict:
+    v = Verdict(channel=channel, route="chat-70b", state="healthy", weight=weight, reasons=[],
+                metrics={"route_share": share}, ts_ms=T0_MS + 30_000 * seq, seq=seq)
+    return v if override is None else msgspec.structs.replace(v, override=override)
+
+
+def test_route_share_is_used_as_published_not_renormalised_weights(table: HealthTable) -> None:
+    table.update(share_verdict("a", 0.4, 0.1, 1))  # recovering: the engine ramps its share slowly
+    table.update(share_verdict("b", 1.0, 0.9, 1))
+    rw = table.weights("chat-70b")
+    assert rw.shares == pytest.approx({"a": 0.1, "b": 0.9})  # raw weights would give 0.286 / 0.714
+    assert (rw.source, rw.overridden) == ("route_share", ())
+
+
+def test_channel_override_counts_with_its_forced_weight(table: HealthTable) -> None:
+    table.update(share_verdict("a", 1.0, 0.5, 1))
+    table.update(share_verdict("b", 0.5, 0.5, 1, override={"kind": "weight", "weight": 0.5}))
+    rw = table.weights("chat-70b")
+    assert rw.shares == pytest.approx({"a": 2 / 3, "b": 1 / 3})
+    assert rw.overridden == ("b",)
+    table.update(share_verdict("b", 0.0, 0.0, 2, override={"kind": "open", "weight": 0.0, "state": "open"}))
+    assert table.weights("chat-70b").shares == pytest.approx({"a": 1.0, "b": 0.0})
+
+
+def test_router_shares_grow_within_the_engine_bound_when_the_primary_flips(clock: FakeClock) -> None:
+    """Primary open for 4 min (backup takes the load), then recovers: per round, the router's shares
+    grow at most by the engine's bound (x1.5 or +0.05), while raw weights would jump."""
+    from pipeline.engine_replay import replay
+    from pipeline.policy.defaults import PolicyConfig
+    from pipeline.policy.routes import MIN_GROWTH_ABS
+
+    start, warm_s, outage_s, after_s = 1_700_000_040_000, 1200, 240, 1500
+    events = []
+    for k in range((warm_s + outage_s + after_s) * 5):
+        ts = start + k * 200
+        t_s = k / 5
+        for ch in ("primary", "backup"):
+            down = ch == "primary" and warm_s <= t_s < warm_s + outage_s
+            events.append({"event_id": f"{ch}{k}", "ts_ms": ts, "channel": ch, "route": "chat-70b",
+                           "status": "error" if down else "ok", "latency_ms": 200.0 + (k * 37 % 50), "tier": "paid"})
+    growth = PolicyConfig().max_share_growth
+    _, verdicts = replay(events)
+    table = HealthTable(stale_after_s=90.0, clock=clock)
+    prev: dict[str, float] | None = None
+    raw_jumps, rounds, states = 0, 0, set()
+    for ts in sorted({v.ts_ms for v in verdicts}):
+        for v in (v for v in verdicts if v.ts_ms == ts):
+            table.update(v)
+            states.add(v.state)
+        if len(table.channels("chat-70b")) < 2:
+            continue
+        rw = table.weights("chat-70b")
+        assert rw.source == "route_share"
+        if prev is not None and sum(prev.values()) > 0:
+            cap = {c: max(prev[c] * growth, prev[c] + MIN_GROWTH_ABS) for c in prev}
+            if sum(cap[c] for c in cap if rw.weights[c] > 0) >= 1.0:  # the bound can hold (see bounded_shares)
+                for c, s in rw.shares.items():
+                    assert s <= cap[c] + 1e-9, (ts, c, prev, rw.shares)
+                total = sum(rw.weights.values())
+                raw_jumps += any(w / total > cap[c] + 1e-9 for c, w in rw.weights.items())
+            rounds += 1
+        prev = dict(rw.shares)
+    assert {"open", "half_open", "recovering"} <= states
+    assert rounds > 80
+    assert raw_jumps >= 1  # raw weights normalised by the router would have broken the bound

@@ -102,6 +102,9 @@ class FakeSink:
     def add_verdicts(self, verdicts: Any) -> None:
         self._add("verdicts", verdicts)
 
+    def add_overrides(self, rows: Any) -> None:
+        self._add("overrides", rows)
+
     def flush(self) -> int:
         if self.fail:
             raise SinkWriteError("down", table="events", rows=self.pending_rows)
@@ -137,8 +140,8 @@ def test_both_sinks_keep_the_sink_protocol() -> None:
     """Without starting ClickHouse: each member is on the class, or set on the instance by ``__init__``."""
     for cls in (ClickHouseSink, ProcessSink):
         init = inspect.getsource(cls.__init__)
-        for name in ("add_events", "add_event_batches", "add_verdicts", "flush", "pending_rows", "max_rows",
-                     "written"):
+        for name in ("add_events", "add_event_batches", "add_verdicts", "add_overrides", "flush", "pending_rows",
+                     "max_rows", "written"):
             assert hasattr(cls, name) or f"self.{name} = " in init, (cls, name)
         assert inspect.signature(cls.flush).parameters.keys() == {"self"}
     assert isinstance(FakeSink(), Sink) and not isinstance(object(), Sink)
@@ -180,6 +183,63 @@ def test_intake_after_revocation_drops_input_until_the_next_generation() -> None
     consumer.generation_id = 2
     asyncio.run(intake.handle(_events([_raw(2)], first=0, generation=2)))
     assert state.resets == 2 and state.ledger.unacked_messages == 1 and assignment.current()
+
+
+class Recorder:
+    """A PipelineMetrics fake: records what is observed (``sink_write_failures_total.inc()`` too)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.sink_write_failures_total = self
+
+    def observe_batch(self, processing_s: float, latency_s: float | None, verdicts: Any) -> None:
+        self.calls.append(("batch", list(verdicts)))
+
+    def observe_verdicts(self, verdicts: Any) -> None:
+        self.calls.append(("verdicts", list(verdicts)))
+
+    def observe_flush(self, seconds: float, rows: int | None) -> None:
+        self.calls.append(("flush", rows))
+
+    def inc(self) -> None:
+        self.calls.append(("write_failed",))
+
+
+class Marking:
+    """A ControlHook fake: every verdict leaves with an override mark."""
+
+    def apply(self, verdicts: list) -> list:
+        return [f"{v}+override" for v in verdicts]
+
+
+def test_overrides_apply_before_publish_and_store_and_metrics_observe_them() -> None:
+    sink = FakeSink()
+    state, assignment, plain, writer, published = _worker(sink)
+    metrics = Recorder()
+    intake = Intake(state, assignment, plain.publish, writer, 1 << 20, control=Marking(), metrics=metrics)
+    state.processor.process = lambda values, parts, offs: ProcessedBatch(verdicts=["v1"])  # type: ignore[method-assign]
+    asyncio.run(intake.handle(_events([_raw(1)])))
+    assert [out.verdicts for out in published] == [["v1+override"]]
+    assert [rows for table, rows in sink.buffer if table == "verdicts"] == [["v1+override"]]
+    assert metrics.calls == [("batch", ["v1+override"])]
+    state.processor.advance_idle = lambda step, now_ms: ["v2"]  # type: ignore[method-assign]
+    state.last_batch_wall_s = time.monotonic() - 3600
+    asyncio.run(intake.advance_idle(NOW_MS))
+    assert published[-1].verdicts == ["v2+override"] and metrics.calls[-1] == ("verdicts", ["v2+override"])
+    assert [rows for table, rows in sink.buffer if table == "verdicts"][-1] == ["v2+override"]
+
+
+def test_writer_metrics_observe_writes_and_count_failures() -> None:
+    sink = FakeSink()
+    state, _, _, _, _ = _worker(sink)
+    metrics = Recorder()
+    writer = SinkWriter(state, metrics)
+    asyncio.run(writer.store(ProcessedBatch(verdicts=["v"])))  # type: ignore[list-item]
+    sink.fail = True
+    assert asyncio.run(writer.flush_once()) is False
+    sink.fail = False
+    assert asyncio.run(writer.flush_once()) is True
+    assert metrics.calls == [("write_failed",), ("flush", 1)]
 
 
 def test_writer_waits_out_backpressure_and_marks_batches_written() -> None:

@@ -1,0 +1,217 @@
+"""``channel-health override``: operators' manual switches (SPEC §4, §7; issue #20).
+
+Registered in :mod:`pipeline.cli`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import time
+from typing import Optional
+
+import typer
+
+from pipeline.config import ConfigError, Settings, load_settings, parse_duration_ms, redact_secrets
+
+override_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode="markdown",
+    help="Manual switches, the last resort: force a channel open, healthy or to a weight, or freeze a route's "
+         "weights, with a reason and an expiry. Stored on the compacted topic channel.control; the worker applies "
+         "them within a second (verdicts show `override` while the detectors keep running), audits every change "
+         "and expiry in ClickHouse (channel_overrides).\n\n"
+         "Example: `channel-health override set openai-east --open --ttl 30m --reason 'vendor incident #123'`")
+
+#: How long the CLI reads channel.health / channel.control to their end (s).
+READ_TIMEOUT_S = 15.0
+
+
+def _fail(message: str, code: int = 2) -> None:
+    typer.secho(redact_secrets(message), fg="red", err=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        _fail(f"configuration error: {exc}")
+    if not settings.kafka_bootstrap:
+        _fail("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.")
+    return settings
+
+
+def _ttl_ms(ttl: Optional[str]) -> int:
+    if not ttl:
+        _fail("--ttl is required (e.g. --ttl 30m): every override expires.")
+    try:
+        return parse_duration_ms(ttl, "--ttl")
+    except ConfigError as exc:
+        _fail(str(exc))
+    raise AssertionError  # unreachable
+
+
+def _reason(reason: Optional[str]) -> str:
+    if not reason or not reason.strip():
+        _fail("--reason is required: say why (it is shown in every verdict and audited).")
+    return reason.strip()
+
+
+def known_routes(settings: Settings, timeout_s: float = READ_TIMEOUT_S) -> dict[str, str]:
+    """Channel -> route of every channel with a verdict on ``channel.health`` (read to its end)."""
+    from pipeline.contracts import decode_verdict
+    from pipeline.stream.control import read_to_end
+
+    out: dict[str, str] = {}
+
+    def handle(key: bytes | None, value: bytes | None) -> None:
+        if value is None:
+            return
+        try:
+            v = decode_verdict(value)
+        except ValueError:  # msgspec errors subclass ValueError; a bad record names no channel
+            return
+        out[v.channel] = v.route
+
+    asyncio.run(read_to_end(settings.kafka_bootstrap or "", settings.topics.health, handle,
+                            settings.kafka_security.aiokafka_kwargs(), timeout_s))
+    return out
+
+
+def _send(settings: Settings, record: object) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from pipeline.stream.control import encode_record
+
+    key, value = encode_record(record)  # type: ignore[arg-type]
+
+    async def send() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all",
+                                    **settings.kafka_security.aiokafka_kwargs())
+        await producer.start()
+        try:
+            await producer.send_and_wait(settings.topics.control, value, key=key)
+        finally:
+            await producer.stop()
+
+    asyncio.run(send())
+
+
+@override_app.command("set")
+def override_set(
+    channel: str = typer.Argument(..., help="The channel, as named in its verdicts."),
+    open_: bool = typer.Option(False, "--open", help="Force the channel open: no traffic."),
+    healthy: bool = typer.Option(False, "--healthy", help="Force the channel healthy: weight 1."),
+    weight: Optional[float] = typer.Option(None, "--weight", help="Force the channel's weight (0..1)."),
+    ttl: Optional[str] = typer.Option(None, "--ttl", help="Expiry, e.g. 30m, 2h (required)."),
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why (required; shown in verdicts, audited)."),
+    by: Optional[str] = typer.Option(None, "--by", help="Who sets it (default: the login name)."),
+    any_channel: bool = typer.Option(False, "--any-channel",
+                                     help="Allow a channel that has no verdict on channel.health yet."),
+) -> None:
+    """Force one channel open, healthy or to a weight until the TTL passes.
+
+    Exactly one of --open, --healthy, --weight W. The detectors keep running: the verdict keeps their
+    reasons and shows the engine's own state in metrics.engine_state.
+
+    Example: `channel-health override set openai-east --weight 0.2 --ttl 2h --reason "rate limits, ticket 4711"`
+    """
+    from pipeline.policy.override import Override
+    from pipeline.stream.control import SetRecord
+
+    chosen = [name for name, on in (("--open", open_), ("--healthy", healthy), ("--weight", weight is not None)) if on]
+    if len(chosen) != 1:
+        _fail("give exactly one of --open, --healthy, --weight W" + (f" (got {', '.join(chosen)})" if chosen else ""))
+    if weight is not None and not (0.0 <= weight <= 1.0):
+        _fail(f"--weight must be in 0..1, got {weight}")
+    ttl_ms, text = _ttl_ms(ttl), _reason(reason)
+    settings = _settings()
+    if not any_channel:
+        routes = known_routes(settings)
+        if channel not in routes:
+            _fail(f"unknown channel {channel!r}: no verdict for it on {settings.topics.health} "
+                  f"({len(routes)} channels known; --any-channel to set it anyway)")
+    now = int(time.time() * 1000)
+    kind = "open" if open_ else "healthy" if healthy else "weight"
+    o = Override(kind=kind, by=by or getpass.getuser(), reason=text, set_ts_ms=now, expires_ts_ms=now + ttl_ms,
+                 channel=channel, weight=weight)
+    _send(settings, SetRecord(o))
+    typer.echo(f"override set: {channel} {kind}{'' if weight is None else f' {weight}'} until "
+               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(o.expires_ts_ms / 1000))} ({text})")
+
+
+@override_app.command("freeze")
+def override_freeze(
+    route: str = typer.Option(..., "--route", help="The route whose weights to hold."),
+    ttl: Optional[str] = typer.Option(None, "--ttl", help="Expiry, e.g. 15m (required)."),
+    reason: Optional[str] = typer.Option(None, "--reason", help="Why (required; shown in verdicts, audited)."),
+    by: Optional[str] = typer.Option(None, "--by", help="Who sets it (default: the login name)."),
+) -> None:
+    """Hold every channel of a route at its current weight and share (the global switch).
+
+    Verdicts still report the detectors' state and reasons; only weight and route_share are held.
+
+    Example: `channel-health override freeze --route gpt-4o --ttl 15m --reason "deploy window"`
+    """
+    from pipeline.policy.override import Override
+    from pipeline.stream.control import SetRecord
+
+    ttl_ms, text = _ttl_ms(ttl), _reason(reason)
+    settings = _settings()
+    if route not in set(known_routes(settings).values()):
+        _fail(f"unknown route {route!r}: no verdict for it on {settings.topics.health}")
+    now = int(time.time() * 1000)
+    _send(settings, SetRecord(Override(kind="freeze", by=by or getpass.getuser(), reason=text, set_ts_ms=now,
+                                       expires_ts_ms=now + ttl_ms, route=route)))
+    typer.echo(f"route {route} frozen for {ttl} ({text})")
+
+
+@override_app.command("list")
+def override_list(as_json: bool = typer.Option(False, "--json", help="One JSON array on stdout.")) -> None:
+    """List the overrides in force (read from channel.control).
+
+    Example: `channel-health override list --json`
+    """
+    from pipeline.stream.control import read_overrides
+
+    settings = _settings()
+    table = asyncio.run(read_overrides(settings.kafka_bootstrap or "", settings.topics.control,
+                                       settings.kafka_security.aiokafka_kwargs(), READ_TIMEOUT_S))
+    rows = [{"key": o.key, "kind": o.kind, "channel": o.channel, "route": o.route, "weight": o.weight, "by": o.by,
+             "reason": o.reason, "set_ts_ms": o.set_ts_ms, "expires_ts_ms": o.expires_ts_ms} for o in table.active()]
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo("no override in force")
+    now = time.time() * 1000
+    for r in rows:
+        left_s = max(0, int((r["expires_ts_ms"] - now) / 1000))
+        typer.echo(f"{r['key']:<32} {r['kind']:<8} {'' if r['weight'] is None else r['weight']:<5} "
+                   f"{left_s:>6} s left  by {r['by']}: {r['reason']}")
+
+
+@override_app.command("clear")
+def override_clear(
+    channel: Optional[str] = typer.Argument(None, help="The channel whose override ends now."),
+    route: Optional[str] = typer.Option(None, "--route", help="End a route's freeze instead."),
+    reason: str = typer.Option("cleared by operator", "--reason", help="Why (audited)."),
+    by: Optional[str] = typer.Option(None, "--by", help="Who clears it (default: the login name)."),
+) -> None:
+    """End an override before its TTL (exit 1 when none is in force).
+
+    Example: `channel-health override clear openai-east`  or  `channel-health override clear --route gpt-4o`
+    """
+    from pipeline.stream.control import ClearRecord, read_overrides
+
+    if (channel is None) == (route is None):
+        _fail("give a CHANNEL or --route R (one of them)")
+    key = f"channel:{channel}" if channel is not None else f"route:{route}"
+    settings = _settings()
+    table = asyncio.run(read_overrides(settings.kafka_bootstrap or "", settings.topics.control,
+                                       settings.kafka_security.aiokafka_kwargs(), READ_TIMEOUT_S))
+    if key not in {o.key for o in table.active()}:
+        _fail(f"no override in force for {key}", code=1)
+    _send(settings, ClearRecord(key=key, by=by or getpass.getuser(), reason=reason, at_ms=int(time.time() * 1000)))
+    typer.echo(f"override cleared: {key}")

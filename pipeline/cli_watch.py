@@ -1,0 +1,320 @@
+"""``channel-health watch``: the live operator board (SPEC §7, issue #20 item 4). Registered in :mod:`pipeline.cli`.
+
+Per route and channel: state with time in state and the next scheduled
+transition (from ``channel.health``), and seed 003's panels from ClickHouse:
+traffic (1 min), latency P50/P90/P95/P99 of ``ok`` requests (5 min), error
+rate (1 min), missing-field rate of checked ``ok`` answers and mean quality
+score (5 min), the last reported quota remaining. Overrides are marked.
+
+Times are **event time**: panel windows end at the newest stored event
+(``max(ts)`` of ``request_events``), time in state is measured up to the
+newest verdict, so a replay shows what a live run would. The next transition
+is the policy's schedule (:class:`~pipeline.policy.defaults.PolicyConfig`:
+``open_cooldown_ms`` 90 s open → half_open, ``half_open_observe_ms`` 90 s
+half_open → recovering when the probes pass, ``ramp_interval_ms`` 120 s per
+recovering step): what happens if nothing else does.
+
+chDB allows one process per data directory: while a worker holds it the
+board shows the Kafka side only and says so (``clickhouse.error``); point
+``CHANNEL_HEALTH_CLICKHOUSE_URL`` at a ClickHouse server to see both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgspec
+import typer
+
+from pipeline.config import ConfigError, Settings, load_settings, redact_secrets
+from pipeline.contracts import Verdict, decode_verdict
+from pipeline.policy.defaults import PolicyConfig
+
+#: Live refresh interval (s): at least once a second (issue #20).
+REFRESH_S = 1.0
+FAILURES = "('error', 'timeout', 'rate_limited')"
+
+PANELS_SQL = f"""
+WITH (SELECT max(ts) FROM channel_health.request_events) AS now_ts
+SELECT channel, any(route) AS route,
+       countIf(ts > now_ts - INTERVAL 1 MINUTE) AS requests_1m,
+       countIf(ts > now_ts - INTERVAL 1 MINUTE AND status IN {FAILURES}) AS failures_1m,
+       quantilesIf(0.5, 0.9, 0.95, 0.99)(latency_ms, status = 'ok') AS latency_q,
+       countIf(status = 'ok' AND parse_ok IS NOT NULL) AS checked_5m,
+       countIf(status = 'ok' AND parse_ok IS NOT NULL AND (parse_ok = 0 OR notEmpty(missing_fields))) AS missing_5m,
+       argMaxIf(quota_remaining, ts, quota_remaining IS NOT NULL) AS quota,
+       countIf(quota_remaining IS NOT NULL) AS quota_n,
+       toUnixTimestamp64Milli(any(now_ts)) AS now_ms
+FROM channel_health.request_events FINAL
+WHERE ts > now_ts - INTERVAL 5 MINUTE
+GROUP BY channel
+"""
+QUALITY_SQL = """
+WITH (SELECT max(ts) FROM channel_health.request_events) AS now_ts
+SELECT channel, avg(score), count()
+FROM channel_health.quality_scores FINAL
+WHERE ts > now_ts - INTERVAL 5 MINUTE
+GROUP BY channel
+"""
+
+
+@dataclass
+class Track:
+    """A channel's newest verdict and the event time (ms) its state began."""
+
+    verdict: Verdict
+    since_ms: int
+
+
+class VerdictBook:
+    """Newest verdict per channel and when its state began, fed in topic order."""
+
+    def __init__(self) -> None:
+        self.tracks: dict[str, Track] = {}
+        self.bad = 0
+        #: Called with each new verdict (a list of one), e.g. the Prometheus gauges; None: nothing.
+        self.observe: Callable[[list[Verdict]], None] | None = None
+
+    def add(self, value: bytes | None) -> None:
+        """Apply one ``channel.health`` message (bad ones are counted, never fatal)."""
+        if value is None:
+            return
+        try:
+            v = decode_verdict(value)
+        except ValueError:  # msgspec's decode errors are ValueErrors
+            self.bad += 1
+            return
+        old = self.tracks.get(v.channel)
+        if old is not None and v.seq <= old.verdict.seq and v.ts_ms <= old.verdict.ts_ms:
+            return  # a replay
+        since = old.since_ms if old is not None and old.verdict.state == v.state else v.ts_ms
+        self.tracks[v.channel] = Track(v, since)
+        if self.observe is not None:
+            self.observe([v])
+
+
+def next_transition(state: str, since_ms: int, now_ms: int, policy: PolicyConfig) -> tuple[str, int] | None:
+    """``(next state or step, ms until it)`` by the policy's schedule, or None (no timed transition).
+
+    ``open`` → ``half_open`` after ``open_cooldown_ms``; ``half_open`` →
+    ``recovering`` after ``half_open_observe_ms`` (if the probes pass);
+    ``recovering`` → its next ramp step every ``ramp_interval_ms`` from entry.
+    """
+    if state == "open":
+        return "half_open", max(0, since_ms + policy.open_cooldown_ms - now_ms)
+    if state == "half_open":
+        return "recovering", max(0, since_ms + policy.half_open_observe_ms - now_ms)
+    if state == "recovering":
+        step = policy.ramp_interval_ms
+        return "ramp step", step - (now_ms - since_ms) % step
+    return None
+
+
+def _num(x: Any, nd: int = 4) -> float | None:
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else round(f, nd)
+
+
+def query_panels(client: Any) -> tuple[dict[str, dict], int | None]:
+    """Per channel the five panels' numbers from ClickHouse, and the panels' event-time end (ms)."""
+    out: dict[str, dict] = {}
+    now_ms = None
+    for row in client.query(PANELS_SQL).result_rows:
+        ch, route, n1, f1, q, checked, missing, quota, quota_n, now = row
+        now_ms = int(now)
+        out[ch] = {"route": route, "traffic_1m": int(n1),
+                   "latency_ms_5m": dict(zip(("p50", "p90", "p95", "p99"), (_num(x, 1) for x in q))),
+                   "error_rate_1m": _num(f1 / n1) if n1 else None, "requests_1m": int(n1),
+                   "missing_rate_5m": _num(missing / checked) if checked else None, "checked_5m": int(checked),
+                   "quota_remaining": _num(quota) if quota_n else None, "quality_5m": None, "quality_n_5m": 0}
+    for ch, score, n in client.query(QUALITY_SQL).result_rows:
+        out.setdefault(ch, {}).update({"quality_5m": _num(score), "quality_n_5m": int(n)})
+    return out, now_ms
+
+
+def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig,
+                clickhouse_error: str | None = None, panels_now_ms: int | None = None) -> dict:
+    """The board as one JSON-ready dict: ``routes`` → channel → verdict fields, timing and panels."""
+    now_ms = max((t.verdict.ts_ms for t in book.tracks.values()), default=0)
+    routes: dict[str, dict] = {}
+    for ch in sorted(set(book.tracks) | set(panels)):
+        t = book.tracks.get(ch)
+        p = panels.get(ch, {})
+        row: dict[str, Any] = {"panels": {k: v for k, v in p.items() if k != "route"}}
+        route = p.get("route")
+        if t is not None:
+            v = t.verdict
+            route = v.route
+            nxt = next_transition(v.state, t.since_ms, now_ms, policy)
+            row.update({"state": v.state, "weight": v.weight, "share": v.metrics.get("route_share"),
+                        "reasons": list(v.reasons), "seq": v.seq, "ts_ms": v.ts_ms,
+                        "in_state_s": (now_ms - t.since_ms) / 1000,
+                        "next": None if nxt is None else {"to": nxt[0], "in_s": nxt[1] / 1000},
+                        "override": None if v.override is msgspec.UNSET else v.override})
+        else:
+            row.update({"state": None, "override": None})
+        routes.setdefault(route or "?", {})[ch] = row
+    return {"verdicts_ts_ms": now_ms or None, "panels_ts_ms": panels_now_ms, "bad_verdicts": book.bad,
+            "clickhouse": {"error": clickhouse_error}, "routes": routes}
+
+
+def state_text(row: dict) -> str:
+    """E.g. ``half_open · 40 s → recovering``, ``open [override]``."""
+    if row.get("state") is None:
+        return "no verdict"
+    text = f"{row['state']} · {row['in_state_s']:.0f} s"
+    if row.get("next"):
+        text += f" → {row['next']['to']} in {row['next']['in_s']:.0f} s"
+    if row.get("override"):
+        o = row["override"]
+        text += f" [override {o.get('kind')} by {o.get('by')}: {o.get('reason')}]"
+    return text
+
+
+def render(board: dict) -> Any:
+    """A rich Table of the board."""
+    from rich.table import Table
+
+    def fmt(x: Any, pct: bool = False) -> str:
+        return "-" if x is None else (f"{100 * x:.2f}%" if pct else f"{x:g}")
+
+    title = "channel-health watch"
+    if board["clickhouse"]["error"]:
+        title += f"  (ClickHouse panels: {board['clickhouse']['error']})"
+    table = Table(title=title)
+    for col in ("route", "channel", "state", "weight", "share", "reasons", "req 1m", "P50/P90/P95/P99 ms 5m",
+                "err 1m", "missing 5m", "quality 5m", "quota"):
+        table.add_column(col)
+    for route, chans in board["routes"].items():
+        for ch, row in chans.items():
+            p = row["panels"]
+            lat = p.get("latency_ms_5m") or {}
+            table.add_row(route, ch, state_text(row), fmt(row.get("weight")), fmt(row.get("share")),
+                          ",".join(row.get("reasons") or []), fmt(p.get("traffic_1m")),
+                          "/".join(fmt(lat.get(k)) for k in ("p50", "p90", "p95", "p99")),
+                          fmt(p.get("error_rate_1m"), True), fmt(p.get("missing_rate_5m"), True),
+                          fmt(p.get("quality_5m")), fmt(p.get("quota_remaining")))
+    return table
+
+
+class Board:
+    """Keeps a group-less consumer on ``channel.health`` and a ClickHouse client; :meth:`refresh` → board dict."""
+
+    def __init__(self, settings: Settings, policy: PolicyConfig):
+        self.settings, self.policy = settings, policy
+        self.book = VerdictBook()
+        self.consumer: Any = None
+        self.client: Any = None
+        self.ch_error: str | None = None
+
+    async def start(self) -> None:
+        from pipeline.stream.control import read_to_end
+
+        await read_to_end(self.settings.kafka_bootstrap or "", self.settings.topics.health,
+                          lambda k, v: self.book.add(v), self.settings.kafka_security.aiokafka_kwargs(), 30.0)
+        try:
+            from pipeline.storage.client import open_client
+
+            self.client = open_client(self.settings, create_database=False)
+        except Exception as exc:  # shown on the board, never hidden
+            self.ch_error = redact_secrets(str(exc))
+            if self.settings.clickhouse_url.startswith("chdb"):
+                self.ch_error = ("chdb is held by the worker (or absent); use a ClickHouse server for the panels: "
+                                 + self.ch_error)
+
+    async def follow(self) -> None:
+        """Start a consumer of ``channel.health`` for live mode (from the beginning: replays are ignored)."""
+        from aiokafka import AIOKafkaConsumer
+
+        self.consumer = AIOKafkaConsumer(self.settings.topics.health, bootstrap_servers=self.settings.kafka_bootstrap,
+                                         group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+                                         **self.settings.kafka_security.aiokafka_kwargs())
+        await self.consumer.start()
+
+    async def refresh(self) -> dict:
+        if self.consumer is not None:
+            batches = await self.consumer.getmany(timeout_ms=int(REFRESH_S * 500))
+            for msgs in batches.values():
+                for m in msgs:
+                    self.book.add(m.value)
+        panels, now_ms = {}, None
+        if self.client is not None:
+            try:
+                panels, now_ms = await asyncio.to_thread(query_panels, self.client)
+                self.ch_error = None
+            except Exception as exc:  # shown on the board, retried next refresh
+                self.ch_error = redact_secrets(f"{type(exc).__name__}: {exc}")
+        return build_board(self.book, panels, self.policy, self.ch_error, now_ms)
+
+    async def stop(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.stop()
+
+
+def watch(
+    once: bool = typer.Option(False, "--once", help="Print the board once and exit."),
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table (with --once: one object)."),
+) -> None:
+    """Live operator board: per route and channel, state, time in state and next transition, and the panels.
+
+    Reads channel.health (Kafka) and request_events / quality_scores (ClickHouse): traffic (1 min), latency
+    P50/P90/P95/P99 (5 min), error rate (1 min), missing fields and quality (5 min), quota remaining;
+    overrides are marked. Refreshes every second until Ctrl-C. With chDB the worker holds the directory: the
+    board then shows the Kafka side and says so.
+
+    Example: `channel-health watch`   or, for scripts: `channel-health watch --once --json | jq .routes`
+    """
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        typer.secho(redact_secrets(f"configuration error: {exc}"), fg="red", err=True)
+        raise typer.Exit(2) from None
+    if not settings.kafka_bootstrap:
+        typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
+        raise typer.Exit(2)
+    board = Board(settings, PolicyConfig())
+
+    async def main() -> None:
+        await board.start()
+        try:
+            if once:
+                data = await board.refresh()
+                if as_json:
+                    typer.echo(json.dumps(data))
+                else:
+                    from rich.console import Console
+
+                    Console().print(render(data))
+                return
+            # A long-running process: Prometheus metrics on CHANNEL_HEALTH_METRICS_PORT (issue #21).
+            from pipeline.metrics import start_metrics_server
+
+            metrics = start_metrics_server(settings)
+            board.book.observe = metrics.observe_verdicts
+            await board.follow()
+            if as_json:
+                while True:
+                    typer.echo(json.dumps(await board.refresh()))
+                    await asyncio.sleep(REFRESH_S / 2)
+            from rich.live import Live
+
+            with Live(render(await board.refresh()), refresh_per_second=2) as live:
+                while True:
+                    started = time.monotonic()
+                    live.update(render(await board.refresh()))
+                    await asyncio.sleep(max(0.0, REFRESH_S - (time.monotonic() - started)))
+        finally:
+            await board.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+

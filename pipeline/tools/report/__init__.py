@@ -1,0 +1,35 @@
+"""``channel-health report``: one self-contained HTML incident report from ClickHouse (issue #21).
+
+- :mod:`.data`: the read-only queries and the window (``--from/--to``, ``--incident``)
+- :mod:`.plots`: the matplotlib plots (PNG)
+- :mod:`.html`: the page (plots embedded, no network)
+
+:func:`write_report` ties them together; ``pipeline.cli_report`` is the command.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import QueryLimits
+
+
+def write_report(client: Any, out: Path, source: str, *, channel: str | None = None, route: str | None = None,
+                 t0: datetime | None = None, t1: datetime | None = None, incident: bool = False,
+                 limits: QueryLimits | None = None) -> Path:
+    """Read the data (:func:`.data.load_report_data`), render it and write ``out``; returns its absolute path.
+
+    ``source``: where the data came from, shown in the header (pass a redacted URL: it is printed as is).
+    Raises :class:`.data.ReportError` for a bad selection or no data, the query errors, and ``OSError``
+    when ``out`` cannot be written.
+    """
+    from pipeline.tools.report.data import load_report_data
+    from pipeline.tools.report.html import render_html
+
+    data = load_report_data(client, channel=channel, route=route, t0=t0, t1=t1, incident=incident, limits=limits)
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(data, source), encoding="utf-8")
+    return out

@@ -1,0 +1,112 @@
+"""The incident report as one self-contained HTML file (issue #21): plots embedded as base64 PNG,
+no script, no stylesheet or font from the network, so it opens offline and can be mailed.
+
+Tables carry the numbers exactly as ClickHouse returned them (floats with
+up to 6 significant digits, times in UTC ISO 8601); table ids
+``summary`` and ``transitions`` are stable for tests and scrapers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime, timezone
+from html import escape
+from typing import Any
+
+from pipeline.tools.report.data import ReportData
+from pipeline.tools.report.plots import PLOTS, STATE_COLOURS
+
+#: Verdict numbers shown in the transitions table (keys of the verdict's metrics).
+TRANSITION_NUMBERS = ("latency_p95_ratio", "p95_ms", "baseline_p95_ms", "error_rate_5m", "error_rate_lower_5m",
+                      "error_rate_trip", "consecutive_failures", "missing_rate_5m", "quality_score_5m",
+                      "route_share")
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:20px;margin-bottom:4px} h2{font-size:16px;margin-top:28px}
+table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums} .note{color:#666;font-style:italic}
+figure{margin:8px 0} img{max-width:100%} pre{background:#f5f5f5;padding:8px;white-space:pre-wrap;font-size:11px}
+.state{padding:1px 6px;border-radius:3px;color:#fff}
+"""
+
+
+def fmt(value: Any) -> str:
+    """A cell's text: ``-`` for NULL, floats with up to 6 significant digits, datetimes in UTC ISO 8601.
+
+    >>> fmt(None), fmt(0.123456789), fmt(3.0), fmt([1, 'a'])
+    ('-', '0.123457', '3', '1, a')
+    """
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat(timespec="milliseconds")
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def _state(s: str | None) -> str:
+    if s is None:
+        return "-"
+    return f'<span class="state" style="background:{STATE_COLOURS.get(s, "#777")}">{escape(s)}</span>'
+
+
+def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
+    ths = "".join(f"<th>{escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(r) + "</tr>" for r in rows)
+    return (f'<div style="overflow-x:auto"><table id="{table_id}"><thead><tr>{ths}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
+
+
+def _td(value: Any, num: bool = False) -> str:
+    return f'<td class="num">{escape(fmt(value))}</td>' if num else f"<td>{escape(fmt(value))}</td>"
+
+
+def summary_rows(data: ReportData) -> list[list[Any]]:
+    """Per channel: requests, failures, error rate (from the minute rows), verdicts, transitions, last state."""
+    out = []
+    trans = data.transitions()
+    for ch in data.channels:
+        mins = [m for m in data.minutes if m["channel"] == ch]
+        vs = [v for v in data.verdicts if v["channel"] == ch]
+        req, fail = sum(m["requests"] for m in mins), sum(m["failures"] for m in mins)
+        out.append([ch, req, fail, fail / req if req else None, len(vs),
+                    sum(1 for p, v in trans if p is not None and v["channel"] == ch), vs[-1]["state"] if vs else None])
+    return out
+
+
+def render_html(data: ReportData, source: str) -> str:
+    """The report page for ``data``; ``source``: where the data came from (a redacted URL), shown in the header."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>channel-health report: "
+             f"{escape(data.selection)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>channel-health report: {escape(data.selection)}</h1>",
+             f"<p>Window (UTC, event time): <b>{escape(fmt(data.t0))}</b> to <b>{escape(fmt(data.t1))}</b>. "
+             f"Data: {escape(source)}. Generated {escape(fmt(datetime.now(timezone.utc)))}.</p>"]
+    head = ["channel", "requests", "failures", "error rate", "verdicts", "state changes", "last state"]
+    rows = [[_td(r[0]), *(_td(x, True) for x in r[1:6]), f"<td>{_state(r[6])}</td>"] for r in summary_rows(data)]
+    parts += ["<h2>Summary</h2>", _table("summary", head, rows)]
+    for plot in PLOTS:
+        title, png, note = plot(data)
+        parts.append(f"<h2>{escape(title)}</h2>")
+        if png is None:
+            parts.append(f'<p class="note">{escape(note)}</p>')
+        else:
+            b64 = base64.b64encode(png).decode("ascii")
+            parts.append(f'<figure><img alt="{escape(title)}" src="data:image/png;base64,{b64}"></figure>')
+    head = ["time (UTC)", "channel", "from", "to", "reasons", "weight", *TRANSITION_NUMBERS]
+    rows = [[_td(v["ts"]), _td(v["channel"]), f"<td>{_state(p['state'] if p else None)}</td>",
+             f"<td>{_state(v['state'])}</td>", _td(v["reasons"] or None), _td(v["weight"], True),
+             *(_td(v[k], True) for k in TRANSITION_NUMBERS)] for p, v in data.transitions()]
+    parts += ["<h2>Transitions</h2>", '<p class="note">Every change of state in the window, with the reasons and '
+              "the detectors' numbers the worker published (the first verdict of each channel has no 'from').</p>",
+              _table("transitions", head, rows)]
+    parts.append("<h2>The queries behind it</h2>")
+    for title, sql, params in data.queries:
+        parts.append(f"<h3>{escape(title)}</h3><pre>{escape(sql)}</pre>"
+                     f"<pre>params: {escape(json.dumps(params, default=str))}</pre>")
+    parts.append("</body></html>\n")
+    return "".join(parts)

@@ -1,0 +1,81 @@
+"""Manual override end to end (issue #20 item 2): CLI -> channel.control -> worker -> channel.health + audit.
+
+Embedded broker, one real worker process (chDB). Acceptance: override set ->
+the next verdict carries it within 1 s; TTL passes -> it is gone (a verdict
+without it is re-published at once) and the set and the expiry are audited
+in ``channel_overrides``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tests.integration.workers import REPO, Stack, VerdictTap, publish, steady_events
+
+pytestmark = pytest.mark.integration
+
+
+
+def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess:
+    s = stack.settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHANNEL_HEALTH_")}
+    env.update({"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "CHANNEL_HEALTH_TOPIC_PREFIX": s.topic_prefix})
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "override", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_override_reaches_verdicts_within_a_second_and_expiry_is_audited(tmp_path: Path) -> None:
+    stack = Stack(tmp_path, partitions=1).start()
+    tap = None
+    try:
+        worker = stack.worker("w1").start()
+        tap = VerdictTap(stack.settings)
+        start_ms = (int(time.time() * 1000) - 70_000) // 1000 * 1000  # recent: older events are dead-lettered
+        publish(stack.settings, steady_events({"c1": "chat", "c2": "chat"}, start_ms, 65, per_s=2))
+        tap.wait_for(lambda got: any(v.channel == "c1" for _, v in got), 90, "a first verdict of c1",
+                     worker.log_tail)
+
+        bad = _cli(stack, "set", "nope", "--open", "--ttl", "5s", "--reason", "x")
+        assert bad.returncode == 2 and "unknown channel 'nope'" in bad.stderr
+        missing = _cli(stack, "set", "c1", "--open", "--reason", "x")
+        assert missing.returncode == 2 and "--ttl is required" in missing.stderr
+
+        ok = _cli(stack, "set", "c1", "--open", "--ttl", "4s", "--reason", "vendor incident", "--by", "ana")
+        assert ok.returncode == 0, ok.stderr
+        sent = time.monotonic()  # the record is acknowledged when the CLI exits
+        tap.wait_for(lambda got: any(v.override is not msgspec.UNSET for _, v in got), 10,
+                     "a verdict with the override", worker.log_tail)
+        at, v = next((t, v) for t, v in tap.snapshot() if v.override is not msgspec.UNSET)
+        print(f"override visible {at - sent:.2f} s after the CLI returned")
+        assert at - sent <= 1.0
+        assert (v.channel, v.state, v.weight, v.metrics["route_share"]) == ("c1", "open", 0.0, 0.0)
+        assert (v.override["by"], v.override["reason"], v.override["kind"]) == ("ana", "vendor incident", "open")
+        assert v.metrics["engine_state"] == "healthy"
+        listed = _cli(stack, "list", "--json")
+        assert '"channel:c1"' in listed.stdout
+
+        # the TTL (wall time) passes: a verdict without the override follows, with a larger seq
+        tap.wait_for(lambda got: any(x.channel == "c1" and x.override is msgspec.UNSET and x.seq > v.seq
+                                     for _, x in got), 15, "the override's expiry", worker.log_tail)
+        after = [x for _, x in tap.snapshot() if x.channel == "c1" and x.seq > v.seq][-1]
+        assert (after.state, after.weight) == ("healthy", 1.0)
+        assert worker.stop() == 0
+        from pipeline.config import Settings
+        from pipeline.storage.client import open_client
+
+        client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{worker.chdb_dir}"))
+        rows = client.query("SELECT action, kind, channel, by, reason FROM channel_health.channel_overrides FINAL "
+                            "ORDER BY action").result_rows
+        assert [tuple(r) for r in rows] == [("expire", "open", "c1", "ana", "vendor incident"),
+                                            ("set", "open", "c1", "ana", "vendor incident")]
+    finally:
+        if tap is not None:
+            tap.close()
+        stack.close()

@@ -1,0 +1,188 @@
+"""``channel-health watch`` (issue #20 item 4): panels from ClickHouse (chDB), states from verdicts.
+
+A reduced gradual degradation: route chat-70b, two channels at 5 req/s for
+20 min; in the last 10 min the free channel's latency doubles and its
+failures climb to 12 %. Events go through the engine (verdicts) and into a
+chDB directory (panels); the board must show the degraded channel's state
+and reasons and the five panels' numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pipeline.cli_watch import VerdictBook, build_board, next_transition, query_panels, state_text
+from pipeline.contracts import RequestEvent, encode
+from pipeline.policy.defaults import PolicyConfig
+
+START_MS = 1_700_000_040_000
+FREE, PAID = "lepton/llama-70b@free", "fireworks/llama-70b@paid"
+DURATION_S, FAULT_S = 1200, 600
+
+
+def events() -> list[dict]:
+    out = []
+    for k in range(DURATION_S * 5):
+        ts, t_s = START_MS + k * 200, k / 5
+        for ch in (FREE, PAID):
+            ramp = max(0.0, (t_s - FAULT_S) / (DURATION_S - FAULT_S)) if ch == FREE else 0.0
+            fail = (k * 7919 % 100) < 12 * ramp
+            e = {"event_id": f"{ch}#{k}", "ts_ms": ts, "channel": ch, "route": "chat-70b",
+                 "tier": "free" if ch == FREE else "paid", "status": "error" if fail else "ok",
+                 "latency_ms": 200.0 * (1 + ramp) + k % 40, "quota_remaining": 0.5 if ch == FREE else 0.9}
+            if k % 10 == 0:  # one in ten answers checked for fields; the free channel misses some late on
+                e.update(expected_fields=["answer"], missing_fields=["answer"] if ramp > 0.5 and k % 20 == 0 else [])
+            out.append(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[VerdictBook, Path]:
+    from pipeline.config import Settings
+    from pipeline.engine_replay import replay
+    from pipeline.sinks.clickhouse import ClickHouseSink
+    from pipeline.storage.client import close_clients
+
+    evs = events()
+    _, verdicts = replay(evs)
+    book = VerdictBook()
+    for v in verdicts:
+        book.add(encode(v))
+    folder = tmp_path_factory.mktemp("watch") / "chdb"
+    sink = ClickHouseSink.from_settings(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{folder}"))
+    typed = [msgspec.convert(e, RequestEvent) for e in evs]
+    sink.add_events([(e, True if e.missing_fields is not None else None, e.missing_fields) for e in typed])
+    sink.add_verdicts(verdicts)
+    sink.flush()
+    close_clients()
+    return book, folder
+
+
+def test_next_transition_follows_the_policy_schedule() -> None:
+    p = PolicyConfig()
+    assert next_transition("half_open", 0, 50_000, p) == ("recovering", 40_000)
+    assert next_transition("open", 0, 100_000, p) == ("half_open", 0)
+    assert next_transition("recovering", 0, 130_000, p) == ("ramp step", 110_000)
+    assert next_transition("healthy", 0, 1, p) is None
+    row = {"state": "half_open", "in_state_s": 50.0, "next": {"to": "recovering", "in_s": 40.0}, "override": None}
+    assert state_text(row) == "half_open · 50 s → recovering in 40 s"
+
+
+def test_board_shows_degraded_channel_and_the_five_panels(scenario: tuple[VerdictBook, Path]) -> None:
+    from pipeline.config import Settings
+    from pipeline.storage.client import close_clients, open_client
+
+    book, folder = scenario
+    client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{folder}"), create_database=False)
+    try:
+        panels, now_ms = query_panels(client)
+    finally:
+        close_clients()
+    board = build_board(book, panels, PolicyConfig(), None, now_ms)
+    assert now_ms == START_MS + (DURATION_S * 5 - 1) * 200
+    free, paid = board["routes"]["chat-70b"][FREE], board["routes"]["chat-70b"][PAID]
+    assert free["state"] in ("degraded", "open") and paid["state"] == "healthy"
+    assert set(free["reasons"]) & {"error_rate", "latency_p95_ratio", "consecutive_failures"}
+    p = free["panels"]
+    assert p["traffic_1m"] == 300  # 5 req/s over the last minute
+    assert p["error_rate_1m"] == pytest.approx(0.12, abs=0.03)
+    lat = p["latency_ms_5m"]  # the last 5 min of the ramp: 300..400 ms plus 0..39
+    assert 360 <= lat["p50"] <= 380 and lat["p50"] < lat["p90"] < lat["p95"] < lat["p99"] and 420 <= lat["p99"] <= 440
+    assert p["missing_rate_5m"] == pytest.approx(0.5, abs=0.05)  # every other checked answer late on
+    assert p["quota_remaining"] == 0.5
+    assert p["quality_5m"] is None  # no scores stored in this run
+    assert paid["panels"]["error_rate_1m"] == 0.0 and paid["panels"]["missing_rate_5m"] == 0.0
+
+
+@pytest.mark.integration
+def test_watch_once_json_against_broker_and_chdb(scenario: tuple[VerdictBook, Path]) -> None:
+    """The CLI on the embedded broker (verdicts) and the chDB folder (panels), as after a worker stopped."""
+    import asyncio
+    import os
+    import uuid
+
+    from pipeline.config import Settings
+
+    broker_mod = pytest.importorskip("pipeline.tools.embedded.broker")
+    book, folder = scenario
+    try:
+        broker = broker_mod.EmbeddedBroker().start()
+    except broker_mod.BrokerStartError as exc:
+        pytest.skip(f"embedded broker unavailable: {exc}")
+    try:
+        settings = Settings(kafka_bootstrap=broker.bootstrap, clickhouse_url=f"chdb://{folder}",
+                            topic_prefix=f"w{uuid.uuid4().hex[:8]}.")
+
+        async def put() -> None:
+            from aiokafka import AIOKafkaProducer
+
+            from pipeline.kafka_admin import ensure_topics
+
+            await ensure_topics(broker.bootstrap, [settings.topics.health], 1)
+            prod = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+            await prod.start()
+            try:
+                for t in book.tracks.values():
+                    await prod.send_and_wait(settings.topics.health, encode(t.verdict), key=t.verdict.channel.encode())
+            finally:
+                await prod.stop()
+
+        asyncio.run(put())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CHANNEL_HEALTH_")}
+        env.update({"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": broker.bootstrap,
+                    "CHANNEL_HEALTH_TOPIC_PREFIX": settings.topic_prefix,
+                    "CHANNEL_HEALTH_CLICKHOUSE_URL": f"chdb://{folder}"})
+        done = subprocess.run([sys.executable, "-m", "pipeline.cli", "watch", "--once", "--json"], env=env,
+                              cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        board = json.loads(done.stdout)
+        free = board["routes"]["chat-70b"][FREE]
+        assert board["clickhouse"]["error"] is None
+        assert free["state"] == book.tracks[FREE].verdict.state and free["reasons"]
+        assert free["panels"]["traffic_1m"] == 300 and free["panels"]["latency_ms_5m"]["p95"] > 400
+    finally:
+        broker.stop()
+
+
+def test_board_without_clickhouse_says_why_and_renders(scenario: tuple[VerdictBook, Path]) -> None:
+    from rich.console import Console
+
+    from pipeline.cli_watch import render
+
+    book, _ = scenario
+    board = build_board(book, {}, PolicyConfig(), "chdb is held by the worker; use a ClickHouse server")
+    assert board["routes"]["chat-70b"][FREE]["panels"] == {}
+    console = Console(record=True, width=250)
+    console.print(render(board))
+    text = console.export_text()
+    assert "ClickHouse panels: chdb is held by the worker" in text and FREE in text
+
+
+def test_the_book_feeds_each_new_verdict_to_the_prometheus_gauges() -> None:
+    """Issue #21: `watch` is a long-running process with metrics; each verdict it reads sets the gauges once."""
+    from prometheus_client import CollectorRegistry
+
+    from pipeline.engine_replay import replay
+    from pipeline.metrics import PipelineMetrics
+
+    _, verdicts = replay(events()[:4000])
+    metrics = PipelineMetrics(CollectorRegistry())
+    book = VerdictBook()
+    book.observe = metrics.observe_verdicts
+    for v in verdicts:
+        book.add(encode(v))
+    for v in verdicts[:3]:
+        book.add(encode(v))  # replays of verdicts already seen are not counted again
+    reg = metrics.registry
+    newest = {v.channel: v for v in verdicts}
+    for channel, v in newest.items():
+        assert reg.get_sample_value("channel_health_channel_weight", {"channel": channel}) == v.weight
+    counted = sum(s.value for m in reg.collect() if m.name == "channel_health_verdicts"
+                  for s in m.samples if s.name.endswith("_total"))
+    assert counted == sum(max(1, len(v.reasons)) for v in verdicts)

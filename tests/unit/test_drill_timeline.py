@@ -1,0 +1,137 @@
+"""pipeline.tools.drill: kinds, the policy-derived expected timeline, its comparison, in-process drills."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pipeline.contracts import Verdict
+from pipeline.policy.defaults import PolicyConfig
+from pipeline.tools.drill.kinds import DRILL_WARMUP_S, KINDS, drill_fault, get_kind
+from pipeline.tools.drill.runner import plan_drill, run_in_process
+from pipeline.tools.drill.timeline import (Transition, compare, expected_steps, format_rows, ramp_weights,
+                                           share_detection_ms, transitions)
+
+POLICY = PolicyConfig()
+T0 = 1_750_032_000_000
+
+
+def test_kinds_cover_the_issue_and_unknown_kinds_are_listed():
+    assert set(KINDS) == {"errors", "latency", "hollow", "stream_stall", "quota_drain", "quality_drift"}
+    with pytest.raises(ValueError, match="unknown drill kind 'smoke'; valid: errors, latency, hollow"):
+        get_kind("smoke")
+    f = drill_fault(KINDS["latency"], "drill/a", 3900, 600)
+    assert (f.kind, f.start_s, f.end_s, f.params["factor"]) == ("latency_ramp", 3900, 4500, 3.0)
+
+
+def test_ramp_weights_follow_spec_section_4():
+    assert ramp_weights(POLICY) == [0.1, 0.2, 0.3, 0.4, 0.6, 0.8]
+
+
+def test_errors_timeline_is_cooldown_observation_and_ramp_steps():
+    steps = expected_steps(KINDS["errors"], POLICY, 60_000)
+    assert [s.label for s in steps] == ["open", "half_open", "recovering 0.10", "recovering 0.20",
+                                        "recovering 0.30", "recovering 0.40", "recovering 0.60",
+                                        "recovering 0.80", "healthy"]
+    assert [s.delay_ms for s in steps] == [30_000, 90_000, 90_000] + [120_000] * 6
+    assert steps[0].bound and not steps[1].bound
+    assert {s.tolerance_ms for s in steps} == {30_000}
+
+
+def test_a_fault_longer_than_the_cooldown_expects_failed_probes_then_recovery():
+    steps = expected_steps(KINDS["errors"], POLICY, 150_000)
+    assert steps[1].label == "half_open" and steps[1].cycle
+    actual = [Transition(T0 + 1_000, "open", 0.0, ("consecutive_failures",)),
+              Transition(T0 + 91_000, "half_open", 0.05, ()),
+              Transition(T0 + 91_500, "open", 0.0, ("consecutive_failures",)),  # probe into the fault
+              Transition(T0 + 200_000, "half_open", 0.05, ()),  # fault ended at 150 s
+              Transition(T0 + 290_000, "recovering", 0.1, ())]
+    rows = compare(steps[:3], actual, T0, T0 + 150_000)
+    assert [(r.transition, r.status, r.diff_ms) for r in rows] == [
+        ("open", "ok", -29_000), ("half_open", "ok", 0), ("open (probe, fault on)", "ok", 500),
+        ("half_open", "ok", 18_500), ("recovering 0.10", "ok", 0)]
+
+
+def test_a_stricter_policy_changes_the_expectation():
+    strict = dataclasses.replace(POLICY, open_cooldown_ms=60_000, ramp_interval_ms=60_000)
+    steps = expected_steps(KINDS["errors"], strict, 30_000)
+    assert [s.delay_ms for s in steps[1:4]] == [60_000, 90_000, 60_000]
+
+
+def test_share_detection_bound_from_the_wilson_test():
+    # 8 % missing at 3 checks/s against the 1 % line: the Wilson lower bound (z 3.72) of the expected count
+    # over a 5 min window (900 checks) first exceeds 1 % 99 s after the fault starts (k = 0.08 x 3 x 84 = 20.2 of 900)
+    assert share_detection_ms(0.08, 0.01, 3.0, POLICY) == 99_000
+    with pytest.raises(ValueError, match="can never trip"):
+        share_detection_ms(0.005, 0.01, 3.0, POLICY)
+
+
+def _v(ts: int, state: str, weight: float, reasons=(), seq=0) -> Verdict:
+    return Verdict("drill/a", "drill", state, weight, list(reasons), {}, ts, seq)
+
+
+def test_transitions_keep_state_changes_and_ramp_steps_only():
+    vs = [_v(T0, "healthy", 1.0, seq=1), _v(T0 + 30_000, "open", 0.0, ["error_rate"], 2),
+          _v(T0 + 60_000, "open", 0.0, seq=3), _v(T0 + 90_000, "recovering", 0.1, seq=4),
+          _v(T0 + 120_000, "recovering", 0.1, seq=5), _v(T0 + 150_000, "recovering", 0.2, seq=6)]
+    got = transitions(vs, "drill/a")
+    assert [(t.ts_ms - T0, t.state, t.weight) for t in got] == [(30_000, "open", 0.0), (90_000, "recovering", 0.1),
+                                                                (150_000, "recovering", 0.2)]
+
+
+def test_compare_reports_on_time_late_missing_and_unexpected():
+    steps = expected_steps(KINDS["errors"], POLICY, 60_000)[:3]
+    actual = [Transition(T0 + 1_000, "open", 0.0, ("consecutive_failures",)),
+              Transition(T0 + 150_000, "half_open", 0.05, ()),  # 59 s after open + 90 s: late
+              Transition(T0 + 160_000, "degraded", 0.85, ("latency_p95_ratio",))]
+    rows = compare(steps, actual, T0, T0 + 60_000)
+    assert [(r.transition, r.status, r.diff_ms) for r in rows] == [
+        ("open", "ok", -29_000), ("half_open", "late", 59_000), ("recovering 0.10", "not detected", None),
+        ("degraded (latency_p95_ratio)", "unexpected", None)]
+    assert rows[2].expected_ms == 240_000  # anchored on the actual half_open
+    table = format_rows(rows)
+    assert "half_open" in table and "+59.0 s" in table and "<= 30.0 s" in table
+
+
+def test_a_missing_detector_is_said_not_faked():
+    kind = KINDS["stream_stall"]
+    rows = compare(expected_steps(kind, POLICY, 600_000), [], T0, T0 + 600_000, kind)
+    assert rows[0].transition == "degraded (slow_stream)" and rows[0].status == "detector missing"
+
+
+def test_plan_places_the_fault_after_the_warm_up_and_ends_at_end_ms():
+    plan = plan_drill("errors", "drill/a", POLICY, end_ms=T0, run_id="r1")
+    assert plan.fault_start_ms - plan.start_ms == DRILL_WARMUP_S * 1000
+    assert plan.fault_end_ms - plan.fault_start_ms == 60_000 and plan.end_ms == T0
+    # last step (healthy) due 30 + 90 + 90 + 6 x 120 s = 930 s after the fault start, + 30 s tolerance
+    # + 60 s (probe cycles may push it back by the fault's length) + 300 s tail
+    assert plan.end_ms - plan.fault_start_ms == 1_320_000
+    with pytest.raises(ValueError, match="--duration must be > 0"):
+        plan_drill("errors", "drill/a", POLICY, duration_s=0)
+
+
+@pytest.mark.parametrize("kind", ["errors", "latency", "hollow"])
+def test_in_process_drill_matches_its_timeline(kind):
+    plan = plan_drill(kind, f"drill/{kind}", POLICY, end_ms=T0, run_id="r")
+    result = run_in_process(plan, POLICY)
+    assert result.passed, result.table()
+    if kind == "errors":  # SPEC §4 recovery: every step within one evaluation round of its due time
+        assert [r.transition for r in result.rows][-1] == "healthy"
+        assert all(abs(r.diff_ms) <= 30_000 for r in result.rows[1:])
+
+
+def test_in_process_stream_stall_drill_is_not_passed_while_its_detector_is_missing():
+    plan = plan_drill("stream_stall", "drill/stall", POLICY, end_ms=T0, run_id="r")
+    result = run_in_process(plan, POLICY)
+    assert not result.passed
+    assert result.rows[0].status == "detector missing"
+
+
+def test_in_process_quota_drill_opens_cycles_while_refused_then_recovers():
+    plan = plan_drill("quota_drain", "drill/quota", POLICY, end_ms=T0, run_id="r")
+    rows = run_in_process(plan, POLICY).rows
+    assert rows[0].transition == "degraded (quota)" and rows[0].status == "detector missing"
+    labels = [r.transition for r in rows]
+    assert labels[1] == "open" and "open (probe, fault on)" in labels and labels[-1] == "healthy"
+    assert all(r.status == "ok" for r in rows[1:]), format_rows(rows)
