@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import isfinite
 from itertools import compress, repeat
-from operator import attrgetter, is_not
+from operator import attrgetter, is_not, itemgetter
 from typing import Sequence
 
 import numpy as np
@@ -34,7 +34,6 @@ from pipeline import residency
 from pipeline.config import StateLimits
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
 from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
-from pipeline.ingest.structure import resolve_structure
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import bounded_shares
@@ -49,7 +48,8 @@ _CHANNEL = attrgetter("channel")
 _ROUTE = attrgetter("route")
 _TIER = attrgetter("tier")
 _MISSING = attrgetter("missing_fields")
-_RESPONSE = attrgetter("response_text")
+_PARSE_OK = attrgetter("parse_ok")
+_FIRST = itemgetter(0)
 #: Status → small code; outcome per code (1 upstream failure, 0 ok, -1 neutral).
 _STATUS_CODE = {"ok": 0, "error": 1, "timeout": 2, "rate_limited": 3, "cancelled": 4, "filtered": 5}
 _RATE_LIMITED_CODE = _STATUS_CODE["rate_limited"]
@@ -59,35 +59,34 @@ _NOT_CHECKED: tuple[None, None] = (None, None)
 
 
 def _resolve_all(events: Sequence[RequestEvent]) -> tuple[list, np.ndarray, np.ndarray]:
-    """``(structure, checked, missing)`` per event via :func:`resolve_structure`.
+    """``(structure, checked, missing)`` per event, read from the flags ingest resolved onto it.
 
-    Only ``ok`` events that carry ``missing_fields`` or a ``response_text``
-    can be judged; the others get ``(None, None)`` without a call.
+    Events come with ``parse_ok`` / ``missing_fields`` resolved by
+    :func:`pipeline.ingest.structure.resolve_onto` (the decoder and
+    :func:`pipeline.engine_replay.replay` call it): ``parse_ok`` None is "not
+    checked", True/False "checked"; no rule is applied here. Unchecked
+    events share one ``(None, None)`` (one C-level scan finds the others).
     """
     n = len(events)
-    structure: list = [_NOT_CHECKED] * n
-    checked = np.zeros(n, bool)
+    parse = list(map(_PARSE_OK, events))
+    checked = np.fromiter(map(is_not, parse, repeat(None)), bool, n)
     missing = np.zeros(n, bool)
-    maybe = np.fromiter(map(is_not, map(_MISSING, events), repeat(None)), bool, n)
-    maybe |= np.fromiter(map(is_not, map(_RESPONSE, events), repeat(None)), bool, n)
-    for i in np.flatnonzero(maybe).tolist():
-        s = resolve_structure(events[i])
-        structure[i] = s
-        if s[0] is not None:
-            checked[i] = True
-            missing[i] = s[0] is False or bool(s[1])
+    structure: list = [_NOT_CHECKED] * n
+    for i in np.flatnonzero(checked).tolist():
+        fields = events[i].missing_fields
+        structure[i] = (parse[i], fields)
+        missing[i] = parse[i] is False or bool(fields)
     return structure, checked, missing
 
 
 def _structure_flags(structure: Sequence[tuple[bool | None, list[str] | None]]) -> tuple[np.ndarray, np.ndarray]:
     """``checked`` (parse_ok is not None) and ``missing`` (parse failed or a field missing) per event."""
     n = len(structure)
-    checked = np.zeros(n, bool)
+    checked = np.fromiter(map(is_not, map(_FIRST, structure), repeat(None)), bool, n)
     missing = np.zeros(n, bool)
-    for i, s in enumerate(structure):
-        if s[0] is not None:
-            checked[i] = True
-            missing[i] = s[0] is False or bool(s[1])
+    for i in np.flatnonzero(checked).tolist():
+        parse_ok, fields = structure[i]
+        missing[i] = parse_ok is False or bool(fields)
     return checked, missing
 
 
@@ -216,8 +215,8 @@ class Engine(EngineStateIO):
         """Ingest a batch of validated events (any order); return verdicts and late events.
 
         ``structure`` optionally gives ``(parse_ok, missing_fields)`` per
-        event; by default it is resolved with
-        :func:`pipeline.ingest.structure.resolve_structure`.
+        event; by default it is read from the events' own fields, as ingest
+        resolved them (:func:`pipeline.ingest.structure.resolve_onto`).
 
         Event time is kept per channel (a channel's events come in order from
         one partition, however far partitions drift apart during a backlog

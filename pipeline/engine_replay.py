@@ -11,6 +11,7 @@ from typing import Iterable
 
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.engine import Engine
+from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import PolicyConfig
 
 
@@ -47,6 +48,7 @@ def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_siz
     bucket = None
 
     def flush(batch: list[RequestEvent]) -> None:
+        resolve_onto(batch)  # what the ingest decoder does: the engine reads the flags
         result = engine.process(batch)
         verdicts.extend(result.verdicts)
         if scorer is not None:

@@ -4,14 +4,15 @@ and the structured-output check (SPEC §4.4).
 Modules: ``decode`` (:class:`Decoder`), ``dead_letter`` (:class:`DeadLetter`,
 the DLQ value), ``reasons`` (reason codes), ``counters``
 (:class:`DecodeCounters`), ``structure`` (:func:`check_structure`,
-:func:`resolve_structure`), ``envelope`` (:func:`storable_envelope`: which
-batch envelopes are stored as they arrived).
+:func:`resolve_structure`, :func:`resolve_onto`: the structure verdict, resolved once per
+event by the decoder), ``envelope`` (:func:`storable_envelope`: whether a batch envelope's
+bytes say what the decoder made of them).
 """
 
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import DecodeResult, Decoder
-from pipeline.ingest.structure import StructureResult, check_structure, resolve_structure
+from pipeline.ingest.structure import StructureResult, check_structure, resolve_onto, resolve_structure
 
 __all__ = [
     "DeadLetter",
@@ -20,5 +21,6 @@ __all__ = [
     "Decoder",
     "StructureResult",
     "check_structure",
+    "resolve_onto",
     "resolve_structure",
 ]

@@ -14,6 +14,11 @@ code from :mod:`pipeline.ingest.reasons`; the good events of a batch are kept.
 So for a batch of N >= 1 elements ``len(events) + len(dead_letters) == N``,
 and any other message yields exactly one event or one dead letter.
 
+Every accepted event leaves with its structure verdict (SPEC §4.4) resolved
+onto its ``parse_ok`` / ``missing_fields``
+(:func:`pipeline.ingest.structure.resolve_onto`): the one place the rule is
+applied; the engine and the sinks only read the two fields.
+
 Fast path: a typed msgspec decode of the whole message (batch or event);
 per-element decoding happens only when that fails.
 """
@@ -32,7 +37,7 @@ from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.envelope import storable_envelope
 from pipeline.ingest.reasons import classify_validation_error
-from pipeline.ingest.structure import check_structure
+from pipeline.ingest.structure import check_structure, resolve_onto
 
 _TS = attrgetter("ts_ms")
 _ID = attrgetter("event_id")
@@ -52,7 +57,9 @@ class DecodeResult(msgspec.Struct):
     order) and ``dead_letters`` (in message order).
 
     ``envelope``: the message's bytes when they can stand for ``events``
-    as they are (see :func:`pipeline.ingest.envelope.storable_envelope`), else None.
+    as they are (see :func:`pipeline.ingest.envelope.storable_envelope`), their
+    structure flags included (resolving changed none:
+    :func:`pipeline.ingest.structure.resolve_onto` returned 0), else None.
     """
 
     events: list[RequestEvent]
@@ -144,6 +151,8 @@ class Decoder:
         """
         try:
             result = self._decode(raw, now_ms)
+            if resolve_onto(result.events) and result.envelope is not None:
+                result.envelope = None  # its bytes no longer state the flags stored: rows instead
         except Exception as exc:  # noqa: BLE001 - bad input must never stop the stream
             detail = f"decoder error {type(exc).__name__}: {exc}"[: R.MAX_DETAIL_CHARS]
             result = DecodeResult([], [DeadLetter(R.INTERNAL_ERROR, detail, _safe_bytes(raw))])
@@ -223,6 +232,14 @@ class Decoder:
                 demote([self._time_problem(t, now_ms) is None for t in ts])
         failed: list[int] = []  # decode() turns such a message into an internal_error dead letter
         self._cut_long_texts(fast, failed)
+        try:
+            resolve_onto(fast)
+        except Exception:  # noqa: BLE001 - find the event; decode() dead-letters it
+            for i, event in enumerate(fast):
+                try:
+                    resolve_onto([event])
+                except Exception:  # noqa: BLE001
+                    failed.append(i)
         if failed:
             keep = [True] * len(fast)
             for i in failed:

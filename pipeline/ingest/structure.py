@@ -34,13 +34,15 @@ arguments did not parse: that call's required arguments).
 from __future__ import annotations
 
 import re
+from itertools import compress, repeat
+from operator import attrgetter, ne
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import msgspec
 
 from pipeline.contracts import ExpectedCall, RequestEvent
 
-__all__ = ["StructureResult", "check_structure", "resolve_structure"]
+__all__ = ["StructureResult", "check_structure", "resolve_onto", "resolve_structure"]
 
 _FENCE = re.compile(r"```[ \t]*(?:[A-Za-z0-9_+-]+)?[ \t]*\r?\n?(.*?)```", re.DOTALL)
 _NOT_PARSED = object()
@@ -226,3 +228,48 @@ def resolve_structure(event: RequestEvent) -> tuple[bool | None, list[str] | Non
         result = check_structure(event.response_text, event.expected_fields)
         return result.parse_ok, result.missing_fields
     return None, None
+
+
+#: The fields a structure verdict is resolved from; an event with none of them is not checked.
+_INPUTS = attrgetter("missing_fields", "parse_ok", "response_text")
+_NO_INPUTS = (None, None, None)
+
+
+def _as_sent(event: RequestEvent) -> tuple[bool | None, list[str] | None]:
+    """The flags an event's own fields state as data (SPEC §3: ``parse_ok`` absent with
+    ``missing_fields`` present means "parsed"), before :func:`resolve_structure`."""
+    missing = event.missing_fields
+    return (True if event.parse_ok is None and missing is not None else event.parse_ok), missing
+
+
+def resolve_onto(events: Sequence[RequestEvent]) -> int:
+    """Resolve every event's structure verdict once, at ingest, onto the event itself.
+
+    Sets ``parse_ok`` / ``missing_fields`` of each event to
+    :func:`resolve_structure`'s ``(parse_ok, missing_fields)``: ``parse_ok``
+    None means "not checked" (and ``missing_fields`` is then None),
+    True/False "checked" with ``missing_fields`` the list of absent fields.
+    Everything downstream (the engine's counts, the ``request_events``
+    rows) reads these two fields and applies no rule of its own. Idempotent.
+
+    Only events with ``missing_fields``, ``parse_ok`` or ``response_text``
+    can change; the others are skipped after C-level scans.
+
+    Returns how many events now carry flags other than their fields stated
+    as data (:func:`_as_sent`): 0 means the message's own bytes still say
+    what is stored (:mod:`pipeline.sinks.batches` may store it as it came).
+    Raises what :func:`check_structure` raises (``TypeError`` for an
+    ``expected_fields`` the decoder would have refused).
+
+    >>> e = RequestEvent(event_id="e", ts_ms=0, channel="c", route="r", status="error", latency_ms=1.0,
+    ...                  missing_fields=["a"])
+    >>> resolve_onto([e]), e.parse_ok, e.missing_fields
+    (1, None, None)
+    """
+    changed = 0
+    for e in compress(events, map(ne, map(_INPUTS, events), repeat(_NO_INPUTS))):  # one C-level scan
+        resolved = resolve_structure(e)
+        if resolved != _as_sent(e):
+            changed += 1
+        e.parse_ok, e.missing_fields = resolved
+    return changed

@@ -8,7 +8,8 @@
     sink.add_verdicts(batch.verdicts)               # [Verdict]
     await asyncio.to_thread(sink.flush)             # then commit offsets
 
-It follows the contract of :mod:`pipeline.sinks.table` for every table:
+It keeps the worker's :class:`~pipeline.sinks.protocol.Sink` contract, and
+follows the contract of :mod:`pipeline.sinks.table` for every table:
 ``add_*`` raises :class:`SinkBackpressure` (nothing added) when that table's
 buffer is full, ``flush`` returns only after every buffered row was written
 and raises :class:`SinkWriteError` otherwise (unwritten rows stay buffered;
@@ -96,6 +97,8 @@ class ClickHouseSink(FlushRetries):
         self.quality_labels = TableSink(client, QUALITY_LABELS_TABLE, QUALITY_LABEL_COLUMNS, **bounds)
         self.overrides = TableSink(client, OVERRIDES_TABLE, OVERRIDE_COLUMNS, **bounds)
         self._tables = tuple(getattr(self, name) for name in TABLE_NAMES)
+        #: Rows written per table since the start (the :class:`~pipeline.sinks.protocol.Sink` contract).
+        self.written = dict.fromkeys(TABLE_NAMES, 0)
         # The first conversion of Python values makes pyarrow import pandas (~0.25 s, 400 modules): pay it
         # here, at start-up, rather than on the first batch of the stream.
         self.verdicts.add([])
@@ -212,5 +215,10 @@ class ClickHouseSink(FlushRetries):
         return sum(self.flush_counts().values())
 
     def flush_counts(self) -> dict[str, int]:
-        """:meth:`flush`, returning the rows written per table (``TABLE_NAMES``); raises as :meth:`flush`."""
-        return {name: table.flush() for name, table in zip(TABLE_NAMES, self._tables)}
+        """:meth:`flush`, returning the rows written per table (``TABLE_NAMES``); raises as :meth:`flush`
+        (the tables written before the failure are counted in :attr:`written`)."""
+        counts: dict[str, int] = {}
+        for name, table in zip(TABLE_NAMES, self._tables):
+            counts[name] = table.flush()
+            self.written[name] += counts[name]
+        return counts

@@ -10,7 +10,7 @@ list), e.g. one batch's ``request_events`` rows from
 objects one per line, e.g. whole batch envelopes (:mod:`pipeline.sinks.batches`).
 A flush joins the buffered payloads into one insert into an input table
 (``request_events_input``, ``infra/clickhouse/006_request_events_input.sql``;
-``request_event_batches``, ``007_request_event_batches.sql``) whose
+``request_event_envelopes``, ``011_request_event_envelopes.sql``) whose
 materialized view writes the target table. ClickHouse parses the
 values natively, so neither the worker nor the sink process touches a value
 in Python, which costs less CPU per row than decode → Arrow columns → insert

@@ -61,7 +61,8 @@ FLUSH_REPLY_TIMEOUT_S = 600.0
 
 
 class ProcessSink(FlushRetries):
-    """:class:`~pipeline.sinks.clickhouse.ClickHouseSink`'s contract, with the writing done in a child process.
+    """:class:`~pipeline.sinks.clickhouse.ClickHouseSink`'s contract (:class:`~pipeline.sinks.protocol.Sink`),
+    with the writing done in a child process.
 
     ``settings``: the worker's :class:`~pipeline.config.Settings` (the child
     opens ``settings.clickhouse_url``). ``max_rows`` / ``max_bytes``: bounds

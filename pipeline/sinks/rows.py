@@ -21,8 +21,8 @@ from pipeline.storage import DATABASE
 EVENTS_TABLE = f"{DATABASE}.request_events"
 #: Where ``request_events`` rows are inserted (Null engine; its view writes ``request_events``).
 EVENTS_INPUT_TABLE = f"{DATABASE}.request_events_input"
-#: Where whole batch envelopes are inserted (Null engine; its view writes ``request_events``; :mod:`.batches`).
-EVENT_BATCHES_TABLE = f"{DATABASE}.request_event_batches"
+#: Where whole batch envelopes are inserted (Null engine, DDL 011; its view writes ``request_events``; :mod:`.batches`).
+EVENT_BATCHES_TABLE = f"{DATABASE}.request_event_envelopes"
 VERDICTS_TABLE = f"{DATABASE}.channel_verdicts"
 QUALITY_SCORES_TABLE = f"{DATABASE}.quality_scores"
 QUALITY_LABELS_TABLE = f"{DATABASE}.quality_labels"

@@ -1,10 +1,10 @@
 """The worker's side of manual overrides: follow ``channel.control``, apply, re-publish, audit, expire.
 
-Wiring in :func:`pipeline.stream.app.build_app` (three lines)::
+Wiring in :func:`pipeline.stream.app.build_app`::
 
-    control = install_control(app, state, settings, lambda out: publish(out), lambda out: store(out))
+    control = install_control(app, state, settings, lambda out: intake.emit(out), lambda out: writer.store(out))
     ...
-    out.verdicts = control.apply(out.verdicts)   # first line of publish(): every verdict leaving the worker
+    intake = Intake(..., control=control)   # Intake.emit: out.verdicts = control.apply(out.verdicts), then publish
 
 :func:`install_control` adds one faust task that reads every partition of the
 control topic without a consumer group (each worker needs every override),

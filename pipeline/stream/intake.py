@@ -1,92 +1,256 @@
-"""The agent's input batches: whatever has arrived, taken while the previous batch is processed.
+"""Input batches → processor → outputs, per consumer generation (no faust in here).
 
-Why not faust's ``noack_take(n, within)`` (issue #15): it moves messages from
-the stream into its buffer only while the agent waits for the next batch.
-While a batch is processed its buffering step is blocked, so the stream (faust's
-per-message path: consumer thread → conductor → channel → stream) stands
-still; after the batch it gathers for ``within`` seconds and hands over what
-came in that window. Intake and processing thus take turns, and a backlog
-left by a slow batch (an evaluation round, a busy machine) drains only a few
-messages per window: in the paced stage of ``channel-health bench`` the worker
-took 2-20 messages per 50 ms window while the input it took was 2-4 s old.
+:class:`Assignment` owns the question "does the processor's state belong
+to the live assignment?": with each new consumer generation it starts over
+(a fresh engine, the state topic's snapshots reloaded, the committed
+offsets read back, :meth:`Assignment.reset`). :class:`Intake` takes the
+messages of one ``noack_take`` batch: it drops those of an older generation
+or out of order (:class:`~pipeline.stream.offsets.OffsetGate`; a partition
+whose records arrived ahead of its start is re-read from there), runs the
+fresh ones through the :class:`~pipeline.stream.processor.BatchProcessor`
+in chunks of at most ``CHUNK_BYTES``, publishes each chunk's verdicts and
+dead letters, puts its rows in the sink (:class:`~pipeline.stream.flushing.SinkWriter`)
+and records the batch in the delivery ledger (acked after the next snapshot).
 
-:func:`batches` iterates the stream in its own task instead, so messages keep
-moving into a pending list whenever the event loop is free (also while the
-agent awaits Kafka's acks for its verdicts), and each batch is everything
-pending, up to ``max_n`` messages, without waiting for more. Acks stay manual:
-like ``noack_take`` it never acks (iterate a stream made with ``stream.noack()``).
-Generic over the item type and faust-free, so it is tested with plain async
-iterators.
+The Kafka consumer is seen through :class:`ConsumerView` (the faust adapter
+is in :mod:`pipeline.stream.app`), so both classes are driven by fakes in
+``tests/unit/test_stream_intake.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import AsyncIterable, AsyncIterator, TypeVar
+import logging
+import time
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
-T = TypeVar("T")
+from pipeline.engine import Engine
+from pipeline.stream.flushing import SinkWriter
+from pipeline.stream.offsets import MAX_SEEKS, OffsetGate
+from pipeline.stream.processor import ProcessedBatch
+from pipeline.stream.worker_state import WorkerState, byte_chunks
 
-#: Event-loop turns without a new item after which the items already on their way are all in.
-#: faust hands a fetched message to the stream in a few turns (drain loop, conductor, channel),
-#: so a fetch's messages arrive one or two turns apart; idle, the spins cost a few microseconds.
-SETTLE_TURNS = 3
+log = logging.getLogger("channel_health.worker")
+
+#: Wall-clock idle time after which event time advances on its own (s).
+IDLE_ADVANCE_AFTER_S = 10.0
+#: Event time added per idle round (ms): the idle timer's interval.
+IDLE_STEP_MS = 5_000
 
 
-async def batches(items: AsyncIterable[T], max_n: int) -> AsyncIterator[list[T]]:
-    """Yield lists of 1..``max_n`` items of ``items``, in order: every item pending when a batch is asked for.
+class ConsumerView(Protocol):
+    """What the intake needs of the Kafka consumer, for the input topic only."""
 
-    ``items`` is consumed by a background task that holds at most ``max_n``
-    items beyond the batch being handled (then it waits: back-pressure, and so
-    bounded memory). Once an item is pending, the batch is yielded as soon as
-    :data:`SETTLE_TURNS` event-loop turns bring no further item (the rest of
-    what was fetched with it), without waiting for new input.
-    Raises ``ValueError`` for ``max_n < 1``; an exception of ``items`` is
-    raised here once the items before it have been yielded; ends when
-    ``items`` ends. Closing the generator cancels the background task.
+    @property
+    def generation_id(self) -> int | None:
+        """The consumer group generation of the current assignment."""
+
+    @property
+    def rebalancing(self) -> bool:
+        """A rebalance is in progress."""
+
+    def assigned_partitions(self) -> list[int]:
+        """Input partitions assigned to this member, sorted."""
+
+    def highwater(self, partition: int) -> int | None:
+        """Log end offset of ``partition`` as of the last fetch (no broker round trip)."""
+
+    async def seek(self, partition: int, offset: int) -> None:
+        """Fetch ``partition`` again from ``offset`` (returns once the seek is done)."""
+
+
+class Assignment:
+    """The processor's state and the live assignment (see the module docstring).
+
+    ``load_records``: reads the state topic, channel → snapshot record
+    (:func:`pipeline.stream.state_topic.load_snapshot_records`);
+    ``load_starts``: the committed offset of each given input partition
+    (:func:`pipeline.stream.offsets.start_offsets`); ``new_engine``: a fresh
+    :class:`~pipeline.engine.Engine` with the worker's policy and state limits.
     """
-    if max_n < 1:
-        raise ValueError(f"max_n must be >= 1, got {max_n!r}")
-    pending: list[T] = []
-    arrived = asyncio.Event()
-    room = asyncio.Event()
-    room.set()
 
-    async def feed() -> None:
-        async for item in items:
-            pending.append(item)
-            arrived.set()
-            if len(pending) >= max_n:
-                room.clear()
-                await room.wait()
+    def __init__(self, state: WorkerState, consumer: ConsumerView,
+                 load_records: Callable[[], Awaitable[Mapping[str, tuple]]],
+                 load_starts: Callable[[list[int]], Awaitable[dict[int, int]]],
+                 new_engine: Callable[[], Engine]) -> None:
+        self.state = state
+        self.consumer = consumer
+        self.load_records = load_records
+        self.load_starts = load_starts
+        self.new_engine = new_engine
 
-    feeder = asyncio.ensure_future(feed())
-    try:
-        while True:
-            if not pending:
-                if feeder.done():
-                    feeder.result()  # raises what the iteration raised
-                    return
-                arrived.clear()
-                waiter = asyncio.ensure_future(arrived.wait())
-                try:
-                    await asyncio.wait({waiter, feeder}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
+    def current(self) -> bool:
+        """The processor's state belongs to the live assignment (snapshots and acks allowed)."""
+        state = self.state
+        return (state.generation is not None and not state.stale
+                and state.generation == self.consumer.generation_id)
+
+    async def reset(self, generation: int | None) -> None:
+        """Start over for a new assignment: fresh engine, snapshots reloaded (call under ``state.lock``)."""
+        state = self.state
+        started = time.monotonic()
+        records = await self.load_records()
+        assigned = self.consumer.assigned_partitions()
+        starts = await self.load_starts(assigned)
+        state.gate = OffsetGate(starts)
+        state.skipped_logged = 0
+        state.processor.reset(self.new_engine())
+        restored = state.processor.load_snapshots(records, assigned)
+        state.ledger.clear()
+        state.generation = generation
+        state.stale = False
+        state.dirty = False
+        state.restored = True
+        state.resets += 1
+        state.reset_s = time.monotonic() - started
+        log.warning("worker ready (generation %s): %d channel snapshots read, %d of them (the assigned partitions' "
+                    "channels) restored, in %.2f s; input partitions %s from offsets %s", generation, len(records),
+                    restored, state.reset_s, assigned, starts)
+
+    async def ensure(self) -> bool:
+        """For the timers: reset once a new assignment is complete; True when the state is current
+        (under ``state.lock``)."""
+        gen = self.consumer.generation_id
+        if self.state.generation != gen and not self.consumer.rebalancing and self.consumer.assigned_partitions():
+            await self.reset(gen)
+        return self.current()
+
+    def revoked(self) -> None:
+        """Partitions were revoked: another member may own these channels now (no snapshots, no acks)."""
+        self.state.stale = True
+
+
+class Intake:
+    """One taken batch of input messages → processor → verdicts, dead letters and rows.
+
+    ``publish``: sends a batch's verdicts and dead letters and returns once
+    Kafka acknowledged them; ``writer``: puts its rows in the sink;
+    ``chunk_bytes``: most message bytes per processor call; ``control``: the
+    operators' overrides (:class:`~pipeline.stream.control_agent.ControlHook`,
+    its ``apply`` runs on every batch's verdicts before they are published and
+    stored; None: none); ``metrics``: a :class:`~pipeline.metrics.PipelineMetrics`
+    that observes batches and verdicts (None: nothing observed).
+    """
+
+    def __init__(self, state: WorkerState, assignment: Assignment,
+                 publish: Callable[[ProcessedBatch], Awaitable[None]], writer: SinkWriter, chunk_bytes: int,
+                 control: Any = None, metrics: Any = None) -> None:
+        self.state = state
+        self.assignment = assignment
+        self.consumer = assignment.consumer
+        self.publish = publish
+        self.writer = writer
+        self.chunk_bytes = chunk_bytes
+        self.control = control
+        self.metrics = metrics
+
+    async def emit(self, out: ProcessedBatch) -> None:
+        """Publish ``out``: the overrides in force applied to its verdicts first (``out.verdicts`` is
+        replaced, so the stored verdict rows carry the override too)."""
+        if self.control is not None:
+            out.verdicts = self.control.apply(out.verdicts)  # operators' overrides (SPEC §4)
+        await self.publish(out)
+
+    async def handle(self, events: Sequence[Any]) -> None:
+        """Process one batch of faust events (``.value``, ``.message`` with ``partition``, ``offset``,
+        ``generation_id``); takes ``state.lock``."""
+        state = self.state
+        assert state.lock is not None
+        async with state.lock:
+            gen = self.consumer.generation_id
+            if state.generation != gen:
+                await self.assignment.reset(gen)  # messages of a new assignment: start over from the state topic
+            elif state.stale:
+                state.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
+                return
+            fresh = await self._admit(events)
+            if not fresh:
+                return
+            self._update_partition_status()
+            for chunk in byte_chunks(fresh, self.chunk_bytes):
+                await self._process(chunk)
+            state.ledger.add_batch(e.message for e in fresh)  # acked once rows are written and a snapshot covers it
+            state.dirty = True
+            caught_up = state.processor.caught_up
+            if caught_up and all(caught_up.values()):
+                self.writer.kick()  # input consumed to its end: write the rows now, not at the next interval
+
+    async def _admit(self, events: Sequence[Any]) -> list[Any]:
+        """The events to process now, in order; the others are counted as dropped (delivered again)."""
+        state = self.state
+        fresh = []
+        gaps: set[int] = set()
+        gate = state.gate
+        for e in events:
+            msg = e.message
+            decision = gate.check(msg.partition, msg.offset) if msg.generation_id == state.generation else "old"
+            if decision == "accept":
+                fresh.append(e)
                 continue
-            await _settle(pending, max_n, feeder)
-            batch = pending[:max_n]
-            del pending[:max_n]
-            room.set()
-            yield batch
-    finally:
-        feeder.cancel()
+            state.dropped_stale_messages += 1  # delivered again (old generation, duplicate or before a seek)
+            if decision == "gap":
+                gaps.add(msg.partition)
+        for p in sorted(gaps):
+            await self._seek_back(p)
+        while len(gate.skipped_starts) > state.skipped_logged:
+            p, start, first = gate.skipped_starts[state.skipped_logged]
+            state.skipped_logged += 1
+            log.error("input partition %d: no record at committed offset %d after %d seeks; continuing at %d "
+                      "(offsets in between are absent from the log, e.g. transaction markers)",
+                      p, start, MAX_SEEKS, first)
+        return fresh
 
+    async def _process(self, chunk: list[Any]) -> None:
+        """One processor call; its outputs published and stored; the messages' bytes freed."""
+        state = self.state
+        t0 = time.perf_counter()
+        out = state.processor.process([e.value for e in chunk], [e.message.partition for e in chunk],
+                                      [e.message.offset for e in chunk])
+        t1 = time.perf_counter()
+        await self.emit(out)
+        t2, waited = time.perf_counter(), state.wall_s["backpressure"]
+        if self.metrics is not None:
+            self.metrics.observe_batch(t1 - t0, t2 - t0, out.verdicts)
+        await self.writer.store(out)  # rows leave as one encoded payload: the decoded events die with ``out``
+        wall = state.wall_s
+        wall["process"] += t1 - t0
+        wall["publish"] += t2 - t1
+        wall["rows"] += time.perf_counter() - t2 - (wall["backpressure"] - waited)
+        for e in chunk:  # never read again (an ack needs only partition and offset): free the bytes
+            e.value = e.message.value = None
 
-async def _settle(pending: list, max_n: int, feeder: asyncio.Future) -> None:
-    """Let the items already on their way join ``pending`` (up to ``max_n``): return after
-    :data:`SETTLE_TURNS` event-loop turns in a row that added none."""
-    idle = 0
-    while idle < SETTLE_TURNS and len(pending) < max_n and not feeder.done():
-        n = len(pending)
-        await asyncio.sleep(0)
-        idle = idle + 1 if len(pending) == n else 0
+    async def _seek_back(self, partition: int) -> None:
+        """Re-read an unsynced partition from its start offset (see :mod:`pipeline.stream.offsets`)."""
+        offset = self.state.gate.want_seek(partition)
+        if offset is None:
+            return
+        log.warning("input partition %d: records after offset %d arrived before it (fetched before the seek "
+                    "of the rebalance); re-reading from %d", partition, offset, offset)
+        await self.consumer.seek(partition, offset)
+
+    def _update_partition_status(self) -> None:
+        """Tell the processor which input partitions are consumed to their end (each batch: it is cheap)."""
+        parts = self.consumer.assigned_partitions()
+        if not parts:
+            return
+        last = self.state.gate.last_offsets
+        self.state.processor.set_partition_status({
+            p: last.get(p, -1) + 1 >= (self.consumer.highwater(p) or 0) for p in parts})
+
+    async def advance_idle(self, now_ms: int) -> None:
+        """The idle timer: after ``IDLE_ADVANCE_AFTER_S`` without input, advance event time by
+        ``IDLE_STEP_MS`` (never past ``now_ms``, wall clock UTC epoch ms) and emit what that decides."""
+        state = self.state
+        if state.lock is None or time.monotonic() - state.last_batch_wall_s < IDLE_ADVANCE_AFTER_S:
+            return
+        async with state.lock:
+            if not await self.assignment.ensure():
+                return
+            verdicts = state.processor.advance_idle(IDLE_STEP_MS, now_ms=now_ms)
+            if verdicts:
+                out = ProcessedBatch(verdicts=verdicts)
+                await self.emit(out)
+                if self.metrics is not None:
+                    self.metrics.observe_verdicts(out.verdicts)
+                await self.writer.store(out)
+                state.ledger.add_batch([])
+                state.dirty = True

@@ -27,13 +27,14 @@ import numpy as np
 
 from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict, encode
-from pipeline.engine import BatchResult, Engine
+from pipeline.engine import Engine
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.ingest.dedup import EventIdDedup
 from pipeline.ingest.reasons import TOO_MANY_CHANNELS
+from pipeline.sinks.batches import split_stored
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,9 @@ class ProcessedBatch:
     ``verdicts`` in publication order; ``dead_letters`` (invalid or late
     input, or of a channel over the limit); the ``request_events`` rows as ``stored`` rows ``(event,
     parse_ok, missing_fields)`` and ``envelopes``: ``(message bytes,
-    events)`` of the batch envelopes whose every event is stored as the
-    message holds it (:func:`pipeline.ingest.envelope.storable_envelope`, none
-    late), which ClickHouse reads itself (:mod:`pipeline.sinks.batches`);
-    their events are not in ``stored``.
+    events)`` of the batch envelopes stored as the message holds them, which
+    ClickHouse reads itself; their events are not in ``stored``. The choice
+    is :func:`pipeline.sinks.batches.split_stored`'s.
     """
 
     verdicts: list[Verdict] = field(default_factory=list)
@@ -242,10 +242,8 @@ class BatchProcessor:
         late.extend(result.late)
         if result.refused:
             self._refuse(result.refused, out)
-        if envelopes:
-            self._take_envelopes(envelopes, events, owner, result, out)
-        elif result.accepted:  # (event, parse_ok, missing_fields) tuples built by zip in C, not a Python loop
-            out.stored.extend(zip(result.accepted, *zip(*result.structure)))
+        stored, out.envelopes = split_stored(envelopes, events, owner, result.accepted, result.late, result.refused)
+        out.stored.extend(stored)
         for e in late:
             idx = self.engine.channel_rows.get(e.channel)
             newest = int(self.engine.store.last_ts_ms[idx]) if idx is not None else e.ts_ms
@@ -258,24 +256,6 @@ class BatchProcessor:
             self.counters.add_dead_letter("late_event")
         self.verdicts_out += len(out.verdicts)
         return out
-
-    @staticmethod
-    def _take_envelopes(envelopes: list[tuple[int, bytes, int]], events: list[RequestEvent], owner: list[int],
-                        result: BatchResult, out: ProcessedBatch) -> None:
-        """Put the storable envelopes none of whose events is late in ``out.envelopes``, the other accepted
-        events in ``out.stored``. When every message is such an envelope (the common case) no event is
-        looked at; else each accepted event's message is found by identity."""
-        whole = {k: (raw, n) for k, raw, n in envelopes}
-        own: dict[int, int] | None = None
-        if result.late or result.refused:
-            own = dict(zip(map(id, events), owner))
-            for e in (*result.late, *result.refused):
-                whole.pop(own[id(e)], None)
-        out.envelopes.extend(whole.values())
-        if not result.accepted or len(whole) == len(set(owner)):
-            return
-        own = own if own is not None else dict(zip(map(id, events), owner))
-        out.stored.extend(row for row in zip(result.accepted, *zip(*result.structure)) if own[id(row[0])] not in whole)
 
     def _drop_duplicates(self, events: list[RequestEvent], owner: list[int], envelopes: list,
                          dup: list[int]) -> tuple[list[RequestEvent], list[int], list]:
@@ -346,15 +326,12 @@ class BatchProcessor:
     def _drop_covered(self, events: list[RequestEvent], origin: list[tuple[int, int]],
                       out: ProcessedBatch) -> list[RequestEvent]:
         """Events not yet in the restored state; the others go straight to ``out.stored``."""
-        from pipeline.ingest.structure import resolve_structure
-
         keep: list[RequestEvent] = []
         covered = self.covered
         for e, (p, o) in zip(events, origin):
             cov = covered.get(e.channel)
             if cov is not None and o <= cov.get(p, -1):
-                parse_ok, missing = resolve_structure(e)
-                out.stored.append((e, parse_ok, missing))
+                out.stored.append((e, e.parse_ok, e.missing_fields))  # flags as ingest resolved them
                 self.skipped_covered += 1
             else:
                 keep.append(e)

@@ -26,7 +26,7 @@ log = logging.getLogger("channel_health.worker")
 #: per round in ``channel-health bench``. 256 KiB holds a round's verdicts of a partition at 4 partitions (~180 KB
 #: each); below the producer's 1 MB request limit.
 PRODUCER_BATCH_BYTES = 256 * 1024
-#: Most messages in one batch of the agent (:func:`pipeline.stream.intake.batches`), and most messages
+#: Most messages in one batch of the agent (:func:`pipeline.stream.take.batches`), and most messages
 #: it holds fetched beyond the batch being processed.
 TAKE_MAX = 256
 #: Fetched messages faust buffers per agent before it pauses fetching (faust ``stream_buffer_maxsize``,

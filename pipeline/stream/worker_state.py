@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.stream.delivery import DeliveryLedger
 from pipeline.stream.offsets import OffsetGate
 from pipeline.stream.processor import BatchProcessor
 
+if TYPE_CHECKING:
+    from pipeline.sinks.protocol import Sink
+
 
 @dataclass
 class WorkerState:
-    """What the agents share: the processor, the ClickHouse sink (or None) and the delivery bookkeeping."""
+    """What the agents share: the processor, the ClickHouse sink (a :class:`~pipeline.sinks.protocol.Sink`,
+    or None) and the delivery bookkeeping."""
 
     processor: BatchProcessor
-    sink: Any = None
+    sink: "Sink | None" = None
     last_batch_wall_s: float = 0.0
     restored: bool = False
     #: Guards the processor (one batch, snapshot capture or reset at a time).
@@ -57,6 +61,27 @@ class WorkerState:
     intake_paused: bool = False
     flush_kick: asyncio.Event | None = None
     flushed: asyncio.Event | None = None
+
+    def init_sync(self) -> None:
+        """Create the locks and events on the running event loop (first call only)."""
+        if self.lock is None:
+            self.lock = asyncio.Lock()
+            self.snap_lock = asyncio.Lock()
+            self.flush_kick = asyncio.Event()
+            self.flushed = asyncio.Event()
+
+    def status_line(self) -> str:
+        """One line of the worker's figures for the periodic status log."""
+        pr = self.processor
+        sink = self.sink
+        return (f"generation {self.generation}, {pr.events_in} events in, {pr.verdicts_out} verdicts out, "
+                f"{sink.pending_rows if sink is not None else 0} rows buffered (peak {self.peak_pending_rows}), "
+                f"{self.rows_written} rows written, {self.ledger.unacked_messages} messages unacked, "
+                f"{self.acked_messages} acked, {self.snapshots_written} snapshots saved, "
+                f"sink {'down' if self.sink_down_since is not None else 'ok'}, "
+                f"low watermark {pr.low_watermark_ms()}, "
+                f"intake {'paused (sink buffer full)' if self.intake_paused else 'open'}; agent time so far (s): "
+                + ", ".join(f"{k} {v:.1f}" for k, v in self.wall_s.items()))
 
     @property
     def unacked(self) -> int:

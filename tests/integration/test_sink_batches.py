@@ -41,19 +41,27 @@ def _event(i: int, **extra: object) -> bytes:
 #: Events as gateways may write them: every optional field, integers for floats, the gateway's own
 #: structure check in each form, keys the table does not know (nested too), a prompt longer than the
 #: decoder keeps, raw UTF-8, spaces; no backslash and no line break (such envelopes are stored as rows:
-#: storable_envelope).
+#: storable_envelope), and flags that say what ingest resolves (else: rows, see RESOLVED).
 EVENTS = [
     _event(1),
     _event(2, missing_fields=[], expected_fields=["answer"]),
     _event(3, missing_fields=["a", "b c"], parse_ok=False, expected_fields=["a", "b c"]),
-    _event(4, status="error", http_status=503, error_type="upstream 5xx", missing_fields=["a"]),
+    _event(4, status="error", http_status=503, error_type="upstream 5xx"),
     _event(5, tier="free", gateway_id="gw-é", trace_id="t/5", ttft_ms=12, max_stream_gap_ms=3.5,
            input_tokens=4_294_967_295, output_tokens=0, cost_usd=1.5e-7, quota_remaining=0.25),
-    _event(6, parse_ok=True, expected_fields=[{"function": "f", "required": ["x"]}], extra={"n": [1, {"q": None}]},
+    _event(6, expected_fields=[{"function": "f", "required": ["x"]}], extra={"n": [1, {"q": None}]},
            prompt_text="p" * 9_000),
     _event(7, status="timeout", latency_ms=0, tier=None, missing_fields=None),
     b'{ "event_id" : "e08", "ts_ms" : %d, "channel" : "prov/m-0@paid", "route" : "chat", '
     b'"status" : "cancelled", "latency_ms" : 1e2 }' % (T0 + 8),
+]
+
+
+#: Events whose structure flags ingest resolves to something their fields do not state as data: only
+#: ok events are judged, and parse_ok without anything checked means nothing.
+RESOLVED = [
+    _event(9, status="error", missing_fields=["a"], parse_ok=False),
+    _event(10, parse_ok=True, expected_fields=["a"]),
 ]
 
 
@@ -84,6 +92,19 @@ def test_envelopes_store_exactly_the_rows_the_json_rows_store(ch, tmp_path: Path
     assert [(by_id[f"e0{i}"][parse_ok], by_id[f"e0{i}"][missing]) for i in range(1, 8)] == [
         (None, []), (1, []), (0, ["a", "b c"]), (None, []), (None, []), (None, []), (None, [])]
     assert by_id["e05"][9] == 4_294_967_295 and by_id["e05"][15] == "gw-é" and by_id["e05"][16] == "t/5"
+
+
+def test_an_envelope_whose_flags_ingest_resolves_is_stored_as_rows(ch) -> None:
+    """The flags are stored as data: an envelope is stored whole only when its bytes state them."""
+    out = BatchProcessor(clock_ms=lambda: NOW_MS).process([b'{"events":[' + b",".join([EVENTS[2], *RESOLVED]) + b"]}"])
+    assert out.envelopes == [] and [(e.event_id, ok, miss) for e, ok, miss in out.stored] == [
+        ("e03", False, ["a", "b c"]), ("e09", None, None), ("e10", None, None)]
+    sink = ClickHouseSink(ch)
+    sink.add_events(out.stored)
+    assert sink.flush() == 3
+    flags = ch.query("SELECT event_id, parse_ok, missing_fields FROM channel_health.request_events FINAL "
+                     "ORDER BY event_id").result_rows
+    assert flags == [("e03", 0, ["a", "b c"]), ("e09", None, []), ("e10", None, [])]
 
 
 def test_an_envelope_clickhouse_refuses_is_written_as_rows(ch) -> None:

@@ -38,6 +38,18 @@ def test_the_channel_over_the_limit_is_refused_counted_and_dead_lettered() -> No
     assert [d.event_id for d in out.dead_letters] == ["c4-10"] and [r[0].event_id for r in out.stored] == ["c1-9"]
 
 
+def test_an_envelope_with_a_refused_event_is_stored_as_rows_of_its_accepted_events() -> None:
+    """``split_stored`` takes the refused events: their envelope is not stored whole (it holds them)."""
+    now = T0 + HOUR
+    proc = BatchProcessor(Engine(limits=StateLimits(max_channels=1)), clock_ms=lambda: now)
+    enc = msgspec.json.Encoder()
+    whole = enc.encode({"events": [_ev(0, T0, "a"), _ev(1, T0 + 1, "a")]})
+    mixed = enc.encode({"events": [_ev(2, T0 + 2, "a"), _ev(3, T0 + 3, "b")]})
+    out = proc.process([whole, mixed])
+    assert [d.event_id for d in out.dead_letters] == ["b-3"]
+    assert out.envelopes == [(whole, 2)] and [r[0].event_id for r in out.stored] == ["a-2"]
+
+
 def _traffic(channel: str, route: str, start: int, end: int, every_ms: int, latency: float) -> list[RequestEvent]:
     return [_ev(k, t, channel, route, latency + (k % 7) * 10) for k, t in enumerate(range(start, end, every_ms))]
 

@@ -15,6 +15,7 @@ from pipeline.detectors import HARD_DETECTORS, SIGNALS, SOFT_DETECTORS, ErrorRat
 from pipeline.detectors.base import ThresholdArrays, safe_ratio, wilson_bounds, z_for
 from pipeline.detectors.consecutive import ConsecutiveFailures
 from pipeline.engine import Engine
+from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import FREE_TIER, PAID_TIER, Thresholds
 from pipeline.state.snapshot import decode_snapshot, export_channel, import_channel
 from pipeline.windows.store import WindowView
@@ -208,6 +209,7 @@ def _traffic(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
 
 
 def _fed(events: list[RequestEvent]) -> Engine:
+    resolve_onto(events)  # what ingest does: the engine reads the structure flags off the events
     eng = Engine()
     for k in range(0, len(events), 500):
         eng.process(events[k:k + 500])

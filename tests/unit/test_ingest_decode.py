@@ -358,10 +358,28 @@ def test_long_structured_answer_is_checked_before_truncation() -> None:
     assert ev.parse_ok is True
 
 
-def test_short_answer_is_left_for_the_structure_stage() -> None:
+def test_short_answer_is_checked_once_at_ingest() -> None:
     raw = dumps(event(1, response_text='{"a": 1}', expected_fields=["a", "b"]))
     (ev,) = Decoder().decode(raw, NOW).events
-    assert (ev.response_text, ev.missing_fields, ev.parse_ok) == ('{"a": 1}', None, None)
+    assert (ev.response_text, ev.missing_fields, ev.parse_ok) == ('{"a": 1}', ["b"], True)
+
+
+def test_decoder_resolves_the_structure_flags_onto_every_event() -> None:
+    """The one structure rule (resolve_structure) runs at ingest, on the lean path and in envelopes alike;
+    an envelope whose flags change is not stored as it came."""
+    gateway_checked = event(1, missing_fields=["x"])                        # parse_ok absent: "parsed"
+    not_ok = event(2, status="error", missing_fields=["x"], parse_ok=False)  # only ok events are judged
+    unchecked = event(3, parse_ok=True)                                    # nothing to judge
+    decoder = Decoder()
+    events, _, dead, _ = decoder.decode_many([dumps(gateway_checked), dumps(not_ok), dumps(unchecked)], NOW)
+    assert not dead
+    assert [(e.parse_ok, e.missing_fields) for e in events] == [(True, ["x"]), (None, None), (None, None)]
+    as_data = decoder.decode(dumps({"events": [gateway_checked, event(4)]}), NOW)
+    assert as_data.envelope is not None  # its bytes state the stored flags (parse_ok's default included)
+    assert [(e.parse_ok, e.missing_fields) for e in as_data.events] == [(True, ["x"]), (None, None)]
+    changed = decoder.decode(dumps({"events": [gateway_checked, not_ok]}), NOW)
+    assert changed.envelope is None
+    assert [(e.parse_ok, e.missing_fields) for e in changed.events] == [(True, ["x"]), (None, None)]
 
 
 # ---------------------------------------------------------- DLQ and counters

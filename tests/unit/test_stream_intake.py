@@ -1,106 +1,371 @@
-"""pipeline.stream.intake.batches: intake keeps moving while a batch is handled (issue #15)."""
+"""The worker's stream layer without faust: intake, flushing, snapshots and the Sink contract.
+
+:mod:`pipeline.stream.intake`, :mod:`pipeline.stream.flushing` and
+:mod:`pipeline.stream.snapshots` driven by fakes of the Kafka consumer, the
+producer and the sink (the faust wiring itself is covered by the worker
+integration tests).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
 import pytest
 
-from pipeline.stream.intake import batches
+from pipeline.engine import Engine
+from pipeline.sinks.clickhouse import ClickHouseSink
+from pipeline.sinks.errors import SinkBackpressure, SinkWriteError
+from pipeline.sinks.process import ProcessSink
+from pipeline.sinks.protocol import Sink
+from pipeline.stream.flushing import SinkWriter
+from pipeline.stream.intake import Assignment, Intake
+from pipeline.stream.processor import BatchProcessor, ProcessedBatch
+from pipeline.stream.snapshots import SnapshotPublisher, drain
+from pipeline.stream.worker_state import WorkerState
+
+NOW_MS = int(time.time() * 1000)
 
 
-class Source:
-    """An async iterator fed by the test; ``None`` ends it, an exception instance is raised."""
+def _raw(i: int, **extra: Any) -> bytes:
+    return msgspec.json.encode({"event_id": f"e{i}", "ts_ms": NOW_MS - 60_000 + i, "channel": "p/m@paid",
+                                "route": "chat", "status": "ok", "latency_ms": 100.0, **extra})
+
+
+@dataclass
+class Msg:
+    partition: int
+    offset: int
+    generation_id: int
+    value: bytes | None
+    acked: bool = False
+
+
+@dataclass
+class Ev:
+    value: bytes | None
+    message: Msg
+
+
+def _events(values: list[bytes], partition: int = 0, first: int = 0, generation: int = 1) -> list[Ev]:
+    return [Ev(v, Msg(partition, first + k, generation, v)) for k, v in enumerate(values)]
+
+
+@dataclass
+class Consumer:
+    """A ConsumerView fake: one input partition, the given generation and log end."""
+
+    generation_id: int | None = 1
+    rebalancing: bool = False
+    partitions: list[int] = field(default_factory=lambda: [0])
+    end: int = 100
+    seeks: list[tuple[int, int]] = field(default_factory=list)
+
+    def assigned_partitions(self) -> list[int]:
+        return list(self.partitions)
+
+    def highwater(self, partition: int) -> int | None:
+        return self.end
+
+    async def seek(self, partition: int, offset: int) -> None:
+        self.seeks.append((partition, offset))
+
+
+class FakeSink:
+    """A Sink that buffers in lists; ``full`` rows make add_* refuse; ``fail`` makes flush raise."""
+
+    def __init__(self, max_rows: int = 1000) -> None:
+        self.max_rows = max_rows
+        self.buffer: list[tuple[str, Any]] = []
+        self.written = {"events": 0, "event_batches": 0, "verdicts": 0}
+        self.fail = False
+
+    @property
+    def pending_rows(self) -> int:
+        return sum(len(rows) for _, rows in self.buffer)
+
+    def _add(self, table: str, rows: list) -> None:
+        if self.pending_rows + len(rows) > self.max_rows:
+            raise SinkBackpressure(table, self.pending_rows, 0, self.max_rows, 1 << 30)
+        self.buffer.append((table, list(rows)))
+
+    def add_events(self, stored: Any) -> None:
+        self._add("events", stored)
+
+    def add_event_batches(self, envelopes: Any) -> None:
+        self._add("event_batches", envelopes)
+
+    def add_verdicts(self, verdicts: Any) -> None:
+        self._add("verdicts", verdicts)
+
+    def add_overrides(self, rows: Any) -> None:
+        self._add("overrides", rows)
+
+    def flush(self) -> int:
+        if self.fail:
+            raise SinkWriteError("down", table="events", rows=self.pending_rows)
+        n = 0
+        for table, rows in self.buffer:
+            self.written[table] += len(rows)
+            n += len(rows)
+        self.buffer.clear()
+        return n
+
+
+def _worker(sink: Any = None, consumer: Consumer | None = None, records: dict | None = None,
+            starts: dict | None = None) -> tuple[WorkerState, Assignment, Intake, SinkWriter, list]:
+    state = WorkerState(processor=BatchProcessor(clock_ms=lambda: NOW_MS), sink=sink)
+    state.init_sync()
+    published: list[ProcessedBatch] = []
+
+    async def load_records() -> dict:
+        return records or {}
+
+    async def load_starts(assigned: list[int]) -> dict[int, int]:
+        return dict(starts or {p: 0 for p in assigned})
+
+    async def publish(out: ProcessedBatch) -> None:
+        published.append(out)
+
+    assignment = Assignment(state, consumer or Consumer(), load_records, load_starts, Engine)
+    writer = SinkWriter(state)
+    return state, assignment, Intake(state, assignment, publish, writer, chunk_bytes=1 << 20), writer, published
+
+
+def test_both_sinks_keep_the_sink_protocol() -> None:
+    """Without starting ClickHouse: each member is on the class, or set on the instance by ``__init__``."""
+    for cls in (ClickHouseSink, ProcessSink):
+        init = inspect.getsource(cls.__init__)
+        for name in ("add_events", "add_event_batches", "add_verdicts", "add_overrides", "flush", "pending_rows",
+                     "max_rows", "written"):
+            assert hasattr(cls, name) or f"self.{name} = " in init, (cls, name)
+        assert inspect.signature(cls.flush).parameters.keys() == {"self"}
+    assert isinstance(FakeSink(), Sink) and not isinstance(object(), Sink)
+
+
+def test_intake_processes_a_first_batch_and_records_it_for_acking() -> None:
+    sink = FakeSink()
+    state, assignment, intake, _, published = _worker(sink)
+    events = _events([_raw(1), _raw(2, missing_fields=["a"]), b"not json"])
+    asyncio.run(intake.handle(events))
+    assert state.generation == 1 and state.resets == 1 and assignment.current()
+    assert [d.reason for out in published for d in out.dead_letters] == ["invalid_json"]
+    stored = [row for table, rows in sink.buffer if table == "events" for row in rows]
+    assert [(e.event_id, ok, miss) for e, ok, miss in stored] == [("e1", None, None), ("e2", True, ["a"])]
+    assert state.ledger.unacked_messages == 3 and state.dirty
+    assert all(e.value is None and e.message.value is None for e in events)  # the bytes are freed
+    assert state.processor.caught_up == {0: False}  # offset 2 + 1 < log end 100
+
+
+def test_intake_drops_old_generations_duplicates_and_seeks_back_over_a_gap() -> None:
+    consumer = Consumer()
+    state, _, intake, _, _ = _worker(FakeSink(), consumer, starts={0: 10})
+    asyncio.run(intake.handle(_events([_raw(1), _raw(2)], first=12)))  # fetched ahead of offset 10
+    assert consumer.seeks == [(0, 10)] and state.dropped_stale_messages == 2 and state.ledger.unacked_messages == 0
+    asyncio.run(intake.handle(_events([_raw(3), _raw(4)], first=10) + _events([_raw(5)], first=11, generation=0)))
+    assert state.ledger.unacked_messages == 2 and state.dropped_stale_messages == 3
+    asyncio.run(intake.handle(_events([_raw(4)], first=11)))  # already processed
+    assert state.ledger.unacked_messages == 2 and state.dropped_stale_messages == 4
+
+
+def test_intake_after_revocation_drops_input_until_the_next_generation() -> None:
+    consumer = Consumer()
+    state, assignment, intake, _, _ = _worker(FakeSink(), consumer)
+    asyncio.run(intake.handle(_events([_raw(1)])))
+    assignment.revoked()
+    assert not assignment.current()
+    asyncio.run(intake.handle(_events([_raw(2)], first=1)))
+    assert state.dropped_stale_messages == 1 and state.resets == 1
+    consumer.generation_id = 2
+    asyncio.run(intake.handle(_events([_raw(2)], first=0, generation=2)))
+    assert state.resets == 2 and state.ledger.unacked_messages == 1 and assignment.current()
+
+
+class Recorder:
+    """A PipelineMetrics fake: records what is observed (``sink_write_failures_total.inc()`` too)."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.taken = 0
+        self.calls: list[tuple] = []
+        self.sink_write_failures_total = self
 
-    def __aiter__(self) -> "Source":
-        return self
+    def observe_batch(self, processing_s: float, latency_s: float | None, verdicts: Any) -> None:
+        self.calls.append(("batch", list(verdicts)))
 
-    async def __anext__(self) -> int:
-        item = await self.queue.get()
-        if item is None:
-            raise StopAsyncIteration
-        if isinstance(item, Exception):
-            raise item
-        self.taken += 1
-        return item
+    def observe_verdicts(self, verdicts: Any) -> None:
+        self.calls.append(("verdicts", list(verdicts)))
 
+    def observe_flush(self, seconds: float, rows: int | None) -> None:
+        self.calls.append(("flush", rows))
 
-async def _settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
+    def inc(self) -> None:
+        self.calls.append(("write_failed",))
 
 
-def test_items_arriving_while_a_batch_is_handled_form_the_next_batch():
-    async def main() -> list[list[int]]:
-        src = Source()
-        it = batches(src, 4)
-        src.queue.put_nowait(1)
-        got = [await it.__anext__()]            # one item pending: yielded at once, no waiting for more
-        for i in range(2, 8):                   # arrive while batch [1] is "handled"
-            src.queue.put_nowait(i)
-        await _settle()
-        assert src.taken == 5                   # taken meanwhile: [1] and max_n=4 pending, then it waits
-        got.append(await it.__anext__())
-        got.append(await it.__anext__())
-        src.queue.put_nowait(None)
-        got += [b async for b in it]
-        return got
+class Marking:
+    """A ControlHook fake: every verdict leaves with an override mark."""
 
-    assert asyncio.run(main()) == [[1], [2, 3, 4, 5], [6, 7]]
+    def apply(self, verdicts: list) -> list:
+        return [f"{v}+override" for v in verdicts]
 
 
-def test_an_error_of_the_stream_comes_after_the_items_before_it():
-    async def main() -> list[list[int]]:
-        src = Source()
-        for item in (1, 2, RuntimeError("broker gone")):
-            src.queue.put_nowait(item)
-        got = []
-        with pytest.raises(RuntimeError, match="broker gone"):
-            async for b in batches(src, 10):
-                got.append(b)
-        return got
-
-    assert asyncio.run(main()) == [[1, 2]]
-
-
-def test_closing_the_batches_stops_reading_the_stream():
-    async def main() -> int:
-        src = Source()
-        src.queue.put_nowait(1)
-        it = batches(src, 3)
-        assert await it.__anext__() == [1]
-        await it.aclose()
-        for i in range(5):
-            src.queue.put_nowait(i)
-        await _settle()
-        return src.taken
-
-    assert asyncio.run(main()) == 1
+def test_overrides_apply_before_publish_and_store_and_metrics_observe_them() -> None:
+    sink = FakeSink()
+    state, assignment, plain, writer, published = _worker(sink)
+    metrics = Recorder()
+    intake = Intake(state, assignment, plain.publish, writer, 1 << 20, control=Marking(), metrics=metrics)
+    state.processor.process = lambda values, parts, offs: ProcessedBatch(verdicts=["v1"])  # type: ignore[method-assign]
+    asyncio.run(intake.handle(_events([_raw(1)])))
+    assert [out.verdicts for out in published] == [["v1+override"]]
+    assert [rows for table, rows in sink.buffer if table == "verdicts"] == [["v1+override"]]
+    assert metrics.calls == [("batch", ["v1+override"])]
+    state.processor.advance_idle = lambda step, now_ms: ["v2"]  # type: ignore[method-assign]
+    state.last_batch_wall_s = time.monotonic() - 3600
+    asyncio.run(intake.advance_idle(NOW_MS))
+    assert published[-1].verdicts == ["v2+override"] and metrics.calls[-1] == ("verdicts", ["v2+override"])
+    assert [rows for table, rows in sink.buffer if table == "verdicts"][-1] == ["v2+override"]
 
 
-def test_max_n_must_be_positive():
-    async def main() -> None:
-        await batches(Source(), 0).__anext__()
+def test_writer_metrics_observe_writes_and_count_failures() -> None:
+    sink = FakeSink()
+    state, _, _, _, _ = _worker(sink)
+    metrics = Recorder()
+    writer = SinkWriter(state, metrics)
+    asyncio.run(writer.store(ProcessedBatch(verdicts=["v"])))  # type: ignore[list-item]
+    sink.fail = True
+    assert asyncio.run(writer.flush_once()) is False
+    sink.fail = False
+    assert asyncio.run(writer.flush_once()) is True
+    assert metrics.calls == [("write_failed",), ("flush", 1)]
 
-    with pytest.raises(ValueError, match="max_n"):
-        asyncio.run(main())
+
+def test_writer_waits_out_backpressure_and_marks_batches_written() -> None:
+    sink = FakeSink(max_rows=1)
+    state, _, _, writer, _ = _worker(sink)
+    state.ledger.add_batch(["m1"])
+    batch = ProcessedBatch(stored=[("row", None, None)], verdicts=["v"])  # type: ignore[list-item]
+
+    async def scenario() -> None:
+        flusher = asyncio.create_task(writer.run(after_flush=lambda: asyncio.sleep(0)))
+        try:
+            await writer.store(batch)  # the verdict does not fit until the flusher wrote the row
+            assert state.backpressure_waits == 1 and not state.intake_paused
+            assert await writer.flush_once()
+        finally:
+            flusher.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert sink.written == {"events": 1, "event_batches": 0, "verdicts": 1} and state.rows_written == 2
+    assert state.ledger.flushed == 1
 
 
-def test_items_already_on_their_way_join_the_batch():
-    """A fetch's messages reach the stream one event-loop turn apart: they form one batch, not one each."""
+def test_a_failed_write_keeps_the_rows_and_marks_nothing_written() -> None:
+    sink = FakeSink()
+    sink.fail = True
+    state, _, _, writer, _ = _worker(sink)
+    state.ledger.add_batch(["m1"])
+    asyncio.run(writer.store(ProcessedBatch(verdicts=["v"])))  # type: ignore[list-item]
+    assert asyncio.run(writer.flush_once()) is False
+    assert state.sink_failures == 1 and state.sink_down_since is not None and state.ledger.flushed == 0
+    sink.fail = False
+    assert asyncio.run(writer.flush_once()) is True
+    assert state.sink_failures == 0 and state.sink_down_since is None and state.ledger.flushed == 1
 
-    async def trickle():
-        for i in range(6):
-            yield i
-            await asyncio.sleep(0)          # the next one is one loop turn behind
-        await asyncio.sleep(0.05)           # new input comes later: not waited for
-        yield 6
 
-    async def main() -> list[list[int]]:
-        return [b async for b in batches(trickle(), 4)]
+def test_snapshot_is_published_after_its_rows_then_acks_the_messages() -> None:
+    sink = FakeSink()
+    state, assignment, intake, writer, _ = _worker(sink)
+    sent: list[list] = []
 
-    assert asyncio.run(main()) == [[0, 1, 2, 3], [4, 5], [6]]
+    async def send(records: list) -> None:
+        sent.append(records)
+
+    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
+    events = _events([_raw(1), _raw(2)])
+
+    async def run() -> None:  # one event loop: the snapshot is encoded in a thread of it (to_thread)
+        await intake.handle(events)
+        await snapshots.tick()  # captured; its rows are not written yet: not published
+        assert sent == [] and state.ledger.pending_snapshot_seq == 1
+        assert await writer.flush_once()
+        await snapshots.try_save()
+
+    asyncio.run(run())
+    assert [key for key, _, _ in sent[0]] == [b"p/m@paid"]
+    assert all(e.message.acked for e in events) and state.acked_messages == 2 and state.snapshots_written == 1
+
+
+def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
+    """Under the lock the state is only captured (``snapshot_capture``); the encoding runs in a thread."""
+    import threading
+
+    state, assignment, intake, writer, _ = _worker(FakeSink())
+    encoded_in: list[threading.Thread] = []
+    capture = state.processor.snapshot_capture
+
+    def traced(offsets: Any) -> Any:
+        encode = capture(offsets)
+
+        def run() -> Any:
+            encoded_in.append(threading.current_thread())
+            return encode()
+
+        return run
+
+    state.processor.snapshot_capture = traced  # type: ignore[method-assign]
+    sent: list[list] = []
+
+    async def send(records: list) -> None:
+        sent.append(records)
+
+    snapshots = SnapshotPublisher(state, send, lambda m: None, assignment.current)
+
+    async def run() -> None:
+        await intake.handle(_events([_raw(1)]))
+        await snapshots.capture()
+        assert await writer.flush_once()
+        await snapshots.try_save()
+
+    asyncio.run(run())
+    assert len(sent) == 1 and encoded_in and encoded_in[0] is not threading.main_thread()
+
+
+def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:
+    state, assignment, intake, writer, _ = _worker(FakeSink())
+
+    async def refuse(records: list) -> None:
+        raise RuntimeError("broker gone")
+
+    snapshots = SnapshotPublisher(state, refuse, lambda m: pytest.fail("acked"), assignment.current)
+
+    async def run() -> None:  # one event loop: the snapshot is encoded in a thread of it (to_thread)
+        await intake.handle(_events([_raw(1)]))
+        await snapshots.capture()
+        await writer.flush_once()
+        await snapshots.try_save()
+
+    asyncio.run(run())
+    assert state.ledger.pending_snapshot_seq is None and state.dirty and state.acked_messages == 0
+
+
+def test_drain_writes_saves_acks_and_commits() -> None:
+    sink = FakeSink()
+    state, assignment, intake, writer, _ = _worker(sink)
+    commits: list[int] = []
+
+    async def send(records: list) -> None:
+        pass
+
+    async def commit() -> None:
+        commits.append(1)
+
+    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
+    events = _events([_raw(1), _raw(2)])
+    asyncio.run(intake.handle(events))
+    assert asyncio.run(drain(state, writer, snapshots, commit, timeout_s=2.0)) is True
+    assert sink.pending_rows == 0 and commits == [1] and all(e.message.acked for e in events)
+    assignment.revoked()
+    assert asyncio.run(drain(state, writer, snapshots, commit, timeout_s=2.0)) is False  # not ours any more

@@ -1,0 +1,149 @@
+"""Channel snapshots to the state topic and the acks they allow: :class:`SnapshotPublisher` (no faust in here).
+
+Every ``SNAPSHOT_INTERVAL_S`` the engine's per-channel state is captured
+(:meth:`SnapshotPublisher.capture`); once every row of the batches before it
+is written (:class:`~pipeline.stream.delivery.DeliveryLedger`), it is sent to
+the state topic with the input offsets it covers, and only then are those
+batches' messages acked (:meth:`SnapshotPublisher.save`). Nothing is saved or
+acked while the processor's state does not belong to the live assignment
+(``is_current``), nor when a rebalance came in while the snapshot was sent.
+:func:`drain` is the graceful stop: last flush, snapshot and commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable, Sequence
+
+from pipeline.stream.flushing import FLUSH_BACKOFF_MIN_S, SinkWriter
+from pipeline.stream.worker_state import WorkerState
+
+log = logging.getLogger("channel_health.worker")
+
+#: How often channel state is snapshotted and input offsets acked (s).
+SNAPSHOT_INTERVAL_S = 5.0
+#: Longest graceful drain on shutdown (s), within the stop limit of the worker (``runtime.STOP_LIMIT_S``).
+DRAIN_TIMEOUT_S = 5.0
+
+#: ``(key, value, headers)`` records to send and wait for (``runtime.send_and_wait`` on the state topic).
+SendRecords = Callable[[Sequence[tuple[bytes, bytes, Any]]], Awaitable[None]]
+
+
+class SnapshotPublisher:
+    """Capture, publish and ack (see the module docstring).
+
+    ``state``: the worker's shared state (``lock`` / ``snap_lock`` set by
+    ``state.init_sync()``); ``send``: sends records to the state topic and
+    returns once Kafka acknowledged them; ``ack``: acknowledges one input
+    message (faust: ``message.ack(consumer)``); ``is_current``: whether the
+    processor's state belongs to the live assignment.
+    """
+
+    def __init__(self, state: WorkerState, send: SendRecords, ack: Callable[[Any], None],
+                 is_current: Callable[[], bool]) -> None:
+        self.state = state
+        self.send = send
+        self.ack = ack
+        self.is_current = is_current
+
+    async def capture(self) -> None:
+        """Capture every channel's state after the last processed batch (published once its rows are written).
+
+        Under the lock the state is only copied; the snapshots are encoded from
+        the copy in a thread (``BatchProcessor.snapshot_capture``), so neither
+        the agent nor the event loop waits for the encoding (done on the loop,
+        it held up every verdict each ``SNAPSHOT_INTERVAL_S``, issue #15).
+        :meth:`save` awaits it.
+        """
+        state = self.state
+        assert state.lock is not None
+        async with state.lock:
+            if not state.dirty or state.ledger.pending_snapshot_seq is not None or not self.is_current():
+                return
+            encode = state.processor.snapshot_capture(state.gate.last_offsets)
+            state.ledger.snapshot_taken((state.generation, asyncio.ensure_future(asyncio.to_thread(encode))))
+            state.dirty = False
+
+    async def save(self) -> None:
+        """Publish the captured snapshot if its rows are written, then ack the messages it covers.
+
+        Raises what ``send`` raises (the snapshot stays pending; :meth:`try_save` handles it).
+        """
+        from pipeline.stream.state_topic import snapshot_headers
+
+        state = self.state
+        assert state.snap_lock is not None
+        async with state.snap_lock:
+            ready = state.ledger.ready_snapshot()
+            if ready is None:
+                return
+            generation, encoding = ready
+            if generation != state.generation or not self.is_current():
+                state.ledger.drop_snapshot()
+                return
+            epoch = state.ledger.epoch
+            records = await encoding  # encoded in a thread since the capture; raises what the encoding raised
+            await self.send([(name.encode(), blob, snapshot_headers(offs, part))
+                             for name, blob, offs, part in records])
+            if epoch != state.ledger.epoch or not self.is_current():
+                return  # a rebalance came in between: ack nothing of the old assignment
+            for m in state.ledger.snapshot_saved():
+                self.ack(m)
+                state.acked_messages += 1
+            state.snapshots_written += 1 if records else 0
+
+    async def try_save(self) -> None:
+        """:meth:`save`; a refused snapshot is dropped (nothing acked) and a new one captured later."""
+        try:
+            await self.save()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # Kafka refused the snapshot: nothing acked, tried again later
+            log.warning("saving the state snapshot failed (%s: %s); will retry", type(exc).__name__, exc)
+            self.state.ledger.drop_snapshot()
+            self.state.dirty = True  # capture a new one
+
+    async def tick(self) -> None:
+        """The periodic timer: capture a snapshot and publish what is ready."""
+        if self.state.lock is None:
+            return
+        await self.capture()
+        await self.try_save()
+
+
+async def drain(state: WorkerState, writer: SinkWriter, snapshots: SnapshotPublisher,
+                commit: Callable[[], Awaitable[Any]], timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+    """Graceful stop: write what is buffered, save a snapshot, ack and ``commit`` within ``timeout_s``.
+
+    Returns True when everything was written, saved and committed; False
+    (logged) otherwise, never raises: unacked input is re-read after a
+    restart. Does nothing (False) when the state is not the live assignment's.
+    """
+    if state.lock is None or not snapshots.is_current():
+        return False
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> float:
+        return max(0.1, deadline - time.monotonic())
+
+    async def flush_and_save() -> None:
+        while not await writer.flush_once():
+            if time.monotonic() >= deadline:
+                raise TimeoutError("ClickHouse still failing")
+            await asyncio.sleep(min(FLUSH_BACKOFF_MIN_S, left()))
+        await asyncio.wait_for(snapshots.save(), left())
+
+    try:
+        await flush_and_save()  # a snapshot captured earlier
+        await asyncio.wait_for(snapshots.capture(), left())
+        await flush_and_save()
+        await commit()
+        log.warning("drained: %d rows written, %d messages acked, %d left unacked (re-read on restart)",
+                    state.rows_written, state.acked_messages, state.ledger.unacked_messages)
+        return True
+    except Exception as exc:  # never block the shutdown; unacked input is re-read after a restart
+        log.warning("drain at shutdown incomplete (%s: %s); unacked input is re-read on restart",
+                    type(exc).__name__, exc)
+        return False
