@@ -35,7 +35,11 @@ import logging
 import random
 from typing import Any, Callable
 
-from litellm.types.router import CustomRoutingStrategyBase
+try:
+    from litellm.types.router import CustomRoutingStrategyBase
+except ImportError as exc:  # an optional extra: say which, instead of a bare "No module named litellm"
+    raise ImportError("pipeline.router.litellm_hook needs LiteLLM, an optional extra: "
+                      "pip install 'channel-health[litellm]' (or pip install litellm)") from exc
 
 from pipeline.router.table import HealthTable
 
