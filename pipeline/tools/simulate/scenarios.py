@@ -12,26 +12,12 @@ from typing import Callable
 
 from .channels import ChannelProfile, RouteSpec
 from .faults import Fault
+from .background import chat_8b as _chat_8b, never_bad as _never_bad
 from .replay import ReplayChannel, replay_channel_name
-from .scenario import BAD_STATES, WARMUP_S, Scenario  # noqa: F401  (WARMUP_S and Scenario are re-exported)
+from .scenario import WARMUP_S, Scenario  # noqa: F401  (WARMUP_S and Scenario are re-exported)
 from .scenarios_usage import quota_exhaustion, slow_failure
 
 
-def _never_bad(channel: str, to_s: float, from_s: float = 0) -> dict:
-    return {"channel": channel, "never_in": list(BAD_STATES), "from_s": from_s, "to_s": to_s}
-
-
-def _chat_8b(peak_rps: float, error_rate: float | None = None) -> tuple[RouteSpec, tuple[ChannelProfile, ...]]:
-    """A background route ``chat-8b``: a paid and a free channel, healthy."""
-    chans = (
-        ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
-                       latency_ms=900.0, error_rate=error_rate,
-                       price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
-        ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b",
-                       latency_ms=450.0, error_rate=error_rate,
-                       price_in_usd_per_mtok=0.05, price_out_usd_per_mtok=0.08),
-    )
-    return RouteSpec("chat-8b", peak_rps, {c.name: 0.5 for c in chans}), chans
 
 
 def gradual_degradation() -> Scenario:

@@ -9,27 +9,15 @@ live in :mod:`.usage_faults`. The ``expected`` entries that name
 
 from __future__ import annotations
 
+from .background import chat_8b as _chat_8b, never_bad as _never_bad
 from .channels import ChannelProfile, RouteSpec
 from .faults import Fault
-from .scenario import BAD_STATES, WARMUP_S, Scenario
+from .scenario import WARMUP_S, Scenario
 
 #: Reasons whose detectors are not built yet: expectations naming them wait for them.
 PENDING_REASONS = ("slow_stream", "quota", "cost")
 
 
-def _never_bad(channel: str, to_s: float, from_s: float = 0) -> dict:
-    return {"channel": channel, "never_in": list(BAD_STATES), "from_s": from_s, "to_s": to_s}
-
-
-def _chat_8b(peak_rps: float) -> tuple[RouteSpec, tuple[ChannelProfile, ...]]:
-    """A healthy background route ``chat-8b`` (paid + free)."""
-    chans = (
-        ChannelProfile("together/llama-8b@paid", "chat-8b", "paid", latency_source="together_7b",
-                       latency_ms=900.0, price_in_usd_per_mtok=0.18, price_out_usd_per_mtok=0.18),
-        ChannelProfile("groq/llama-8b@free", "chat-8b", "free", latency_source="groq_70b",
-                       latency_ms=450.0, price_in_usd_per_mtok=0.05, price_out_usd_per_mtok=0.08),
-    )
-    return RouteSpec("chat-8b", peak_rps, {c.name: 0.5 for c in chans}), chans
 
 
 def slow_failure() -> Scenario:
