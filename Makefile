@@ -18,13 +18,18 @@ $(BIN)/.installed: pyproject.toml
 	@echo "==> Installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $@
 
-.PHONY: install demo test bench
+.PHONY: install demo test test-all bench
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
 	$(BIN)/channel-health demo
 
+# The default suite leaves out the tests marked slow (long scenario sweeps, 20-seed and 40,000-message
+# forms); each has a reduced form that runs by default. `make test-all` runs everything.
 test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-all: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
 
 bench: $(BIN)/.installed

@@ -68,8 +68,9 @@ def test_override_reaches_verdicts_within_a_second_and_expiry_is_audited(tmp_pat
         assert (after.state, after.weight) == ("healthy", 1.0)
         assert worker.stop() == 0
         from pipeline.config import Settings
-        from pipeline.storage.client import open_client
+        from pipeline.storage.client import close_clients, open_client
 
+        close_clients()  # chDB: one directory per process; an earlier test's client may still be cached
         client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{worker.chdb_dir}"))
         rows = client.query("SELECT action, kind, channel, by, reason FROM channel_health.channel_overrides FINAL "
                             "ORDER BY action").result_rows
