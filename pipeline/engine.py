@@ -130,6 +130,8 @@ class Engine(EngineStateIO):
         self.evicted: dict[str, bytes] = {}
         self.resident = np.zeros(0, bool)
         self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
+        self._evict_round: int | None = None  # event-time round of the last idle scan (see advance)
+        self._evict_backlog = False
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000,
                                  counters=tuple(c for s in self.signals for c in s.counters))
@@ -380,7 +382,12 @@ class Engine(EngineStateIO):
             return []
         rows = np.arange(c) if not self.evicted else np.flatnonzero(self.resident[:c])
         out = self._evaluate_until(rows, now_ms)
-        residency.evict_idle(self, now_ms)
+        # The idle scan reads every channel: once per evaluation round of event time is enough (eviction is
+        # an hour's idleness), and again at once while the previous call hit its per-call limit.
+        round_ = now_ms // self.policy.eval_interval_ms
+        if round_ != self._evict_round or self._evict_backlog:
+            self._evict_round = round_
+            self._evict_backlog = residency.evict_idle(self, now_ms) >= residency.EVICT_PER_CALL
         return out
 
     def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:
