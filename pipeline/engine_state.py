@@ -8,7 +8,7 @@ stream processor use only these methods, never the store's arrays.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -27,9 +27,8 @@ class EngineStateIO:
     next_eval: np.ndarray
     fail_since_eval: np.ndarray
     dropped_state: dict[str, int]
-
-    def _grow(self, n: int) -> None:  # provided by Engine
-        raise NotImplementedError
+    #: Make room for ``n`` channels in the per-channel arrays (:meth:`pipeline.engine.Engine._grow`).
+    _grow: Callable[[int], None]
 
     @property
     def channel_rows(self) -> Mapping[str, int]:
