@@ -53,6 +53,7 @@ _FIRST = itemgetter(0)
 #: Status → small code; outcome per code (1 upstream failure, 0 ok, -1 neutral).
 _STATUS_CODE = {"ok": 0, "error": 1, "timeout": 2, "rate_limited": 3, "cancelled": 4, "filtered": 5}
 _RATE_LIMITED_CODE = _STATUS_CODE["rate_limited"]
+_CANCELLED_CODE = _STATUS_CODE["cancelled"]
 _OUTCOME_OF_CODE = np.array([1 if s in FAILURE_STATUSES else (0 if s == "ok" else -1) for s in _STATUS_CODE],
                             dtype=np.int8)
 _NOT_CHECKED: tuple[None, None] = (None, None)
@@ -134,7 +135,8 @@ class Engine(EngineStateIO):
         self._evict_backlog = False
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000,
-                                 counters=tuple(c for s in self.signals for c in s.counters))
+                                 counters=tuple(c for s in self.signals for c in s.counters),
+                                 windows=tuple(s.windows for s in self.signals if s.windows is not None))
         self.machines: list[ChannelMachine] = []
         self.seq: list[int] = []
         self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool) for d in self.soft}
@@ -184,7 +186,8 @@ class Engine(EngineStateIO):
         self._grow(self.store.n_channels)
         outcome = _OUTCOME_OF_CODE[code]
         return EventColumns(channel=channel, ts_ms=ts, outcome=outcome, ok=outcome == 0, latency_ms=latency,
-                            checked=checked, missing=missing, rate_limited=code == _RATE_LIMITED_CODE)
+                            checked=checked, missing=missing, rate_limited=code == _RATE_LIMITED_CODE,
+                            events=events, _cache={"cancelled": code == _CANCELLED_CODE})
 
     def _grow(self, n: int) -> None:
         while len(self.machines) < n:

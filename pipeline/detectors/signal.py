@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
+from pipeline.windows.extension import SignalWindows, WindowSpec
 from pipeline.windows.features import Counter
 
 
@@ -48,7 +49,10 @@ class Signal:
     the free tier's lower error line); ``features``: the WindowView fields
     (or ``Counter`` sums) ``detect`` reads; ``metrics``: the keys of its
     ``Finding.metrics``; ``counters``: window counters it adds to the store
-    (empty in a restored snapshot that predates them); ``detector``: the
+    (empty in a restored snapshot that predates them); ``windows``: optional
+    factory of the signal's own windows (:mod:`pipeline.windows.extension`,
+    for features that are not counter sums; ``name`` = the signal's name,
+    empty in a restored snapshot that predates them); ``detector``: the
     object with ``detect``; ``rule`` / ``default``: its README policy line.
     """
 
@@ -63,6 +67,7 @@ class Signal:
     default: str
     tier_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     counters: tuple[Counter, ...] = ()
+    windows: Callable[[WindowSpec], SignalWindows] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("hard", "soft"):

@@ -79,6 +79,12 @@ class ChannelSnapshot(msgspec.Struct):
     #: Slot ids of ``short_hist`` when it holds the 30 s latency ring's slots (empty: the 10 s slots of
     #: ``short_slot_id``, as written before the 30 s latency ring).
     short_lat_slot_id: bytes = b""
+    #: Signal name → array name → (dtype, shape, packed bytes): the signals' own windows
+    #: (:mod:`pipeline.windows.extension`); absent in snapshots written before them.
+    extensions: dict[str, dict[str, tuple[str, list[int], bytes]]] = {}
+
+#: dtypes a snapshot's signal windows may hold (anything else is refused as corrupt).
+_EXTENSION_DTYPES = frozenset({"<f4", "<f8", "<i8", "<i4", "|b1"})
 
 
 def _pack(a: np.ndarray) -> bytes:
@@ -91,6 +97,12 @@ def _unpack(b: bytes, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
         return arr.reshape(shape)
     except (zlib.error, ValueError) as exc:
         raise SnapshotError(f"corrupt or mismatched snapshot array: {exc}") from None
+
+
+def _unpack_extension(name: str, key: str, dtype: str, shape: list[int], b: bytes) -> np.ndarray:
+    if dtype not in _EXTENSION_DTYPES or len(shape) > 4 or any(not 0 <= d <= 1 << 20 for d in shape):
+        raise SnapshotError(f"snapshot windows {name}.{key}: dtype {dtype!r} shape {shape} refused")
+    return _unpack(b, np.dtype(dtype), tuple(shape)).copy()
 
 
 def export_channel(engine, index: int) -> bytes:
@@ -115,6 +127,8 @@ def encode_state(state: ChannelState) -> bytes:
         quality_base_slot_id=_pack(w.quality_base_slot_id) if w.quality_base_slot_id is not None else b"",
         quality_base_counts=_pack(w.quality_base_counts) if w.quality_base_counts is not None else b"",
         quality_model=w.quality_model,
+        extensions={name: {key: (a.dtype.str, list(a.shape), _pack(a)) for key, a in arrays.items()}
+                    for name, arrays in w.extensions.items()},
     )
     return msgspec.msgpack.encode(snap)
 
@@ -166,12 +180,15 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
                        quality_base_slot_id=_unpack(snap.quality_base_slot_id, np.int64, (nb,)),
                        quality_base_counts=_unpack(snap.quality_base_counts, np.float32, (nb, qk)),
                        quality_model=snap.quality_model)
+    extensions = {name: {key: _unpack_extension(name, key, *packed) for key, packed in arrays.items()}
+                  for name, arrays in snap.extensions.items()}
     windows = ChannelWindows(
         n_buckets=k, short_slot_id=_unpack(snap.short_slot_id, np.int64, (ns,)), counters=counters,
         short_hist=_unpack(snap.short_hist, np.float32, (lat_slots if snap.short_lat_slot_id else ns, k)),
         short_lat_slot_id=_unpack(snap.short_lat_slot_id, np.int64, (lat_slots,)) if snap.short_lat_slot_id else None,
         base_slot_id=_unpack(snap.base_slot_id, np.int64, (nb,)),
-        base_hist=_unpack(snap.base_hist, np.float32, (nb, k)), run=snap.run, last_ts_ms=snap.last_ts_ms, **quality)
+        base_hist=_unpack(snap.base_hist, np.float32, (nb, k)), run=snap.run, last_ts_ms=snap.last_ts_ms,
+        extensions=extensions, **quality)
     return ChannelState(channel=snap.channel, route=snap.route, tier=snap.tier, windows=windows,
                         watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms,
                         fail_since_eval=snap.fail_since_eval, seq=snap.seq, active=dict(snap.active),

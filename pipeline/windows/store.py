@@ -14,10 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from types import MappingProxyType
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
+from pipeline.windows.extension import SignalWindows, WindowSpec
 from pipeline.windows.features import V1_COUNTER_NAMES, Counter, EventColumns, counter_layout  # noqa: F401
 from pipeline.windows.histogram import LatencyBuckets
 from pipeline.windows.quality import QualityWindows
@@ -60,8 +61,9 @@ class WindowView:
     (NaN without scores; over 10 min the window counts as empty).
 
     ``extra``: ``<name>_5m`` / ``<name>_1m`` sums of the counters a signal
-    added (:class:`~pipeline.windows.features.Counter`), also readable as
-    attributes; :meth:`feature` reads any feature by name.
+    added (:class:`~pipeline.windows.features.Counter`) and the features of
+    the signals' own windows (:mod:`pipeline.windows.extension`), also
+    readable as attributes; :meth:`feature` reads any feature by name.
     """
 
     now_ms: int
@@ -115,7 +117,8 @@ class ChannelWindows:
     int64 (25,), ``base_hist`` float32 (25, n_buckets): the 1 h ring;
     ``quality_*``: the quality rings (:mod:`pipeline.windows.quality`; None =
     empty) and the model version of their scores; ``run``: trailing failure
-    run; ``last_ts_ms``: the channel's newest event time.
+    run; ``last_ts_ms``: the channel's newest event time; ``extensions``:
+    signal name → its windows' arrays (:meth:`SignalWindows.export_row`).
     """
 
     n_buckets: int
@@ -132,6 +135,7 @@ class ChannelWindows:
     quality_base_counts: np.ndarray | None = None
     quality_model: str | None = None
     short_lat_slot_id: np.ndarray | None = None
+    extensions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 class WindowStore:
@@ -140,7 +144,9 @@ class WindowStore:
     ``buckets``: latency bucket mapping; ``window_ms`` / ``short_window_ms``:
     the 5 min and 1 min windows (multiples of 10 s); ``baseline_hours``: 24;
     ``counters``: counters kept beside the base ones (from the signals'
-    ``counters``; names must not repeat: ``ValueError``).
+    ``counters``; names must not repeat: ``ValueError``); ``windows``: the
+    signals' window factories (:mod:`pipeline.windows.extension`; names
+    must not repeat: ``ValueError``).
     Rings: ``short`` 30 × 10 s counters, ``short_lat`` 10 × 30 s latency
     histograms (10 s slots when ``window_ms`` is not a multiple of 30 s),
     ``base`` 25 × 1 h histograms. Memory per busy channel ≈ (10 + 25) ×
@@ -150,7 +156,8 @@ class WindowStore:
 
     def __init__(self, buckets: LatencyBuckets | None = None, window_ms: int = 300_000,
                  short_window_ms: int = 60_000, baseline_hours: int = 24, run_window: int = 100,
-                 counters: tuple[Counter, ...] = ()):
+                 counters: tuple[Counter, ...] = (),
+                 windows: tuple[Callable[[WindowSpec], SignalWindows], ...] = ()):
         if window_ms % SHORT_SLOT_MS or short_window_ms % SHORT_SLOT_MS or short_window_ms > window_ms:
             raise ValueError("window lengths must be multiples of 10 s with short <= long")
         self.buckets = buckets or LatencyBuckets()
@@ -168,6 +175,15 @@ class WindowStore:
         self.base = IntervalRing(BASE_SLOT_MS, baseline_hours + 1, 0, k)
         self.runs = RunTracker(run_window)
         self.quality = QualityWindows(SHORT_SLOT_MS, window_ms // SHORT_SLOT_MS, BASE_SLOT_MS, baseline_hours + 1)
+        spec = WindowSpec(window_ms, short_window_ms, baseline_hours)
+        #: Signal name → its own windows (see :mod:`pipeline.windows.extension`).
+        self.extensions: dict[str, SignalWindows] = {}
+        for make in windows:
+            w = make(spec)
+            if w.name in self.extensions:
+                raise ValueError(f"signal windows {w.name!r} are declared twice")
+            w.ensure_capacity(16)
+            self.extensions[w.name] = w
         self.names: list[str] = []
         self.routes: list[str] = []
         self.tiers: list[str | None] = []
@@ -208,6 +224,8 @@ class WindowStore:
         self.base.clear_rows(rows)
         self.quality.short.clear_rows(rows)  # = quality.reset, handing the memory back
         self.quality.base.clear_rows(rows)
+        for ext in self.extensions.values():
+            ext.clear_rows(rows)
         for r in rows.tolist():
             self.runs.reset(r)
             self.invalidate_baseline(r)
@@ -235,6 +253,8 @@ class WindowStore:
         self.base.ensure_capacity(n)
         self.runs.ensure_capacity(n)
         self.quality.ensure_capacity(n)
+        for ext in self.extensions.values():
+            ext.ensure_capacity(n)
         if n > self.last_ts_ms.shape[0]:
             self.last_ts_ms = np.concatenate([self.last_ts_ms, np.zeros(n, np.int64)])
 
@@ -308,6 +328,8 @@ class WindowStore:
         hi = int(cols.ts_ms.max())
         self.watermark_ms = hi if self.watermark_ms is None else max(self.watermark_ms, hi)
         run_ch, run_max = self.runs.update(cols.channel, cols.outcome, run_threshold)
+        for ext in self.extensions.values():
+            ext.add(cols, late)
         return late, run_ch, run_max
 
     # -- reads ------------------------------------------------------------
@@ -384,6 +406,8 @@ class WindowStore:
         extra = {}
         for j, counter in enumerate(self._extra, N_COUNTERS):
             extra[f"{counter.name}_5m"], extra[f"{counter.name}_1m"] = s5[:, j], s1[:, j]
+        for ext in self.extensions.values():
+            extra.update(ext.features(rows, now_ms, since_ms))
         return WindowView(
             now_ms=now_ms,
             judged_1m=s1[:, JUDGED], failures_1m=s1[:, FAILURES],
@@ -404,6 +428,8 @@ class WindowStore:
             "names": list(self.names), "routes": list(self.routes), "tiers": list(self.tiers),
             "last_ts_ms": self.last_ts_ms, "watermark_ms": self.watermark_ms,
             "quality": self.quality.state(), "counters": [c.name for c in self.counters],
+            "extensions": {name: [ext.export_row(i) for i in range(self.n_channels)]
+                           for name, ext in self.extensions.items()},
         }
 
     def load(self, state: dict[str, object]) -> None:
@@ -438,6 +464,12 @@ class WindowStore:
             self.quality = QualityWindows(SHORT_SLOT_MS, self.window_ms // SHORT_SLOT_MS, BASE_SLOT_MS,
                                           self.baseline_hours + 1)
         self.quality.ensure_capacity(self.short.capacity)
+        saved = dict(state.get("extensions") or {})  # type: ignore[call-overload]
+        for name, ext in self.extensions.items():
+            ext.ensure_capacity(self.short.capacity)
+            rows = saved.get(name)
+            for i in range(self.n_channels):
+                ext.import_row(i, rows[i] if rows is not None and i < len(rows) else None)
         self.invalidate_baseline()
 
     def export_channel(self, i: int) -> ChannelWindows:
@@ -455,6 +487,7 @@ class WindowStore:
             quality_base_slot_id=q.base.slot_id[i].copy(),
             quality_base_counts=q.base.counts[i].copy(),
             quality_model=q.version[i],
+            extensions={name: ext.export_row(i) for name, ext in self.extensions.items()},
         )
 
     def _load_10s_hist(self, i: int, ids: np.ndarray, hist: np.ndarray) -> None:
@@ -512,7 +545,10 @@ class WindowStore:
         else:
             q.reset([i])
         q.version[i] = w.quality_model
+        for name, ext in self.extensions.items():
+            ext.import_row(i, w.extensions.get(name))
         self.runs.trailing[i] = w.run
         self.last_ts_ms[i] = max(int(self.last_ts_ms[i]), w.last_ts_ms)
         self.invalidate_baseline(i)
-        return sorted(set(w.counters) - set(self.counter_column))
+        return sorted(set(w.counters) - set(self.counter_column)) + sorted(
+            f"windows {n}" for n in set(w.extensions) - set(self.extensions))
