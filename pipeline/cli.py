@@ -18,7 +18,8 @@ from typing import Optional
 import typer
 
 from pipeline.cli_help import PlainHelpCommand, PlainHelpGroup, use_plain_help
-from pipeline.config import ConfigError, load_settings, redact_secrets
+from pipeline.config import ConfigError, load_settings
+from pipeline.redaction import redact_secrets
 
 # Tools (pipeline.tools: demo, simulator, bench, broker, quality training) are imported only inside the
 # commands that run them, so `channel-health worker` never loads them (issue #15; tests/unit/test_import_graph.py).

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from pipeline.config import ConfigError, load_settings, redact_secrets
+from pipeline.config import ConfigError, load_settings
+from pipeline.redaction import redact_secrets
 
 
 def alert(

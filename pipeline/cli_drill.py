@@ -12,7 +12,8 @@ from typing import Optional
 
 import typer
 
-from pipeline.config import ConfigError, load_settings, parse_duration_ms, redact_secrets
+from pipeline.config import ConfigError, load_settings, parse_duration_ms
+from pipeline.redaction import redact_secrets
 
 #: Exit code of a drill that ran but whose timings did not match the expected timeline.
 EXIT_MISMATCH = 3

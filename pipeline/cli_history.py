@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 import typer
 
-from pipeline.config import ConfigError, load_settings, redact_secrets
+from pipeline.config import ConfigError, load_settings
+from pipeline.redaction import redact_secrets
 
 TIME_HELP = "ISO 8601 with a zone (2026-03-01T12:00:00Z), epoch ms, or relative (-24h, -90m, now)."
 

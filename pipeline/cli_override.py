@@ -13,7 +13,8 @@ from typing import Optional
 
 import typer
 
-from pipeline.config import ConfigError, Settings, load_settings, parse_duration_ms, redact_secrets
+from pipeline.config import ConfigError, Settings, load_settings, parse_duration_ms
+from pipeline.redaction import redact_secrets
 
 override_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode="markdown",

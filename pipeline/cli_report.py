@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from pipeline.config import ConfigError, load_settings, redact_secrets
+from pipeline.config import ConfigError, load_settings
+from pipeline.redaction import redact_secrets
 
 
 def _when(text: Optional[str], flag: str) -> Optional[datetime]:

@@ -30,7 +30,8 @@ from typing import Any, Callable
 import msgspec
 import typer
 
-from pipeline.config import ConfigError, Settings, load_settings, redact_secrets
+from pipeline.config import ConfigError, Settings, load_settings
+from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
 

@@ -17,7 +17,7 @@ has no backup) rather than refused, so that file runs as given.
 Secrets: ``url`` and ``routing_key`` (PagerDuty) may hold ``${NAME}``, replaced
 by the environment variable ``NAME`` (unset: an error), or be given as
 ``url_file`` / ``routing_key_file`` (the file's text, stripped). Every URL and
-key is registered with :func:`pipeline.config.register_secret`, so it never
+key is registered with :func:`pipeline.redaction.register_secret`, so it never
 reaches a log; routes print by name only.
 
 Defaults: grouping as Prometheus Alertmanager's (``group_wait`` 30 s,
@@ -37,7 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.config import ConfigError, register_secret
+from pipeline.config import ConfigError
+from pipeline.redaction import register_secret
 
 log = logging.getLogger("channel_health.alert")
 

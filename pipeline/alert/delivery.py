@@ -9,7 +9,7 @@ d/2)``, ``d = min(backoff_max_s, backoff_s * 2**n)``, AWS Architecture Blog
 "Exponential Backoff And Jitter"); other answers fail at once. A failed route
 hands the notification to its ``backup`` (and that one to its own, each at
 most once). Logs name routes, never URLs; error texts pass through
-:func:`pipeline.config.redact_secrets`.
+:func:`pipeline.redaction.redact_secrets`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import aiohttp
 from pipeline.alert.config import RANK, AlertConfig, Route
 from pipeline.alert.formats import payload
 from pipeline.alert.grouping import Notification
-from pipeline.config import redact_secrets
+from pipeline.redaction import redact_secrets
 
 log = logging.getLogger("channel_health.alert")
 

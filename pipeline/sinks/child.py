@@ -76,7 +76,7 @@ def _adders() -> dict[str, Adder]:
 
 def _register_secrets(settings: Any) -> None:
     """Scrub the ClickHouse password from this process's logs too (unpickling does not run ``Secret.__post_init__``)."""
-    from pipeline.config import register_secret, register_url_password
+    from pipeline.redaction import register_secret, register_url_password
 
     if settings.clickhouse_password is not None:
         register_secret(settings.clickhouse_password.reveal())

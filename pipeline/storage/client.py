@@ -33,7 +33,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import clickhouse_connect
 
-from pipeline.config import Settings, redact_url
+from pipeline.config import Settings
+from pipeline.redaction import redact_url
 from pipeline.storage import DATABASE
 from pipeline.storage.errors import StorageConfigError, StorageConnectError
 

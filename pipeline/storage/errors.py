@@ -1,7 +1,7 @@
 """Errors raised by :mod:`pipeline.storage` (ClickHouse access).
 
 Messages never contain passwords: URLs are shown through
-:func:`pipeline.config.redact_url` and driver messages are scrubbed of the
+:func:`pipeline.redaction.redact_url` and driver messages are scrubbed of the
 password before they are wrapped.
 """
 

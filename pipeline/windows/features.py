@@ -78,7 +78,7 @@ class EventColumns:
                 raise ValueError(f"column {name!r}: these EventColumns carry no events")
         elif name == "cancelled":
             got = np.fromiter((e.status == "cancelled" for e in self.events), bool, len(self))
-        else:  # None → NaN in numpy's conversion: ~0.1 µs per event and column (docs/THROUGHPUT.md)
+        else:  # numpy converts None to NaN; one C-level pass per column
             got = np.array(np.fromiter(map(attrgetter(name), self.events), object, len(self)), np.float64)
         self._cache[name] = got
         return got

@@ -366,7 +366,8 @@ def test_query_errors_never_print_the_password(fake_clickhouse: FakeClickHouse, 
 @pytest.mark.parametrize("raw", ["/", "#", "?", "@", "/#?@:"])
 def test_unparseable_clickhouse_url_is_redacted_in_every_message(raw: str, capsys: pytest.CaptureFixture) -> None:
     """Issue #16 item 8: a raw password with ``/``, ``#``, ``?`` or ``@`` breaks URL parsing; messages stay clean."""
-    from pipeline.config import load_settings, redact_secrets, redact_url
+    from pipeline.config import load_settings
+    from pipeline.redaction import redact_secrets, redact_url
     from pipeline.storage.client import open_client
     from pipeline.storage.errors import StorageConfigError, StorageConnectError
 

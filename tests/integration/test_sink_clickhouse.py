@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import Secret, Settings
+from pipeline.config import Settings
+from pipeline.redaction import Secret
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.clickhouse import (
     ClickHouseSink,

@@ -284,7 +284,8 @@ def test_sink_process_setting() -> None:
 def test_the_sink_process_gets_the_clickhouse_settings_only() -> None:
     from dataclasses import dataclass
 
-    from pipeline.config import KafkaSecurity, Secret
+    from pipeline.config import KafkaSecurity
+    from pipeline.redaction import Secret
     from pipeline.sinks.link import clickhouse_part
 
     @dataclass(frozen=True)

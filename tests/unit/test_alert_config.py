@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.alert.config import PAGERDUTY_URL, load_alert_config, parse_alert_config
-from pipeline.config import ConfigError, redact_secrets
+from pipeline.config import ConfigError
+from pipeline.redaction import redact_secrets
 
 MINIMAL = '''
 [[route]]            # tried in order of severity match; backup on failure

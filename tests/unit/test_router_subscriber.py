@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from pipeline.config import KafkaSecurity, Secret, Settings
+from pipeline.config import KafkaSecurity, Settings
+from pipeline.redaction import Secret
 from pipeline.contracts import Verdict, encode
 from pipeline.router.subscriber import HealthSubscriber, wait_for
 
