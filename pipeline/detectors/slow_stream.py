@@ -9,15 +9,18 @@ Three rules over the channel's streams (:mod:`pipeline.windows.streams`):
    ``stream_ratio_clear`` (1.2), the latency rule of SPEC §4.3; each needs
    ``stream_min_samples`` samples in 5 min, ``stream_baseline_min_samples``
    in the baseline and ``stream_baseline_min_hours`` hours of it.
-3. ``stall_share_5m`` = stalled / judged streams over 5 min, where a stream
+3. ``stall_share_1m`` / ``stall_share_5m`` = stalled / judged streams over
+   the last 1 min / 5 min (as ``error_rate``'s two windows), where a stream
    is stalled when it went ``stall_gap_ms`` (8 s) or longer without a chunk
    (first token or gap) and judged streams are the ``ok`` ones plus the
    stalled ``cancelled`` ones: a cancel that followed a stall counts against
    the channel (the client gave up on a stalled upstream), a cancel without
    one is neutral (an impatient client says nothing about the upstream).
    Trips when the Wilson lower bound (Wilson 1927; 99.99 % one-sided, as
-   ``error_rate``) exceeds ``stall_share_trip`` with ≥ ``stall_min_streams``
-   judged streams and ≥ ``stall_min_stalls`` stalls.
+   ``error_rate``) of either window exceeds ``stall_share_trip`` with
+   ≥ ``stall_min_streams`` judged streams and ≥ ``stall_min_stalls`` stalls
+   in it. The lower bound and the stalled cancels in the metrics are the
+   5 min window's.
 
 The finding fires when a rule with enough data trips; once fired it holds
 while a rule with enough data still holds (ratio above the clear line, or
@@ -55,11 +58,11 @@ class SlowStreamParams:
     stream_baseline_min_hours: int = 1
     #: SPEC §4.6: a stream that went this long (ms) without a chunk stalled; one of 4000, 8000, 12000.
     stall_gap_ms: float = 8_000.0
-    #: Share in (0, 1) of judged streams stalled over 5 min that degrades (Wilson lower bound above it).
+    #: Share in (0, 1) of judged streams stalled over 1 or 5 min that degrades (Wilson lower bound above it).
     stall_share_trip: float = 0.02
-    #: Minimum judged streams in 5 min before the stall share is tested (>= 1).
+    #: Minimum judged streams in a window before its stall share is tested (>= 1).
     stall_min_streams: int = 50
-    #: Minimum stalled streams in 5 min before the stall share may trip (>= 1).
+    #: Minimum stalled streams in a window before its stall share may trip (>= 1).
     stall_min_stalls: int = 5
 
     def __post_init__(self) -> None:
@@ -77,11 +80,11 @@ class SlowStreamParams:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-def _at_line(view: WindowView, prefix: str, line_ms: np.ndarray) -> np.ndarray:
-    """Per channel, feature ``<prefix>_<line>_5m`` at the channel's ``stall_gap_ms`` (NaN off the ladder)."""
+def _at_line(view: WindowView, prefix: str, line_ms: np.ndarray, window: str) -> np.ndarray:
+    """Per channel, feature ``<prefix>_<line>_<window>`` at the channel's ``stall_gap_ms`` (NaN off the ladder)."""
     labels = [stall_label(x) for x in STALL_LADDER_MS]
     return np.select([line_ms == x for x in STALL_LADDER_MS],
-                     [getattr(view, f"{prefix}_{lab}_5m") for lab in labels], np.nan)
+                     [getattr(view, f"{prefix}_{lab}_{window}") for lab in labels], np.nan)
 
 
 class SlowStream:
@@ -103,12 +106,15 @@ class SlowStream:
             valid.append(hours_ok & np.isfinite(ratio) & (getattr(view, f"{q}_n_5m") >= th.stream_min_samples)
                          & (getattr(view, f"{q}_base_n") >= th.stream_baseline_min_samples))
             on.append(np.where(active, ratio > th.stream_ratio_clear, ratio >= th.stream_ratio_trip))
-        cancels = _at_line(view, "stream_cancel_stalls", th.stall_gap_ms)
-        stalls = _at_line(view, "stream_stalls", th.stall_gap_ms) + cancels
-        streams = view.streams_ok_5m + cancels
-        lo, _ = wilson_bounds(np.nan_to_num(stalls), np.nan_to_num(streams), self.z)
-        valid.append((streams >= th.stall_min_streams) & (stalls >= th.stall_min_stalls))
-        on.append(np.nan_to_num(lo) > th.stall_share_trip)
+        share = {}
+        for w in ("1m", "5m"):
+            cancels = _at_line(view, "stream_cancel_stalls", th.stall_gap_ms, w)
+            stalls = _at_line(view, "stream_stalls", th.stall_gap_ms, w) + cancels
+            streams = getattr(view, f"streams_ok_{w}") + cancels
+            lo, _ = wilson_bounds(np.nan_to_num(stalls), np.nan_to_num(streams), self.z)
+            valid.append((streams >= th.stall_min_streams) & (stalls >= th.stall_min_stalls))
+            on.append(np.nan_to_num(lo) > th.stall_share_trip)
+            share[w] = safe_ratio(stalls, streams)
         v, o = np.array(valid), np.array(on)
         fired = np.where(v.any(axis=0), (v & o).any(axis=0), active)
         return Finding(self.reason, fired, {
@@ -118,7 +124,8 @@ class SlowStream:
             "stream_gap_p95_ms": view.stream_gap_p95_ms,
             "stream_gap_baseline_p95_ms": view.stream_gap_base_p95_ms,
             "stream_gap_p95_ratio": ratios["stream_gap"],
-            "stall_share_5m": safe_ratio(stalls, streams),
+            "stall_share_1m": share["1m"],
+            "stall_share_5m": share["5m"],
             "stall_share_lower_5m": lo,
             "stalled_cancels_5m": cancels,
             "streams_5m": streams,
@@ -132,18 +139,18 @@ SIGNAL = Signal(
     name="slow_stream", kind="soft", params=SlowStreamParams, detector=SlowStream(), windows=StreamWindows,
     features=window_features(),
     metrics=("ttft_p95_ms", "ttft_baseline_p95_ms", "ttft_p95_ratio", "stream_gap_p95_ms",
-             "stream_gap_baseline_p95_ms", "stream_gap_p95_ratio", "stall_share_5m", "stall_share_lower_5m",
+             "stream_gap_baseline_p95_ms", "stream_gap_p95_ratio", "stall_share_1m", "stall_share_5m", "stall_share_lower_5m",
              "stalled_cancels_5m", "streams_5m"),
     examples=Examples(
         firing={"streams_ok_5m": 3_000, "stream_stalls_8s_5m": 600},
-        thin=({"streams_ok_5m": 49, "stream_stalls_8s_5m": 49},
-              {"streams_ok_5m": 3_000, "stream_stalls_8s_5m": 4},
+        thin=({"streams_ok_5m": 49, "stream_stalls_8s_5m": 49, "streams_ok_1m": 49, "stream_stalls_8s_1m": 49},
+              {"streams_ok_5m": 3_000, "stream_stalls_8s_5m": 4, "streams_ok_1m": 600, "stream_stalls_8s_1m": 4},
               {**_THIN_RATIO, "ttft_n_5m": 99},
               {**_THIN_RATIO, "ttft_base_n": 499},
               {**_THIN_RATIO, "stream_base_hours": 0})),
     rule="P95 of `ttft_ms` and of `max_stream_gap_ms` (`ok` streams) over 5 min ÷ their P95 over the 24 "
          "complete hours before the current hour; Wilson lower bound (99.99 % one-sided) of streams with a "
-         "pause ≥ `stall_gap_ms` over 5 min (a `cancelled` stream counts only when it stalled first), with "
+         "pause ≥ `stall_gap_ms` over 1 min and 5 min (a `cancelled` stream counts only when it stalled first), with "
          "≥ 50 streams and ≥ 5 stalls",
     default="degrade at ratio ≥ 1.8, clear ≤ 1.2; stall line 8 s, share 2 %",
 )

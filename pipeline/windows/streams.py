@@ -37,7 +37,7 @@ import numpy as np
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
 from pipeline.windows.histogram import LatencyBuckets
-from pipeline.windows.ring import IntervalRing
+from pipeline.windows.ring import IntervalRing, masked_sums
 
 #: Buckets of TTFT and stream gaps: 5 % relative accuracy (a P95 ratio is off by at most ~10 %),
 #: 5 ms .. 60 s (below: one bucket; above: the top bucket, still a stall). 95 buckets.
@@ -86,8 +86,10 @@ class StreamWindows(RingWindows):
     hours with streams in that baseline; ``streams_ok_5m``: ``ok`` streams;
     ``stream_stalls_<L>_5m`` / ``stream_cancel_stalls_<L>_5m``: ``ok`` /
     ``cancelled`` streams whose stall length reached line ``L`` of
-    :data:`STALL_LADDER_MS` (``4s``, ``8s``, ``12s``). The short window starts
-    no earlier than ``since_ms`` (rounded up to 30 s) when given.
+    :data:`STALL_LADDER_MS` (``4s``, ``8s``, ``12s``); ``streams_ok_1m`` and
+    ``stream_[cancel_]stalls_<L>_1m``: the same over the last minute (the
+    short window of SPEC §4.1). Windows start no earlier than ``since_ms``
+    (rounded up to 30 s) when given.
     """
 
     name = "slow_stream"
@@ -95,6 +97,7 @@ class StreamWindows(RingWindows):
     def __init__(self, spec: WindowSpec):
         self.k = STREAM_BUCKETS.n_buckets
         self.window_ms = spec.window_ms
+        self.short_window_ms = spec.short_window_ms
         self.baseline_hours = spec.baseline_hours
         slot = SHORT_SLOT_MS if spec.window_ms % SHORT_SLOT_MS == 0 else 10_000
         self.rings: dict[str, IntervalRing] = {
@@ -164,6 +167,8 @@ class StreamWindows(RingWindows):
         if since_ms is not None:
             lo = np.maximum(lo, np.asarray(since_ms, dtype=np.int64))
         h = short.sum_hist(self.window_mask(short, rows, lo, now_ms), rows)
+        lo1 = np.maximum(lo, now_ms - self.short_window_ms)
+        cls1 = masked_sums(self.window_mask(short, rows, lo1, now_ms), short.hist[:, :, 2 * k:], rows)
         base = self._baseline(rows, now_ms)
         cls = h[:, 2 * k:]
         out = {
@@ -175,9 +180,11 @@ class StreamWindows(RingWindows):
             "stream_base_hours": base[:, 4],
             "streams_ok_5m": cls[:, :N_LEVELS].sum(axis=1),
         }
-        for j, line in enumerate(STALL_LADDER_MS, 1):
-            out[f"stream_stalls_{stall_label(line)}_5m"] = cls[:, j:N_LEVELS].sum(axis=1)
-            out[f"stream_cancel_stalls_{stall_label(line)}_5m"] = cls[:, N_LEVELS + j:].sum(axis=1)
+        out["streams_ok_1m"] = cls1[:, :N_LEVELS].sum(axis=1)
+        for w, c in (("5m", cls), ("1m", cls1)):
+            for j, line in enumerate(STALL_LADDER_MS, 1):
+                out[f"stream_stalls_{stall_label(line)}_{w}"] = c[:, j:N_LEVELS].sum(axis=1)
+                out[f"stream_cancel_stalls_{stall_label(line)}_{w}"] = c[:, N_LEVELS + j:].sum(axis=1)
         return out
 
 
