@@ -18,6 +18,7 @@ from pipeline.engine import Engine
 from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import FREE_TIER, PAID_TIER, Thresholds
 from pipeline.state.snapshot import decode_snapshot, export_channel, import_channel
+from pipeline.windows.extension import WindowSpec
 from pipeline.windows.store import WindowView
 
 ALL = HARD_DETECTORS + SOFT_DETECTORS
@@ -25,6 +26,8 @@ IDS = [d.reason for d in ALL]
 SIG_IDS = [s.name for s in SIGNALS]
 #: Every feature a detector may read: the WindowView fields and the sums of the counters signals add.
 COUNTER_FIELDS = [f"{c.name}_{w}" for s in SIGNALS for c in s.counters for w in ("5m", "1m")]
+#: ... and the features of the signals' own windows (pipeline.windows.extension), kept in ``extra`` alike.
+COUNTER_FIELDS += [k for s in SIGNALS if s.windows for k in s.windows(WindowSpec()).features(np.zeros(0, int), 0, None)]
 VIEW_FIELDS = [f.name for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")] + COUNTER_FIELDS
 
 
@@ -280,12 +283,13 @@ def test_battery_engine_traffic_exercises_the_signals(warm):
     assert eng.store.names == ["b", "a"]
     fired = {s.name: _finding(eng, s, events[-1].ts_ms + 1)[1].fired.tolist() for s in SIGNALS}
     assert fired == {"consecutive_failures": [False, False], "error_rate": [True, True],
-                     "latency_p95_ratio": [True, False], "missing_fields": [True, False], "quality": [True, False]}
+                     "latency_p95_ratio": [True, False], "missing_fields": [True, False], "quality": [True, False],
+                     "slow_stream": [False, False]}
 
 
 def test_hard_and_soft_sets():
     assert [d.reason for d in HARD_DETECTORS] == ["consecutive_failures", "error_rate"]
-    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields", "quality"]
+    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields", "quality", "slow_stream"]
 
 
 # --- consecutive failures ----------------------------------------------------------

@@ -56,7 +56,10 @@ Stream, quota and cost kinds (SPEC §5.6, §5.7, §4.8; their effects are in
     (default 0.5): share of stalled streams that stall a second time;
     ``before_first_token`` in [0, 1] (default 0.25): share of first stalls
     that delay the first token; ``client_timeout_ms`` (> 0, default 15000):
-    the client cancels a stream still running then (status ``cancelled``).
+    the client cancels a stream still running then (status ``cancelled``);
+    ``impatient`` in [0, 1] (default 0): share of the streams that did not
+    stall which the client cancels anyway, at a uniform point after the
+    first token (a control for cancels that are no upstream's fault).
 ``quota_drain``
     the channel's quota (``ChannelProfile.quota_remaining``) drains
     linearly from its level at ``start_s`` to 0 over ``drain_s`` (> 0,
@@ -175,7 +178,7 @@ class Fault:
                 raise ValueError("overload fault needs params['capacity_rps'] > 0")
         elif self.kind == "stream_stall":
             _rate(p, "to_rate", self.kind)
-            for key in ("repeat", "before_first_token"):
+            for key in ("repeat", "before_first_token", "impatient"):
                 if key in p:
                     _rate(p, key, self.kind)
             for key in ("stall_ms", "client_timeout_ms", "stall_sigma"):

@@ -19,7 +19,9 @@ longest gap between chunks (``max_stream_gap_ms``). A stream still running
 at ``client_timeout_ms`` (15 s) is cancelled by the client: status
 ``cancelled`` (HTTP 499, ``client_cancelled``), ``latency_ms`` = 15 000, the
 gap seen up to the cancel, ``ttft_ms`` only if the first token came, and
-the output tokens streamed until then. Upstream errors stay at the channel's
+the output tokens streamed until then. With ``impatient``, clients also
+cancel a share of the streams that did not stall, mid-generation (the
+control of SPEC §4.6: cancels that are not the upstream's fault). Upstream errors stay at the channel's
 baseline (0 in the ``slow-failure`` scenario).
 
 ``quota_drain`` (SPEC §5.7): ``quota_remaining`` falls linearly to 0; the
@@ -183,6 +185,12 @@ def _stall(f: Fault, t: np.ndarray, ok: np.ndarray, latency: np.ndarray, ttft: n
     latency[hit] = np.minimum(total, timeout)[hit]
     ttft[hit] = np.minimum(new_ttft, timeout)[hit]
     gap[hit] = new_gap[hit]
+    if "impatient" in p:  # drawn only when asked, so the stalling channels' streams stay as they were
+        u_imp, u_at = rng.random((2, n))
+        imp = ok & ~hit & (u_imp < float(p["impatient"]) * f.strength(t))
+        latency[imp] = (ttft + u_at * gen)[imp]  # cancelled mid-generation; the gaps seen were healthy
+        streamed = np.where(imp, u_at, streamed)
+        cancelled = cancelled | imp
     return cancelled, first_token, streamed
 
 
