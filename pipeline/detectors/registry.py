@@ -7,7 +7,7 @@ is the order of reasons in a verdict among signals of the same kind.
 
 from __future__ import annotations
 
-from pipeline.detectors import consecutive, error_rate, latency, quality, structure
+from pipeline.detectors import consecutive, error_rate, latency, quality, quota, structure
 from pipeline.detectors.signal import Signal, check_registry
 
 SIGNALS: tuple[Signal, ...] = (
@@ -16,6 +16,7 @@ SIGNALS: tuple[Signal, ...] = (
     latency.SIGNAL,
     structure.SIGNAL,
     quality.SIGNAL,
+    quota.SIGNAL,
 )
 check_registry(SIGNALS)
 

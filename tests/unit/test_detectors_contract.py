@@ -24,7 +24,8 @@ ALL = HARD_DETECTORS + SOFT_DETECTORS
 IDS = [d.reason for d in ALL]
 SIG_IDS = [s.name for s in SIGNALS]
 #: Every feature a detector may read: the WindowView fields and the sums of the counters signals add.
-COUNTER_FIELDS = [f"{c.name}_{w}" for s in SIGNALS for c in s.counters for w in ("5m", "1m")]
+COUNTER_FIELDS = [f"{c.name}_{w}" for s in SIGNALS for c in s.counters for w in ("5m", "1m")] + [
+    k for s in SIGNALS if s.windows for k in s.features]  # the signals' own windows' features
 VIEW_FIELDS = [f.name for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")] + COUNTER_FIELDS
 
 
@@ -280,12 +281,13 @@ def test_battery_engine_traffic_exercises_the_signals(warm):
     assert eng.store.names == ["b", "a"]
     fired = {s.name: _finding(eng, s, events[-1].ts_ms + 1)[1].fired.tolist() for s in SIGNALS}
     assert fired == {"consecutive_failures": [False, False], "error_rate": [True, True],
-                     "latency_p95_ratio": [True, False], "missing_fields": [True, False], "quality": [True, False]}
+                     "latency_p95_ratio": [True, False], "missing_fields": [True, False], "quality": [True, False],
+                     "quota": [False, False]}
 
 
 def test_hard_and_soft_sets():
     assert [d.reason for d in HARD_DETECTORS] == ["consecutive_failures", "error_rate"]
-    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields", "quality"]
+    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields", "quality", "quota"]
 
 
 # --- consecutive failures ----------------------------------------------------------
