@@ -128,10 +128,13 @@ def test_in_process_stream_stall_drill_is_not_passed_while_its_detector_is_missi
     assert result.rows[0].status == "detector missing"
 
 
-def test_in_process_quota_drill_opens_cycles_while_refused_then_recovers():
+def test_in_process_quota_drill_degrades_on_quota_opens_cycles_while_refused_then_recovers():
     plan = plan_drill("quota_drain", "drill/quota", POLICY, end_ms=T0, run_id="r")
-    rows = run_in_process(plan, POLICY).rows
-    assert rows[0].transition == "degraded (quota)" and rows[0].status == "detector missing"
+    result = run_in_process(plan, POLICY)
+    rows = result.rows
+    assert rows[0].transition == "degraded (quota)" and rows[0].status == "ok"
+    assert rows[0].actual_ms == 330_000  # 5.5 min into the drain, 14.5 min before the 429 wall (measured)
     labels = [r.transition for r in rows]
     assert labels[1] == "open" and "open (probe, fault on)" in labels and labels[-1] == "healthy"
-    assert all(r.status == "ok" for r in rows[1:]), format_rows(rows)
+    assert all(r.status == "ok" for r in rows), format_rows(rows)
+    assert result.passed
