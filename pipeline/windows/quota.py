@@ -175,8 +175,11 @@ class QuotaWindows(RingWindows):
         has = keep.any(axis=1)
         out["quota_remaining"][live] = np.where(has, y[:, -1], np.nan)
         recent = keep & (ids >= -(-(int(now_ms) - QUOTA_RECENT_MS) // QUOTA_SLOT_MS))
-        for prefix, mask in (("quota_", keep), ("quota_recent_", recent)):
-            slope, icpt, _, s_hi, n = theil_sen(np.nan_to_num(x_s), np.nan_to_num(y), mask)
+        x_s, y = np.nan_to_num(x_s), np.nan_to_num(y)
+        r = QUOTA_RECENT_MS // QUOTA_SLOT_MS + 1  # the recent points are among the newest 11 (time order)
+        for prefix, (xs, ys, mask) in (("quota_", (x_s, y, keep)),
+                                       ("quota_recent_", (x_s[:, -r:], y[:, -r:], recent[:, -r:]))):
+            slope, icpt, _, s_hi, n = theil_sen(xs, ys, mask)
             out[f"{prefix}points"][live] = n
             out[f"{prefix}drain_per_h"][live] = -3600.0 * slope
             out[f"{prefix}drain_lower_per_h"][live] = -3600.0 * s_hi
