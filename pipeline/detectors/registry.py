@@ -7,7 +7,7 @@ is the order of reasons in a verdict among signals of the same kind.
 
 from __future__ import annotations
 
-from pipeline.detectors import consecutive, error_rate, latency, quality, slow_stream, structure
+from pipeline.detectors import consecutive, error_rate, latency, quality, quota, slow_stream, structure
 from pipeline.detectors.signal import Signal, check_registry
 
 SIGNALS: tuple[Signal, ...] = (
@@ -17,6 +17,7 @@ SIGNALS: tuple[Signal, ...] = (
     structure.SIGNAL,
     quality.SIGNAL,
     slow_stream.SIGNAL,
+    quota.SIGNAL,
 )
 check_registry(SIGNALS)
 

@@ -35,7 +35,7 @@ EXPECTED = {
     "State": ["time", "channel", "state"],
     "Weight and route share": ["time", "channel", "weight", "route_share"],
     "P95 against baseline (trip x1.8, clear x1.2)": ["time", "p95_ms", "baseline_p95_ms", "trip_ms", "clear_ms"],
-    "Quota remaining": ["time", "quota_remaining"],
+    "Quota remaining": ["time", "quota_remaining", "forecast_in_30m"],
     "Storage lag (ingested_at - event time)": ["time", "max_lag_s"],
 }
 

@@ -46,7 +46,7 @@ BASE_MS = 1_767_225_600_000
 TABLES = {"request_events", "channel_minute_stats", "channel_verdicts", "quality_scores", "quality_labels",
           "request_events_input", "request_events_input_mv", "request_event_batches", "request_event_batches_mv",
           "channel_overrides", "drill_runs", "channel_incidents", "request_event_envelopes",
-          "request_event_envelopes_mv"}
+          "request_event_envelopes_mv", "channel_quota_forecast"}
 
 
 def _settings(url: str, password: str | None = None) -> Settings:
@@ -72,7 +72,8 @@ def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
     assert apply_ddl(ch) == ["001_database.sql", "002_request_events.sql", "003_channel_minute_stats.sql",
                              "004_channel_verdicts.sql", "005_quality.sql", "006_request_events_input.sql",
                              "007_request_event_batches.sql", "008_channel_overrides.sql", "009_drill_runs.sql",
-                             "010_channel_incidents.sql", "011_request_event_envelopes.sql"]
+                             "010_channel_incidents.sql", "011_request_event_envelopes.sql",
+                             "012_quota_forecast.sql"]
     tables = {r[0] for r in ch.query("SHOW TABLES FROM channel_health").result_rows}
     assert tables == TABLES
     engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = 'channel_health'").result_rows)

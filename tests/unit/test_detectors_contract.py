@@ -284,12 +284,12 @@ def test_battery_engine_traffic_exercises_the_signals(warm):
     fired = {s.name: _finding(eng, s, events[-1].ts_ms + 1)[1].fired.tolist() for s in SIGNALS}
     assert fired == {"consecutive_failures": [False, False], "error_rate": [True, True],
                      "latency_p95_ratio": [True, False], "missing_fields": [True, False], "quality": [True, False],
-                     "slow_stream": [False, False]}
+                     "slow_stream": [False, False], "quota": [False, False]}
 
 
 def test_hard_and_soft_sets():
     assert [d.reason for d in HARD_DETECTORS] == ["consecutive_failures", "error_rate"]
-    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields", "quality", "slow_stream"]
+    assert [d.reason for d in SOFT_DETECTORS] == ["latency_p95_ratio", "missing_fields", "quality", "slow_stream", "quota"]
 
 
 # --- consecutive failures ----------------------------------------------------------

@@ -65,7 +65,7 @@ KINDS: dict[str, DrillKind] = {k.name: k for k in (
     DrillKind("latency", "latency_ramp", "degraded", "latency_p95_ratio", 600),
     DrillKind("hollow", "missing_fields", "degraded", "missing_fields", 600),
     DrillKind("stream_stall", "stream_stall", "degraded", "slow_stream", 600),
-    DrillKind("quota_drain", "quota_drain", "degraded", "quota", 1800, detector_missing=True),
+    DrillKind("quota_drain", "quota_drain", "degraded", "quota", 1800),
     DrillKind("quality_drift", "quality_drift", "degraded", "quality", 900, needs_scorer=True),
 )}
 

@@ -29,7 +29,8 @@ CALM_STATES = frozenset({"healthy", "no_data"})
 #: Verdict metrics the report plots and tabulates (keys of the verdict's ``metrics`` JSON, SPEC §3).
 VERDICT_METRICS = ("p95_ms", "baseline_p95_ms", "latency_p95_ratio", "error_rate_5m", "error_rate_lower_5m",
                    "error_rate_trip", "requests_5m", "consecutive_failures", "missing_rate_5m",
-                   "quality_score_5m", "quality_baseline", "route_share", "penalty")
+                   "quality_score_5m", "quality_baseline", "route_share", "penalty", "quota_remaining",
+                   "quota_drain_per_h")
 
 _SEL = "has({channels:Array(String)}, channel)"
 _WIN = "ts >= {t0:DateTime64(3, 'UTC')} AND ts < {t1:DateTime64(3, 'UTC')}"

@@ -154,13 +154,19 @@ def content(data: ReportData) -> Plot:
 
 
 def quota(data: ReportData) -> Plot:
-    """Lowest ``quota_remaining`` per minute (share 0..1). The forecast line needs the quota signal (not built)."""
+    """Lowest ``quota_remaining`` per minute (share 0..1) and, where the ``quota`` signal judged the
+    channel, its forecast of the share left in 30 min (remaining − drain per h × 0.5, floored at 0:
+    at 0 the signal's 30 min horizon fires; SPEC §4.7, :mod:`pipeline.detectors.quota`)."""
     fig, ax = _figure()
     if not _lines(data, data.extras, "minute", "quota_remaining_min", ax, label="quota remaining"):
         return _none(fig, "Quota", "no quota data (no request reported quota_remaining)")
+    ahead = [{"channel": r["channel"], "ts": r["ts"],
+              "in_30m": None if r.get("quota_remaining") is None or r.get("quota_drain_per_h") is None
+              else max(r["quota_remaining"] - 0.5 * r["quota_drain_per_h"], 0.0)} for r in data.verdicts]
+    forecast = _lines(data, ahead, "ts", "in_30m", ax, "--", "forecast in 30 min")
     ax.set_ylabel("share 0..1")
     _legend(ax)
-    return "Quota remaining (forecast: not yet available)", _png(fig, data), ""
+    return "Quota remaining" + ("" if forecast else " (no forecast: quota not judged)"), _png(fig, data), ""
 
 
 def stalls(data: ReportData) -> Plot:
