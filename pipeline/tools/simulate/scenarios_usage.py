@@ -15,7 +15,7 @@ from .faults import Fault
 from .scenario import WARMUP_S, Scenario
 
 #: Reasons whose detectors are not built yet: expectations naming them wait for them.
-PENDING_REASONS = ("slow_stream", "quota", "cost")
+PENDING_REASONS = ("slow_stream", "quota")
 
 
 
