@@ -181,12 +181,17 @@ def worker(
 
     if replay:
         settings = settings.with_overrides(clock="event")
+    try:
+        policy_config = load_policy(policy)
+    except (OSError, ValueError) as exc:  # a refused policy names the key and the rule: one line, no traceback
+        typer.secho(f"policy {policy}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     sys.argv = [sys.argv[0], "worker"]  # faust parses argv
     try:
         from mode.utils.logging import setup_logging
 
         setup_logging(loglevel=loglevel)  # as faust's worker will (again) at its start: the set-up before logs too
-        run_worker(settings, load_policy(policy), loglevel=loglevel)
+        run_worker(settings, policy_config, loglevel=loglevel)
     except StorageError as exc:  # ClickHouse unreachable or misconfigured at start: fail fast, one line
         typer.secho(redact_secrets(f"ClickHouse: {exc}"), fg="red", err=True)
         raise typer.Exit(1) from None

@@ -127,6 +127,8 @@ class Engine(EngineStateIO):
         self.signals = tuple(signals)
         self.hard = tuple(s.detector for s in self.signals if s.kind == "hard")
         self.soft = tuple(s.detector for s in self.signals if s.kind == "soft")
+        #: Advisory detectors with the parameter that makes each degrade (None: never), SPEC §4.8.
+        self.advisory = tuple((s.detector, s.degrades) for s in self.signals if s.kind == "advisory")
         #: channel → snapshot bytes of an evicted channel; per channel: windows in memory (see residency).
         self.evicted: dict[str, bytes] = {}
         self.resident = np.zeros(0, bool)
@@ -139,7 +141,8 @@ class Engine(EngineStateIO):
                                  windows=tuple(s.windows for s in self.signals if s.windows is not None))
         self.machines: list[ChannelMachine] = []
         self.seq: list[int] = []
-        self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool) for d in self.soft}
+        self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool)
+                                              for d in (*self.soft, *(a for a, _ in self.advisory))}
         self.prev_shares: dict[str, np.ndarray] = {}
         #: route → channel → traffic share after the last round (bounded shifts).
         self.shares_by_route: dict[str, dict[str, float]] = {}
@@ -436,6 +439,14 @@ class Engine(EngineStateIO):
             f = d.detect(view, th, self.active[d.reason][rows])
             self.active[d.reason][rows] = f.fired
             soft.append(f)
+        # advisory findings: published like soft ones; they reach the state machine only where the
+        # signal's ``degrades`` parameter is true for the channel (SPEC §4.8 "unless configured")
+        advisory, acting = [], []
+        for d, key in self.advisory:
+            f = d.detect(view, th, self.active[d.reason][rows])
+            self.active[d.reason][rows] = f.fired
+            advisory.append(f)
+            acting.append(f.fired & (getattr(th, key) > 0) if key is not None else np.zeros(n, bool))
         last_ts = self.store.last_ts_ms[rows]
         changed = np.zeros(n, bool)
         for j, i in enumerate(rows.tolist()):
@@ -447,7 +458,7 @@ class Engine(EngineStateIO):
             h = [f.reason for f in hard if f.fired[j]]
             if m.state == OPEN:
                 h = []  # cooldown runs from the first trip; probes judge it later
-            s = [f.reason for f in soft if f.fired[j]]
+            s = [f.reason for f in soft if f.fired[j]] + [f.reason for f, a in zip(advisory, acting) if a[j]]
             changed[j] = m.step(now_ms, h, s, view.judged_5m[j], view.failures_5m[j],
                                 int(last_ts[j]) if last_ts[j] > 0 else None, cfg,
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
@@ -460,7 +471,7 @@ class Engine(EngineStateIO):
         shares = self._route_shares(rows, now_ms)
         self.last_eval_ms = now_ms
         out = []
-        columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft) for k, v in f.metrics.items()]
+        columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft, *advisory) for k, v in f.metrics.items()]
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
             if m.state == NO_DATA and not changed[j] and not self._heartbeat_due(m, now_ms):
@@ -471,7 +482,7 @@ class Engine(EngineStateIO):
             # hard findings beside the trip reasons only while open (a probe is judged on its own traffic)
             hard_now = [f.reason for f in hard if f.fired[j]] if m.state == OPEN else ()
             out.append(self._verdict(i, now_ms, metrics, hard_now=hard_now,
-                                     soft_now=[f.reason for f in soft if f.fired[j]]))
+                                     soft_now=[f.reason for f in (*soft, *advisory) if f.fired[j]]))
         return out
 
     def _heartbeat_due(self, m: ChannelMachine, now_ms: int) -> bool:

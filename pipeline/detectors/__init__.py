@@ -15,9 +15,11 @@ from pipeline.detectors.registry import SIGNALS
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.detectors.structure import MissingFields
 
-#: Hard signals open the circuit; soft signals degrade (SPEC §4 states).
+#: Hard signals open the circuit; soft signals degrade (SPEC §4 states); advisory ones are reported
+#: (and degrade only where their ``Signal.degrades`` parameter is true, SPEC §4.8).
 HARD_DETECTORS: tuple[Detector, ...] = tuple(s.detector for s in SIGNALS if s.kind == "hard")
 SOFT_DETECTORS: tuple[Detector, ...] = tuple(s.detector for s in SIGNALS if s.kind == "soft")
+ADVISORY_DETECTORS: tuple[Detector, ...] = tuple(s.detector for s in SIGNALS if s.kind == "advisory")
 
-__all__ = ["Detector", "Finding", "ThresholdArrays", "HARD_DETECTORS", "SOFT_DETECTORS", "SIGNALS", "Signal",
+__all__ = ["Detector", "Finding", "ThresholdArrays", "HARD_DETECTORS", "SOFT_DETECTORS", "ADVISORY_DETECTORS", "SIGNALS", "Signal",
            "Examples", "ConsecutiveFailures", "ErrorRate", "LatencyRatio", "MissingFields", "QualityDrop"]

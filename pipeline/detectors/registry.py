@@ -1,4 +1,4 @@
-"""The registered signals, in publication order: hard signals first, then soft (SPEC §4).
+"""The registered signals, in publication order: hard signals first, then soft, then advisory (SPEC §4).
 
 Adding a signal = one module declaring a :class:`~pipeline.detectors.signal.Signal`
 (see ``docs/ADDING_A_SIGNAL.md``) + one line here + its tests. The order
@@ -7,7 +7,7 @@ is the order of reasons in a verdict among signals of the same kind.
 
 from __future__ import annotations
 
-from pipeline.detectors import consecutive, error_rate, latency, quality, quota, slow_stream, structure
+from pipeline.detectors import consecutive, cost, error_rate, latency, quality, quota, slow_stream, structure
 from pipeline.detectors.signal import Signal, check_registry
 
 SIGNALS: tuple[Signal, ...] = (
@@ -18,6 +18,7 @@ SIGNALS: tuple[Signal, ...] = (
     quality.SIGNAL,
     slow_stream.SIGNAL,
     quota.SIGNAL,
+    cost.SIGNAL,
 )
 check_registry(SIGNALS)
 

@@ -41,8 +41,11 @@ class Signal:
     """One signal's declaration (see the module docstring).
 
     ``name``: reason code (SPEC §3), policy table name and metric prefix
-    where one fits; ``kind``: ``"hard"`` (opens the circuit) or ``"soft"``
-    (degrades); ``params``: frozen dataclass whose fields (with defaults and
+    where one fits; ``kind``: ``"hard"`` (opens the circuit), ``"soft"``
+    (degrades) or ``"advisory"`` (its reason is published while the finding
+    holds, in any state but ``no_data``, without changing state or weight;
+    ``degrades`` optionally names a bool parameter that, true for a channel,
+    makes the finding degrade it like a soft one, SPEC §4.8); ``params``: frozen dataclass whose fields (with defaults and
     ``__post_init__`` validation naming the key) are the thresholds the
     detector reads from ``th``; field names must be unique over all signals;
     ``tier_defaults``: tier → field overrides of the built-in defaults (e.g.
@@ -57,7 +60,7 @@ class Signal:
     """
 
     name: str
-    kind: Literal["hard", "soft"]
+    kind: Literal["hard", "soft", "advisory"]
     params: type
     features: tuple[str, ...]
     metrics: tuple[str, ...]
@@ -68,15 +71,19 @@ class Signal:
     tier_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     counters: tuple[Counter, ...] = ()
     windows: Callable[[WindowSpec], SignalWindows] | None = None
+    degrades: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("hard", "soft"):
-            raise ValueError(f"signal {self.name}: kind must be 'hard' or 'soft', got {self.kind!r}")
+        if self.kind not in ("hard", "soft", "advisory"):
+            raise ValueError(f"signal {self.name}: kind must be 'hard', 'soft' or 'advisory', got {self.kind!r}")
         if not (dataclasses.is_dataclass(self.params) and self.params.__dataclass_params__.frozen):
             raise TypeError(f"signal {self.name}: params must be a frozen dataclass")
         if getattr(self.detector, "reason", None) != self.name:
             raise ValueError(f"signal {self.name}: detector.reason is {getattr(self.detector, 'reason', None)!r}")
         known = self.param_names()
+        if self.degrades is not None and (self.kind != "advisory" or self.degrades not in known):
+            raise ValueError(f"signal {self.name}: degrades={self.degrades!r} needs kind 'advisory' and one of "
+                             f"its parameters {list(known)}")
         for tier, table in self.tier_defaults.items():
             bad = set(table) - set(known)
             if bad:

@@ -187,8 +187,14 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
         [channel."lepton/llama-70b@free"]
         consecutive_failures = 3
 
-    Raises ``ValueError`` (unknown key, bad value) or ``OSError``.
+    A cooldown above 120 s needs ``allow_long_cooldown = true`` in ``[policy]``;
+    the policy rules (:mod:`pipeline.policy.rules`) are checked last.
+
+    Raises ``ValueError`` (unknown key, bad value, a broken rule:
+    :class:`~pipeline.policy.rules.PolicyRuleError`) or ``OSError``.
     """
+    from pipeline.policy.rules import check_policy
+
     base = PolicyConfig()
     if path is None:
         return base
@@ -200,9 +206,14 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     for name, table in data.get("channel", {}).items():
         tier = table.pop("tier", None)
         channels[name] = _thresholds_from(tiers.get(tier or base.default_tier, PAID_TIER), table, f'[channel."{name}"]')
-    top = data.get("policy", {})
+    top = dict(data.get("policy", {}))
+    allow_long = top.pop("allow_long_cooldown", False)
+    if not isinstance(allow_long, bool):
+        raise ValueError(f"[policy]: allow_long_cooldown must be true or false, got {allow_long!r}")
     known = {f.name for f in dataclasses.fields(PolicyConfig)} - {"tiers", "channels"}
     unknown = set(top) - known
     if unknown:
         raise ValueError(f"[policy]: unknown keys {sorted(unknown)}")
-    return dataclasses.replace(base, tiers=tiers, channels=channels, **top)
+    out = dataclasses.replace(base, tiers=tiers, channels=channels, **top)
+    check_policy(out, allow_long_cooldown=allow_long)
+    return out

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pipeline.detectors import SOFT_DETECTORS
+from pipeline.detectors import ADVISORY_DETECTORS, SOFT_DETECTORS
 from pipeline.policy.state_machine import NO_DATA
 
-#: Soft reasons in detector order (latency, missing fields, quality): published after the hard ones.
-SOFT_ORDER: dict[str, int] = {d.reason: k for k, d in enumerate(SOFT_DETECTORS)}
+#: Soft reasons in detector order (latency, missing fields, quality), then the advisory ones (cost):
+#: published after the hard ones.
+SOFT_ORDER: dict[str, int] = {d.reason: k for k, d in enumerate(SOFT_DETECTORS + ADVISORY_DETECTORS)}
 
 
 def published_reasons(state: str, state_reasons: Sequence[str], hard_now: Sequence[str],

@@ -97,6 +97,7 @@ def test_clean_day_has_no_unhealthy_verdict(scenario_run):  # 24 h through the e
     bad = [(v.channel, run.t(v.ts_ms), v.state, v.reasons) for v in run.verdicts if v.state in NOT_HEALTHY]
     assert bad == []
     assert not [v for v in run.verdicts if "slow_stream" in v.reasons]  # issue #18: streams judged all day
+    assert [(v.channel, run.t(v.ts_ms)) for v in run.verdicts if "cost" in v.reasons] == []  # issue #18: advisory too
     # Day/night swing really was there: hourly P95 of the busiest channel moved by > 15 %.
     p95 = [v.metrics["p95_ms"] for v in run.of("fireworks/llama-70b@paid") if v.metrics.get("p95_ms")]
     assert max(p95) / min(p95) > 1.15

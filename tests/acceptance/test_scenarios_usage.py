@@ -70,3 +70,35 @@ def test_quota_degrades_ten_minutes_before_the_429_wall_and_only_there(scenario_
     assert m["quota_exhaustion_s"] <= 1800 and m["quota_points"] == 30
     others = {v.channel for v in run.verdicts if v.channel != ch and "quota" in v.reasons}
     assert others == set()
+
+
+def _cost_creep():
+    """clean-day's channels from 08:00: 2 h warm-up, then fireworks/llama-70b@paid's cost +30 % at once."""
+    from pipeline.tools.simulate.faults import Fault
+
+    from .conftest import scenario
+
+    base = scenario("clean-day")
+    ch = base.channels[0].name
+    return dataclasses.replace(base, name="cost-creep", duration_s=WARMUP_S + 1800, start_hour=8.0,
+                               faults=(Fault(ch, "cost_creep", WARMUP_S, WARMUP_S + 1800, {"factor": 1.3}),),
+                               expected=()), ch, WARMUP_S
+
+
+def test_cost_creep_reported_within_ten_minutes_with_state_and_weight_unchanged():
+    """Issue #18: ``cost`` within 10 min of a +30 % step; advisory: healthy, full weight, others quiet."""
+    from pipeline.engine_replay import replay
+
+    from .conftest import START_MS
+
+    sc, ch, t0 = _cost_creep()
+    _, verdicts = replay(sc.events(start_ms=START_MS, seed=0))
+    def t(v):
+        return (v.ts_ms - START_MS) / 1000
+
+    hits = sorted(t(v) for v in verdicts if v.channel == ch and "cost" in v.reasons)
+    assert hits and t0 < hits[0] <= t0 + 600, hits[:3]
+    assert not [v for v in verdicts if v.channel != ch and "cost" in v.reasons]
+    assert not [v for v in verdicts if v.state != "healthy" and t(v) > 600]
+    last = max((v for v in verdicts if v.channel == ch), key=lambda v: v.seq)
+    assert last.reasons == ["cost"] and last.metrics["cost_ratio"] == pytest.approx(1.3, abs=0.05)

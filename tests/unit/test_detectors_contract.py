@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import binomtest, norm
 
 from pipeline.contracts import RequestEvent
-from pipeline.detectors import HARD_DETECTORS, SIGNALS, SOFT_DETECTORS, ErrorRate, LatencyRatio, MissingFields, Signal
+from pipeline.detectors import ADVISORY_DETECTORS, HARD_DETECTORS, SIGNALS, SOFT_DETECTORS, ErrorRate, LatencyRatio, MissingFields, Signal
 from pipeline.detectors.base import ThresholdArrays, safe_ratio, wilson_bounds, z_for
 from pipeline.detectors.consecutive import ConsecutiveFailures
 from pipeline.engine import Engine
@@ -21,13 +21,13 @@ from pipeline.state.snapshot import decode_snapshot, export_channel, import_chan
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.store import WindowView
 
-ALL = HARD_DETECTORS + SOFT_DETECTORS
+ALL = HARD_DETECTORS + SOFT_DETECTORS + ADVISORY_DETECTORS
 IDS = [d.reason for d in ALL]
 SIG_IDS = [s.name for s in SIGNALS]
-#: Every feature a detector may read: the WindowView fields and the sums of the counters signals add.
-COUNTER_FIELDS = [f"{c.name}_{w}" for s in SIGNALS for c in s.counters for w in ("5m", "1m")]
-#: ... and the features of the signals' own windows (pipeline.windows.extension), kept in ``extra`` alike.
-COUNTER_FIELDS += [k for s in SIGNALS if s.windows for k in s.windows(WindowSpec()).features(np.zeros(0, int), 0, None)]
+#: Every feature a detector may read: the WindowView fields, the sums of the counters signals add and
+#: the features of the signals' own windows (all of them in ``WindowView.extra``).
+COUNTER_FIELDS = [f"{c.name}_{w}" for s in SIGNALS for c in s.counters for w in ("5m", "1m")] + [
+    k for s in SIGNALS if s.windows is not None for k in s.windows(WindowSpec()).features(np.zeros(0, np.int64), 0, None)]
 VIEW_FIELDS = [f.name for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")] + COUNTER_FIELDS
 
 
@@ -121,7 +121,7 @@ def test_signal_declaration_is_consistent(sig):
 def test_signal_params_reject_bad_values_naming_the_key(sig):
     for name in sig.param_names():
         kind = sig.params.__dataclass_fields__[name].type
-        bad = {"float": -1.0, "int": 0}[kind if isinstance(kind, str) else kind.__name__]
+        bad = {"float": -1.0, "int": 0, "bool": 2}[kind if isinstance(kind, str) else kind.__name__]
         with pytest.raises(ValueError, match=name):
             sig.params(**{name: bad})
 
@@ -197,9 +197,10 @@ T0 = 1_750_000_000_000 - 1_750_000_000_000 % H
 
 
 def _traffic(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
-    """Two channels at ~2 req/s: some failures, structured answers, a slow hour on "b"."""
+    """Two channels at ~2 req/s: some failures, structured answers, a slow and 50 % dearer last 15 min on "b"."""
     rng = np.random.default_rng(seed)
     ts = np.sort(rng.integers(t_from, t_to, (t_to - t_from) // 250))
+    tokens = np.random.default_rng(seed + 1).integers(20, 600, ts.shape[0])  # own stream: the rest is unchanged
     out = []
     for i, t in enumerate(ts.tolist()):
         ch = "a" if i % 2 else "b"
@@ -207,7 +208,10 @@ def _traffic(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
         slow = 3.0 if ch == "b" and t >= t_to - 15 * 60_000 else 1.0
         out.append(RequestEvent(event_id=f"t{seed}-{i}", ts_ms=t, channel=ch, route="chat", status=st,
                                 latency_ms=float(rng.lognormal(5.3, 0.3)) * slow, tier="free" if ch == "b" else "paid",
-                                missing_fields=(["x"] if i % 9 == 0 else []) if st == "ok" and i % 2 == 0 else None))
+                                missing_fields=(["x"] if i % 9 == 0 else []) if st == "ok" and i % 2 == 0 else None,
+                                output_tokens=int(tokens[i]) if st == "ok" else None,
+                                cost_usd=(1e-4 + 2e-6 * float(tokens[i])) * (1.5 if slow > 1 else 1.0)
+                                if st == "ok" else None))
     return out
 
 
@@ -284,7 +288,8 @@ def test_battery_engine_traffic_exercises_the_signals(warm):
     fired = {s.name: _finding(eng, s, events[-1].ts_ms + 1)[1].fired.tolist() for s in SIGNALS}
     assert fired == {"consecutive_failures": [False, False], "error_rate": [True, True],
                      "latency_p95_ratio": [True, False], "missing_fields": [True, False], "quality": [True, False],
-                     "slow_stream": [False, False], "quota": [False, False]}
+                     "slow_stream": [False, False], "quota": [False, False],
+                     "cost": [True, False]}
 
 
 def test_hard_and_soft_sets():

@@ -2,9 +2,8 @@
 faults hide from the error rate (stalled streams, a draining quota).
 
 Registered in :data:`pipeline.tools.simulate.scenarios.SCENARIOS`. Their effects
-live in :mod:`.usage_faults`. The ``expected`` entries that name a reason
-of :data:`PENDING_REASONS` wait for the detectors of those reasons (issue
-#18); the others hold with the detectors of today.
+live in :mod:`.usage_faults`; their detectors are the ``slow_stream``,
+``quota`` and ``cost`` signals (issue #18).
 """
 
 from __future__ import annotations
@@ -13,10 +12,6 @@ from .background import chat_8b as _chat_8b, never_bad as _never_bad
 from .channels import ChannelProfile, RouteSpec
 from .faults import Fault
 from .scenario import WARMUP_S, Scenario
-
-#: Reasons whose detectors are not built yet: expectations naming them wait for them.
-PENDING_REASONS = ("cost",)
-
 
 
 
