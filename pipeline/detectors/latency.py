@@ -5,11 +5,11 @@ before the current hour). Trips on a lower confidence bound, clears on the
 point estimate (hysteresis, so a ratio hovering around one line does not
 flap):
 
-* trip: a 99 % distribution-free lower confidence bound of the P95 (the
+* trip: a distribution-free lower confidence bound of the P95 (the
   order statistic whose rank comes from Binomial(n, 0.95); David & Nagaraja,
   "Order Statistics", §7.1; :meth:`LatencyBuckets.quantile_bound`) is at or
-  above ``latency_ratio_trip`` (1.8) × baseline, over the last 5 min or over
-  the last 30 s (the round just ended: a P95 ×2 swap at 4 req/s is seen in
+  above ``latency_ratio_trip`` (1.8) × baseline, over the last 5 min (99 %) or
+  over the last 30 s (95 %) (the round just ended: a P95 ×2 swap at 4 req/s is seen in
   one round), each with ``latency_min_requests`` samples. A few outliers in
   a thin window cannot lift the bound: with 60 samples it is the 8th
   largest, so two ~100 s answers among them do not trip (issue #19);
@@ -99,7 +99,7 @@ SIGNAL = Signal(
                "base_n": 10_000, "base_hours": 0},
               {"p95_ms": 1_000.0, "p95_lower_ms": 150.0, "n_latency_5m": 60, "base_p95_ms": 100.0,
                "base_n": 10_000, "base_hours": 24})),
-    rule="99 % order-statistic lower confidence bound of the P95 of `ok` requests (over 5 min, or the last 30 s) "
+    rule="Order-statistic lower confidence bound of the P95 of `ok` requests (99 % over 5 min, or 95 % over the last 30 s) "
          "÷ P95 over the 24 complete hours before the current hour; clears on the 5 min P95 ratio",
     default="degrade ≥ 1.8, clear ≤ 1.2",
 )
