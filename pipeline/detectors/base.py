@@ -98,6 +98,13 @@ def wilson_bounds(successes: np.ndarray, n: np.ndarray, z: float) -> tuple[np.nd
     return lower, upper
 
 
+def cusum_alarm(s: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """bool (C,): a CUSUM chart ``s`` at or above its threshold ``h`` (> 0); False where either is NaN
+    or ``h`` is 0 (no chart yet). See :mod:`pipeline.windows.cusum`."""
+    h = np.nan_to_num(np.asarray(h, np.float64))
+    return (h > 0.0) & (np.nan_to_num(np.asarray(s, np.float64)) >= h)
+
+
 def safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
     """``num / den`` with NaN where ``den`` is 0 or NaN (no warnings)."""
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -1,12 +1,24 @@
-"""SPEC §4.1 error rate over 1 min and 5 min, decided by a Wilson bound.
+"""SPEC §4.1 error rate: a Bernoulli CUSUM for creeping faults, a Wilson bound for big jumps.
 
-A window trips when it holds at least ``error_min_requests`` judged requests
+Sequential path (issue #19): a one-sided Bernoulli CUSUM on the channel's
+per-10 s counts of judged requests and upstream failures
+(:mod:`pipeline.windows.cusum`, Page 1954; Reynolds & Stoumbos 1999), in-control
+rate ``p0`` = the channel's own 24 h rate (at least 0.01 %), tuned to catch
+``p1 = max(p0 + 0.45 %, 2 p0)`` (0.46 % for a clean channel: about the paid
+trip line), threshold ``h`` from an in-control average run length of 1000
+channel-days at the channel's traffic (Siegmund's approximation). Measured over
+seeded streams (``tests/unit/test_cusum.py``): a 0 -> 5 % creep over 20 min
+at 4 req/s alarms after ~240 s (median), when the rate is ~1 %.
+
+Fast path (OR): a window trips when it holds at least ``error_min_requests`` judged requests
 (success or upstream failure; ``cancelled``/``filtered`` excluded), at least
 ``error_min_failures`` failures, and the
 Wilson lower bound of its failure rate at ``confidence`` (default 99.99 %
 one-sided) exceeds the tier's line (0.5 % paid, 0.35 % free). With the lower
 bound, "1 failure in 20 requests" (bound 0.31 %) does not trip a 0.5 % line,
-while 8 failures in 600 requests does.
+while 8 failures in 600 requests does. The fast path runs at 99.9999 %
+(one-sided) so that it only catches jumps: at 99.99 % it tripped once a
+clean day on a night-time 5 min window of a 0.3 % channel (docs/SCORECARD.md).
 """
 
 from __future__ import annotations
@@ -15,9 +27,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio, wilson_bounds, z_for
+from pipeline.detectors.base import Finding, ThresholdArrays, cusum_alarm, safe_ratio, wilson_bounds, z_for
 from pipeline.detectors.signal import Examples, Signal
+from pipeline.windows.cusum import BernoulliCusum, CusumDesign
+from pipeline.windows.extension import WindowSpec
 from pipeline.windows.store import WindowView
+
+#: The CUSUM's design (module docstring): floor 0.01 %, shift 0.45 %, ARL0 1000 channel-days.
+ERROR_CUSUM = CusumDesign(p_floor=0.0001, shift=0.0045, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0)
+
+
+def error_windows(spec: WindowSpec) -> BernoulliCusum:
+    """The error-rate CUSUM windows: trials = judged requests, events = upstream failures."""
+    return BernoulliCusum(spec, "error_rate", "error", ERROR_CUSUM,
+                          lambda c: c.outcome >= 0, lambda c: c.outcome == 1)
 
 
 @dataclass(frozen=True)
@@ -46,17 +69,19 @@ class ErrorRate:
 
     reason = "error_rate"
 
-    def __init__(self, confidence: float = 0.9999):
+    def __init__(self, confidence: float = 0.999999):
         self.z = z_for(confidence)
 
     def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
-        """Fire where either window's lower bound exceeds ``th.error_rate_trip``."""
+        """Fire where the CUSUM alarms (``S >= h``) or either window's lower bound exceeds ``th.error_rate_trip``."""
         lo1, _ = wilson_bounds(view.failures_1m, view.judged_1m, self.z)
         lo5, _ = wilson_bounds(view.failures_5m, view.judged_5m, self.z)
         trip = th.error_rate_trip
         enough1 = (view.judged_1m >= th.error_min_requests) & (view.failures_1m >= th.error_min_failures)
         enough5 = (view.judged_5m >= th.error_min_requests) & (view.failures_5m >= th.error_min_failures)
         fired = (enough1 & (np.nan_to_num(lo1) > trip)) | (enough5 & (np.nan_to_num(lo5) > trip))
+        s, h = view.error_cusum, view.error_cusum_h
+        fired |= cusum_alarm(s, h)
         return Finding(self.reason, fired, {
             "error_rate_1m": safe_ratio(view.failures_1m, view.judged_1m),
             "error_rate_5m": safe_ratio(view.failures_5m, view.judged_5m),
@@ -64,21 +89,28 @@ class ErrorRate:
             "requests_1m": view.judged_1m,
             "requests_5m": view.judged_5m,
             "error_rate_trip": trip,
+            "error_cusum": s,
+            "error_cusum_h": h,
+            "error_baseline_rate": view.error_p0,
         })
 
 
 SIGNAL = Signal(
     name="error_rate", kind="hard", params=ErrorRateParams, detector=ErrorRate(),
     tier_defaults={"free": {"error_rate_trip": 0.0035}},  # SPEC §4.1: free channels fail less at baseline
-    features=("judged_1m", "failures_1m", "judged_5m", "failures_5m"),
+    features=("judged_1m", "failures_1m", "judged_5m", "failures_5m", "error_cusum", "error_cusum_h", "error_p0"),
     metrics=("error_rate_1m", "error_rate_5m", "error_rate_lower_5m", "requests_1m", "requests_5m",
-             "error_rate_trip"),
+             "error_rate_trip", "error_cusum", "error_cusum_h", "error_baseline_rate"),
+    windows=error_windows,
     examples=Examples(
         firing={"judged_1m": 600, "failures_1m": 30, "judged_5m": 600, "failures_5m": 30},
         thin=({"judged_1m": 29, "failures_1m": 29, "judged_5m": 29, "failures_5m": 29},
-              {"judged_1m": 1_000, "failures_1m": 7, "judged_5m": 1_000, "failures_5m": 7}),
+              {"judged_1m": 1_000, "failures_1m": 7, "judged_5m": 1_000, "failures_5m": 7},
+              {"error_cusum": 9.0, "error_cusum_h": 14.0}),
         all_failures_fires=True),
-    rule="Wilson lower bound (99.99 % one-sided) of failures / requests over 1 min and 5 min above the tier "
-         "line, with ≥ 30 requests and ≥ 8 failures in the window; `cancelled`/`filtered` are not failures",
+    rule="Bernoulli CUSUM of failures on 10 s counts against the channel's own 24 h rate (≥ 0.01 %), tuned to "
+         "+0.45 %, h for 1 false alarm per 1000 channel-days; or (jumps) the Wilson lower bound (99.9999 % "
+         "one-sided) over 1 min or 5 min above the tier line with ≥ 30 requests and ≥ 8 failures; "
+         "`cancelled`/`filtered` are not failures",
     default="paid 0.5 %, free 0.35 %",
 )

@@ -14,6 +14,14 @@ Guarantee (tested over seeded distributions in
 Values below ``min_ms`` share bucket 0 (absolute error < ``min_ms``); values
 above ``max_ms`` share the top bucket (reported as ``max_ms``).
 
+Confidence bounds for a quantile (:func:`order_statistic_rank`,
+:meth:`LatencyBuckets.quantile_bound`) are the distribution-free order-statistic
+bounds (David & Nagaraja, "Order Statistics", 3rd ed., §7.1; Hahn & Meeker,
+"Statistical Intervals", §5.2): for ``n`` i.i.d. samples of a continuous
+distribution, the number of samples below the ``q``-quantile is Binomial(n, q),
+so the order statistic of a rank read off that binomial bounds the quantile
+at a stated confidence, whatever the distribution.
+
 Histograms here are plain ``numpy`` integer arrays whose last axis is the
 bucket axis, so whole rings of them (channels × intervals × buckets) are
 summed, merged and snapshotted with array operations.
@@ -25,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import bdtr, bdtrik  # binomial CDF and its inverse in k (scipy.stats costs ~75 MB RSS)
 
 
 @dataclass(frozen=True)
@@ -100,3 +109,72 @@ class LatencyBuckets:
         key = np.argmax(cum > rank[..., None], axis=-1)
         out = self.value_of(key)
         return np.where(total >= max(1, min_count), out, np.nan)
+
+    def quantile_bound(self, counts: np.ndarray, q: float, confidence: float, lower: bool = True,
+                       min_count: int = 1) -> np.ndarray:
+        """Distribution-free confidence bound (ms) of the ``q``-quantile of the values behind histograms.
+
+        ``counts``: shape ``(..., n_buckets)``; returns float64 of shape
+        ``counts.shape[:-1]``: with ``lower`` the lower edge of the bucket
+        holding the order statistic of rank :func:`order_statistic_rank`
+        (``P(bound <= true quantile) >= confidence``), else the upper edge
+        (``P(bound >= true quantile) >= confidence``; ``inf`` in the top
+        bucket). Bucket edges keep the guarantee exact despite the bucketing
+        (a value's bucket lies between its edges). NaN where a histogram
+        holds fewer than ``min_count`` values or too few for the confidence.
+        Raises ``ValueError`` for ``q`` or ``confidence`` outside (0, 1).
+        Generic: latency, TTFT, stream gaps, any histogram of this mapping.
+        """
+        counts = np.asarray(counts)
+        total = counts.sum(axis=-1).astype(np.int64)
+        rank = order_statistic_rank(total, q, confidence, lower)
+        cum = np.cumsum(counts, axis=-1)
+        key = np.argmax(cum > rank[..., None], axis=-1).astype(np.float64)
+        if lower:
+            edge = np.where(key > 0, self.min_ms * np.power(self.gamma, key - 1.0), 0.0)
+        else:
+            edge = np.where(key < self.n_buckets - 1, self.min_ms * np.power(self.gamma, key), np.inf)
+        return np.where((total >= max(1, min_count)) & (rank >= 0), edge, np.nan)
+
+
+def order_statistic_rank(n: np.ndarray, q: float, confidence: float, lower: bool = True) -> np.ndarray:
+    """0-based rank of the order statistic that bounds the ``q``-quantile at ``confidence``.
+
+    ``n``: sample counts (array of non-negative integers); ``q`` in (0, 1);
+    ``confidence`` in (0, 1). With ``X_(r)`` the r-th smallest (0-based) of
+    ``n`` i.i.d. samples and ``B ~ Binomial(n, q)``:
+
+    * ``lower=True``: the largest ``r`` with ``P(B >= r + 1) >= confidence``,
+      so ``P(X_(r) <= x_q) >= confidence`` (David & Nagaraja §7.1);
+    * ``lower=False``: the smallest ``r`` with ``P(B <= r) >= confidence``,
+      so ``P(X_(r) >= x_q) >= confidence``.
+
+    Returns int64 of ``n``'s shape; -1 where no rank reaches the confidence
+    (too few samples: e.g. a 99 % lower bound of the P95 needs n >= 2, an
+    upper one n >= 90). Raises ``ValueError`` for ``q`` or ``confidence``
+    outside (0, 1).
+
+    >>> order_statistic_rank(np.array([60, 1200, 10]), 0.95, 0.99).tolist()
+    [52, 1121, 6]
+    """
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    n = np.asarray(n, dtype=np.int64)
+    nf = np.maximum(n, 1).astype(np.float64)
+    alpha = 1.0 - confidence if lower else confidence
+    with np.errstate(invalid="ignore"):
+        k = np.floor(np.nan_to_num(bdtrik(alpha, nf, q), nan=-1.0)).astype(np.int64)
+    k = np.clip(k, -1, n)
+    cdf = lambda r: np.where(r < 0, 0.0, np.where(r >= n, 1.0, bdtr(np.clip(r, 0, None), np.maximum(n, 1), q)))
+    if lower:  # largest k with cdf(k) <= alpha (k = -1: none)
+        for _ in range(3):
+            k = np.where((k >= 0) & (cdf(k) > alpha), k - 1, k)
+            k = np.where((k + 1 < n) & (cdf(k + 1) <= alpha), k + 1, k)
+        return np.where((n > 0) & (k >= 0), k, -1)
+    for _ in range(3):  # smallest k with cdf(k) >= confidence (k = n: none)
+        k = np.where((k < n) & (cdf(k) < alpha), k + 1, k)
+        k = np.where((k > 0) & (cdf(k - 1) >= alpha), k - 1, k)
+    k = np.maximum(k, 0)
+    return np.where((n > 0) & (k < n) & (cdf(k) >= alpha), k, -1)

@@ -35,6 +35,12 @@ SHORT_SLOT_MS = 10_000
 #: window is the same whole slots as with 10 s ones at a third of the memory.
 LAT_SLOT_MS = 30_000
 BASE_SLOT_MS = 3_600_000
+#: One-sided confidence of the P95 lower bounds in the view (issue #19: a handful of outliers in a thin
+#: window cannot lift the bound; :meth:`LatencyBuckets.quantile_bound`).
+P95_BOUND_CONFIDENCE = 0.99
+#: The same for the last 30 s slot alone: 95 %, so a P95 x2 swap at 4 req/s (120 samples) is certified in
+#: the round it happens; a clean channel still needs ~10 of 120 answers above 1.8x its P95 to trip.
+P95_BOUND_CONFIDENCE_30S = 0.95
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,11 @@ class WindowView:
     over the 24 complete hours before the current hour (NaN without enough
     history), ``base_n`` its sample count and ``base_hours`` the number of
     hours present. ``run`` is the trailing consecutive-failure run.
+    ``p95_lower_ms``: a 99 % distribution-free lower confidence bound of the
+    5 min P95 (order statistic, :meth:`LatencyBuckets.quantile_bound`; NaN
+    below ``min_latency`` samples); ``p95_lower_30s_ms`` / ``n_latency_30s``:
+    the same bound and the sample count over the last complete 30 s latency
+    slot (the round just ended), for shifts a 5 min window sees too late.
 
     Quality scores (SPEC §4.5, :mod:`pipeline.windows.quality`):
     ``quality_n_5m`` / ``quality_mean_5m`` / ``quality_var_5m`` are the
@@ -77,6 +88,9 @@ class WindowView:
     rate_limited_5m: np.ndarray
     p95_ms: np.ndarray
     n_latency_5m: np.ndarray
+    p95_lower_ms: np.ndarray
+    p95_lower_30s_ms: np.ndarray
+    n_latency_30s: np.ndarray
     base_p95_ms: np.ndarray
     base_n: np.ndarray
     base_hours: np.ndarray
@@ -398,9 +412,14 @@ class WindowStore:
         per = lat.slot_ms // SHORT_SLOT_MS  # 10 s slots per latency slot; window ends are whole latency slots
         lat_ids = lat.slot_id[sel]
         lat_lo = -(-lo_long // per)
-        h5 = lat.sum_hist(((lat_ids >= lat_lo[:, None]) & (lat_ids < -(-hi // per))).astype(np.float32), sel)
+        lat_hi = -(-hi // per)
+        h5 = lat.sum_hist(((lat_ids >= lat_lo[:, None]) & (lat_ids < lat_hi)).astype(np.float32), sel)
         n_lat = h5.sum(axis=1)
         p95 = self.buckets.quantile(h5, 0.95, min_count=min_latency)
+        p95_lo = self.buckets.quantile_bound(h5, 0.95, P95_BOUND_CONFIDENCE, min_count=min_latency)
+        h30 = lat.sum_hist(((lat_ids >= np.maximum(lat_lo, lat_hi - 1)[:, None]) & (lat_ids < lat_hi))
+                           .astype(np.float32), sel)
+        p95_lo30 = self.buckets.quantile_bound(h30, 0.95, P95_BOUND_CONFIDENCE_30S, min_count=min_latency)
         base_p95, base_n, base_hours = self._baseline(now_ms, min_baseline, rows)
         quality = self.quality.aggregates(rows, now_ms, since_ms, self.baseline_hours)
         extra = {}
@@ -413,7 +432,8 @@ class WindowStore:
             judged_1m=s1[:, JUDGED], failures_1m=s1[:, FAILURES],
             judged_5m=s5[:, JUDGED], failures_5m=s5[:, FAILURES], ok_5m=s5[:, OK],
             checked_5m=s5[:, CHECKED], missing_5m=s5[:, MISSING], rate_limited_5m=s5[:, RATE_LIMITED],
-            p95_ms=p95, n_latency_5m=n_lat,
+            p95_ms=p95, n_latency_5m=n_lat, p95_lower_ms=p95_lo, p95_lower_30s_ms=p95_lo30,
+            n_latency_30s=h30.sum(axis=1),
             base_p95_ms=base_p95, base_n=base_n, base_hours=base_hours,
             run=self.runs.trailing[rows].astype(np.float64),
             **quality, extra=extra,

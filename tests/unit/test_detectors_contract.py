@@ -340,7 +340,7 @@ def test_metrics_values():
     f = _err(600, 30)
     assert f.metrics["error_rate_1m"][0] == pytest.approx(0.05)
     assert f.metrics["error_rate_trip"][0] == 0.005
-    lo, _ = wilson_bounds(np.array([30.0]), np.array([600.0]), z_for(0.9999))
+    lo, _ = wilson_bounds(np.array([30.0]), np.array([600.0]), ErrorRate().z)
     assert f.metrics["error_rate_lower_5m"][0] == pytest.approx(lo[0])
 
 
@@ -389,9 +389,22 @@ def test_wilson_nan_for_empty_and_z_validation():
 
 # --- latency ratio ----------------------------------------------------------------------
 
-def _lat(ratio, active, base=100.0, n=1_000, base_n=10_000, hours=24):
-    v = view(1, p95_ms=ratio * base, n_latency_5m=n, base_p95_ms=base, base_n=base_n, base_hours=hours)
+def _lat(ratio, active, base=100.0, n=1_000, base_n=10_000, hours=24, lower=None, lower_30s=None, n_30s=0):
+    """Latency finding; the 5 min lower bound ratio defaults to the point ratio."""
+    v = view(1, p95_ms=ratio * base, n_latency_5m=n, base_p95_ms=base, base_n=base_n, base_hours=hours,
+             p95_lower_ms=(ratio if lower is None else lower) * base,
+             p95_lower_30s_ms=np.nan if lower_30s is None else lower_30s * base, n_latency_30s=n_30s)
     return LatencyRatio().detect(v, th(1), np.array([active]))
+
+
+def test_latency_trips_on_the_lower_bound_not_the_point_estimate():
+    """Issue #19: a thin window's P95 of 3x whose 99 % lower bound is 1.5x does not trip; either window's
+    bound at 1.8x does (the last 30 s needs its own 50 samples); clearing stays on the point ratio."""
+    assert not _lat(3.0, False, lower=1.5).fired[0]
+    assert _lat(1.3, False, lower=1.0, lower_30s=1.8, n_30s=120).fired[0]
+    assert not _lat(1.3, False, lower=1.0, lower_30s=3.0, n_30s=49).fired[0]
+    f = _lat(1.3, True, lower=1.0)
+    assert f.fired[0] and f.metrics["latency_p95_lower_ratio"][0] == pytest.approx(1.0)
 
 
 def test_latency_hysteresis_sequence():

@@ -1,0 +1,222 @@
+"""One-sided Bernoulli CUSUM on per-10 s counts: a signal's own windows for a failure-type rate.
+
+The test (Page 1954, "Continuous inspection schemes", Biometrika 41; for a
+proportion inspected continuously: Reynolds & Stoumbos 1999, J. Quality
+Technology 31(1)): each complete 10 s slot of a channel with ``n`` trials of
+which ``k`` are events (failures, hollow answers) adds the log-likelihood
+ratio of rate ``p1`` against ``p0``::
+
+    S <- max(0, S + k * log(p1 / p0) + (n - k) * log((1 - p1) / (1 - p0)))
+
+and the channel alarms while ``S >= h``. Summing a slot's trials first and
+checking ``S`` at slot ends only is the same walk watched less often: it can
+only alarm later, never earlier, than the per-request chart.
+
+``p0`` is the channel's own in-control rate: a 24 h exponentially weighted
+count of trials and events (learned only while ``S < h``), shrunk toward
+``prior_rate`` by ``prior_trials`` pseudo-trials and never below
+``p_floor``. ``p1 = max(p0 + shift, 2 p0)``: the smallest change worth
+catching (Page: design the chart for the shift to detect).
+
+``h`` comes from a stated in-control average run length, ``arl0_days``
+channel-days at the channel's own traffic (24 h weighted trials per second,
+at least ``min_rate_per_s``), through Siegmund's approximation for a random
+walk of log-likelihood ratios (Siegmund 1985, "Sequential Analysis", §X.2,
+eq. 10.14 with 2|mu|/sigma^2 = 1): ``ARL0 ~= (e^h - h - 1) / KL(p0 || p1)``
+trials, solved for ``h``. The guarantee is checked by simulation over seeded
+streams in ``tests/unit/test_cusum.py``.
+
+A channel judged on the traffic since a state entry (``since_ms``, SPEC §4
+half-open) restarts its chart at 0 from that time. After an alarm ``S`` is
+capped at ``2 h``, so a finished fault clears within about ``h / KL``
+clean trials.
+
+Memory per channel: a 12 × 10 s ring of two float32 counters with int64
+slot ids (192 bytes) and six float64 of state (48 bytes): 240 bytes.
+Per event: one ring write (two counters), no optional column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from pipeline.windows.extension import RingWindows, WindowSpec
+from pipeline.windows.features import EventColumns
+from pipeline.windows.ring import IntervalRing
+
+SLOT_MS = 10_000
+N_SLOTS = 12
+DAY_S = 86_400.0
+#: State columns: chart value, newest folded slot, chart start slot, weighted trials, events, seconds.
+S, LAST, START, TRIALS, EVENTS, SECONDS = range(6)
+
+
+@dataclass(frozen=True)
+class CusumDesign:
+    """Design of one Bernoulli CUSUM (see the module docstring).
+
+    ``p_floor`` in (0, 0.5): lowest in-control rate assumed; ``shift`` in
+    (0, 0.5): absolute rate increase the chart is tuned to (``p1 = max(p0 +
+    shift, 2 p0)``); ``arl0_days`` > 0: in-control average run length in
+    channel-days (1 / false alarms per channel-day); ``prior_rate`` in
+    (0, 0.5) and ``prior_trials`` >= 0: shrinkage of a young channel's rate;
+    ``baseline_s`` > 0: time constant of the learned rate (SPEC §4.3: 24 h);
+    ``min_rate_per_s`` > 0: lowest traffic assumed when setting ``h``.
+    Raises ``ValueError`` naming the field.
+    """
+
+    p_floor: float
+    shift: float
+    arl0_days: float = 1000.0
+    prior_rate: float = 0.005
+    prior_trials: float = 2_000.0
+    baseline_s: float = DAY_S
+    min_rate_per_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        for name in ("p_floor", "shift", "prior_rate"):
+            if not 0.0 < getattr(self, name) < 0.5:
+                raise ValueError(f"{name} must be in (0, 0.5), got {getattr(self, name)}")
+        for name in ("arl0_days", "baseline_s", "min_rate_per_s"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.prior_trials < 0:
+            raise ValueError(f"prior_trials must be >= 0, got {self.prior_trials}")
+
+    def rates(self, trials: np.ndarray, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(p0, p1)`` float64 from the learned weighted ``trials`` and ``events`` (arrays, >= 0)."""
+        p = (np.asarray(events, np.float64) + self.prior_trials * self.prior_rate) / (
+            np.asarray(trials, np.float64) + self.prior_trials + 1e-12)
+        p0 = np.clip(p, self.p_floor, 0.45)
+        p1 = np.minimum(np.maximum(p0 + self.shift, 2.0 * p0), 0.95)
+        return p0, p1
+
+
+def llr_weights(p0: np.ndarray, p1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Log-likelihood ratio per event ``log(p1/p0)`` and per non-event ``log((1-p1)/(1-p0))`` (0 < p0 < p1 < 1)."""
+    return np.log(p1 / p0), np.log1p(-p1) - np.log1p(-p0)
+
+
+def kl_bernoulli(p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
+    """Kullback-Leibler divergence KL(Bern(p0) || Bern(p1)) in nats (0 < p0, p1 < 1): the in-control
+    drift per trial of the chart, negated."""
+    a, b = llr_weights(p0, p1)
+    return -(p0 * a + (1.0 - p0) * b)
+
+
+def threshold_h(arl0_trials: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
+    """Decision threshold ``h`` (nats) with Siegmund's ``(e^h - h - 1) / KL(p0||p1) = arl0_trials``.
+
+    ``arl0_trials`` > 0 (float64, broadcast with ``p0``/``p1``); solved by the fixed point
+    ``h = log(1 + h + A)``, ``A = arl0_trials * KL`` (monotone, 8 steps reach 1e-6 for A >= 1).
+
+    >>> round(float(threshold_h(np.array(1e6), np.array(0.001), np.array(0.005))), 2)
+    7.79
+    """
+    a = np.asarray(arl0_trials, np.float64) * kl_bernoulli(np.asarray(p0, np.float64), np.asarray(p1, np.float64))
+    h = np.log1p(a)
+    for _ in range(8):
+        h = np.log1p(h + a)
+    return h
+
+
+class BernoulliCusum(RingWindows):
+    """Per-channel Bernoulli CUSUM windows (module docstring); features ``<prefix>_cusum`` (S),
+    ``<prefix>_cusum_h`` (h), ``<prefix>_p0`` and ``<prefix>_p1`` (float64 (C,) each).
+
+    ``name``: the owning signal's name; ``trials_of`` / ``events_of``: ``EventColumns ->`` bool (n,)
+    (events must be trials); ``design``: :class:`CusumDesign`.
+    """
+
+    def __init__(self, spec: WindowSpec, name: str, prefix: str, design: CusumDesign,
+                 trials_of: Callable[[EventColumns], np.ndarray], events_of: Callable[[EventColumns], np.ndarray]):
+        self.name, self.prefix, self.design = name, prefix, design
+        self.trials_of, self.events_of = trials_of, events_of
+        self.rings = {"slots": IntervalRing(SLOT_MS, N_SLOTS, 2, 0)}
+        self.state = self._fresh(16)
+
+    @staticmethod
+    def _fresh(n: int) -> np.ndarray:
+        st = np.zeros((n, 6))
+        st[:, LAST] = -1.0
+        st[:, START] = -1.0
+        return st
+
+    def ensure_capacity(self, n_channels: int) -> None:
+        super().ensure_capacity(n_channels)
+        if n_channels > self.state.shape[0]:
+            grow = max(n_channels, 2 * self.state.shape[0]) - self.state.shape[0]
+            self.state = np.concatenate([self.state, self._fresh(grow)])
+
+    def clear_rows(self, rows: np.ndarray) -> None:
+        super().clear_rows(rows)
+        self.state[np.asarray(rows, np.int64)] = self._fresh(1)
+
+    def export_row(self, i: int) -> dict[str, np.ndarray]:
+        return {**super().export_row(i), "state": self.state[i].copy()}
+
+    def import_row(self, i: int, arrays: Mapping[str, np.ndarray] | None) -> None:
+        if arrays is not None:
+            got = arrays.get("state")
+            if got is None or np.shape(got) != (6,):
+                raise ValueError(f"{self.name} windows: state has shape {np.shape(got)}, store (6,)")
+        super().import_row(i, arrays)
+        self.state[i] = self._fresh(1)[0] if arrays is None else np.asarray(arrays["state"], np.float64)
+
+    def add(self, cols: EventColumns, late: np.ndarray) -> None:
+        trials = self.trials_of(cols)
+        rows = np.empty((len(cols), 2), np.float32)
+        rows[:, 0] = trials
+        rows[:, 1] = self.events_of(cols) & trials
+        self.rings["slots"].add(cols.channel, cols.ts_ms, rows)
+
+    def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Fold every complete slot not yet folded into each channel's chart, then report it."""
+        st = self.state[rows]
+        d = self.design
+        hi = int(now_ms) // SLOT_MS  # slots < hi are complete
+        if since_ms is not None:
+            start = -(-np.asarray(since_ms, np.int64) // SLOT_MS)
+            reset = start > st[:, START]
+            st[reset, S] = 0.0
+            st[reset, START] = start[reset]
+        p0, p1, h = self._design_now(st)
+        a, b = llr_weights(p0, p1)
+        ring = self.rings["slots"]
+        ids = ring.slot_id[rows]
+        counts = ring.counts[rows].astype(np.float64)
+        order = np.argsort(ids, axis=1)
+        ids = np.take_along_axis(ids, order, axis=1)
+        counts = np.take_along_axis(counts, order[:, :, None], axis=1)
+        fold = (ids > st[:, LAST, None]) & (ids < hi) & (ids >= st[:, START, None])
+        s = st[:, S]
+        for j in range(ids.shape[1]):
+            n, k = counts[:, j, 0], counts[:, j, 1]
+            s = np.where(fold[:, j], np.minimum(np.maximum(s + k * a + (n - k) * b, 0.0), 2.0 * h), s)
+        st[:, S] = s
+        new_n = (counts[:, :, 0] * fold).sum(axis=1)
+        new_k = (counts[:, :, 1] * fold).sum(axis=1)
+        first = np.where(fold.any(axis=1), np.where(fold, ids, hi).min(axis=1) - 1, hi - 1)
+        prev = np.where(st[:, LAST] >= 0, st[:, LAST], first)
+        elapsed_s = np.clip(hi - 1 - prev, 0, None) * (SLOT_MS / 1000.0)
+        decay = np.exp(-elapsed_s / d.baseline_s)
+        learn = s < h
+        st[:, TRIALS] = st[:, TRIALS] * decay + np.where(learn, new_n, 0.0)
+        st[:, EVENTS] = st[:, EVENTS] * decay + np.where(learn, new_k, 0.0)
+        st[:, SECONDS] = st[:, SECONDS] * decay + np.where(learn, elapsed_s, 0.0)
+        st[:, LAST] = np.maximum(st[:, LAST], hi - 1)
+        self.state[rows] = st
+        p0, p1, h = self._design_now(st)  # after learning: a second view at the same time reports the same
+        p = self.prefix
+        return {f"{p}_cusum": s, f"{p}_cusum_h": h, f"{p}_p0": p0, f"{p}_p1": p1}
+
+    def _design_now(self, st: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(p0, p1, h)`` of state rows ``st`` (n, 6)."""
+        d = self.design
+        p0, p1 = d.rates(st[:, TRIALS], st[:, EVENTS])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(st[:, SECONDS] > 0, st[:, TRIALS] / st[:, SECONDS], 0.0)
+        return p0, p1, threshold_h(d.arl0_days * DAY_S * np.maximum(rate, d.min_rate_per_s), p0, p1)
