@@ -299,10 +299,12 @@ class Engine(EngineStateIO):
                 return
         rows = np.unique(cols.channel)
         result.verdicts.extend(self._evaluate_until(rows, int(cols.ts_ms.min())))
-        th = self.thresholds().consecutive_failures.copy()
-        for c, m in enumerate(self.machines[: th.shape[0]]):
-            if m.state == HALF_OPEN:  # SPEC §4: any failure run sends a probing channel back
-                th[c] = min(th[c], self.policy.half_open_failure_run)
+        th = self.thresholds().consecutive_failures
+        machines = self.machines
+        probing = [c for c in rows.tolist() if machines[c].state == HALF_OPEN]
+        if probing:  # SPEC §4: any failure run sends a probing channel back (only this chunk's rows are read)
+            th = th.copy()
+            th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
         late, run_ch, run_max = self.store.add(cols, th)
         crossed = self.store.runs.crossed_at
         if late.any():  # too old for the ring although within lateness: count as late too

@@ -117,6 +117,8 @@ class PipelineMetrics:
         self.alerts_sent_total = Counter("channel_health_alerts_sent", "Alert messages by route and outcome "
                                          "(sent, failed).", ["route", "outcome"], registry=r)
         self._channels: set[str] = set()
+        self._verdict_children: dict[tuple[str, str], Any] = {}  # (state, reason) -> verdicts_total child
+        self._channel_children: dict[str, tuple] = {}  # channel -> ((state, state gauge child)..., weight child)
         #: The HTTP server of :func:`start_metrics_server` (None: not served); :meth:`close` stops it.
         self.server: Any = None
 
@@ -194,18 +196,34 @@ class PipelineMetrics:
         self.observe_verdicts(verdicts)
 
     def observe_verdicts(self, verdicts: Iterable[Any]) -> None:
-        """Count verdicts by state and reason and set the per-channel state and weight gauges (bounded)."""
+        """Count verdicts by state and reason and set the per-channel state and weight gauges (bounded).
+
+        The labelled children are looked up once per (state, reason) and per
+        channel and kept (``labels()`` takes a lock and builds a key on every
+        call; a round publishes a verdict for every channel).
+        """
+        counted = self._verdict_children
+        gauges = self._channel_children
         for v in verdicts:
+            state = v.state
             for reason in v.reasons or ("none",):
-                self.verdicts_total.labels(v.state, reason).inc()
-            if v.channel not in self._channels:
-                if len(self._channels) >= self.max_channels:
-                    self.dropped_channels_total.inc()
-                    continue
-                self._channels.add(v.channel)
-            for s in STATES:
-                self.channel_state.labels(v.channel, s).set(1.0 if s == v.state else 0.0)
-            self.channel_weight.labels(v.channel).set(v.weight)
+                child = counted.get((state, reason))
+                if child is None:
+                    child = counted[(state, reason)] = self.verdicts_total.labels(state, reason)
+                child.inc()
+            children = gauges.get(v.channel)
+            if children is None:
+                if v.channel not in self._channels:
+                    if len(self._channels) >= self.max_channels:
+                        self.dropped_channels_total.inc()
+                        continue
+                    self._channels.add(v.channel)
+                children = gauges[v.channel] = (
+                    tuple((s, self.channel_state.labels(v.channel, s)) for s in STATES),
+                    self.channel_weight.labels(v.channel))
+            for s, child in children[0]:
+                child.set(1.0 if s == state else 0.0)
+            children[1].set(v.weight)
 
     def observe_flush(self, seconds: float, rows: int | None) -> None:
         """One ClickHouse flush that succeeded: ``seconds`` of wall time, ``rows`` written (None: unknown)."""

@@ -85,6 +85,11 @@ def release_zero(a: np.ndarray, within: np.ndarray | None = None) -> None:
             _advise(page, _PAGE, _MADV_DONTNEED)
 
 
+#: :meth:`IntervalRing.add` reads only the touched cells when the batch has fewer events than
+#: 1/8 of the ring's (channel, slot) cells; above that, one pass over all cells is cheaper than a sort.
+_FEW_EVENTS_PER_CELL = 8
+
+
 class IntervalRing:
     """Per-channel ring of ``n_slots`` event-time intervals.
 
@@ -161,15 +166,26 @@ class IntervalRing:
         slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
         flat = channel * self.n_slots + slot % self.n_slots
         ids = self.slot_id.reshape(-1)
-        newest = ids.copy()
-        np.maximum.at(newest, flat, slot)
-        evict = np.nonzero(newest != ids)[0]
+        if flat.shape[0] * _FEW_EVENTS_PER_CELL < ids.shape[0]:
+            # Few events for the ring's size: only the cells they touch are read (a copy of every channel's
+            # slot ids would make a small batch cost as much as a large one).
+            cells, inverse = np.unique(flat, return_inverse=True)
+            held = ids[cells]
+            newest = held.copy()
+            np.maximum.at(newest, inverse, slot)
+            moved = newest != held
+            evict, evict_to = cells[moved], newest[moved]
+        else:
+            newest = ids.copy()
+            np.maximum.at(newest, flat, slot)
+            evict = np.nonzero(newest != ids)[0]
+            evict_to = newest[evict]
         if evict.size:
             if self.n_counters:
                 self.counts.reshape(-1, self.n_counters)[evict] = 0.0
             if self.n_buckets:
                 self.hist.reshape(-1, self.n_buckets)[evict] = 0.0
-            ids[evict] = newest[evict]
+            ids[evict] = evict_to
         fits = slot == ids[flat]
         # Older than the channel's whole ring: its position may even be empty.
         top = int(channel.max()) + 1

@@ -12,6 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 
+#: Batches of at most this many events take :meth:`RunTracker.update`'s per-event path (same results).
+SMALL_BATCH = 32
+
+
 class RunTracker:
     """Trailing consecutive-failure run per channel.
 
@@ -57,6 +61,8 @@ class RunTracker:
         """
         channel = np.asarray(channel, dtype=np.int64)
         outcome = np.asarray(outcome, dtype=np.int8)
+        if channel.shape[0] <= SMALL_BATCH:
+            return self._update_small(channel, outcome, threshold)
         keep = outcome >= 0
         original = np.flatnonzero(keep)
         channel, outcome = channel[keep], outcome[keep]
@@ -88,6 +94,34 @@ class RunTracker:
             first = np.minimum.reduceat(np.where(hit, pos, n), starts)
             self.crossed_at = np.where(first < n, original[order[np.minimum(first, n - 1)]], -1)
         return groups, max_run
+
+    def _update_small(self, channel: np.ndarray, outcome: np.ndarray,
+                      threshold: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`update` for a batch of at most :data:`SMALL_BATCH` events, one event at a time (the same
+        results: a run continues from the carried one, a success resets it to 0, each value capped at
+        ``window``); some twenty numpy calls would cost more than the loop."""
+        window = self.window
+        trailing = self.trailing
+        runs: dict[int, list[int]] = {}  # channel -> [uncapped run, max run, first crossing index]
+        limit = None if threshold is None else np.asarray(threshold)
+        for i, (c, o) in enumerate(zip(channel.tolist(), outcome.tolist())):
+            if o < 0:
+                continue
+            st = runs.get(c)
+            if st is None:
+                st = runs[c] = [int(trailing[c]), 0, -1]
+            st[0] = st[0] + 1 if o == 1 else 0
+            run = min(st[0], window)
+            if run > st[1]:
+                st[1] = run
+            if limit is not None and st[2] < 0 and run >= limit[c]:
+                st[2] = i
+        groups = sorted(runs)
+        for c in groups:
+            trailing[c] = min(runs[c][0], window)
+        self.crossed_at = (np.array([runs[c][2] for c in groups], np.int64) if threshold is not None
+                           else np.zeros(0, np.int64))
+        return np.array(groups, np.int64), np.array([runs[c][1] for c in groups], np.int32)
 
     def state(self) -> dict[str, np.ndarray]:
         """Arrays for a snapshot."""
