@@ -206,7 +206,10 @@ class BernoulliCusum(RingWindows):
         learn = s < h
         st[:, TRIALS] = st[:, TRIALS] * decay + np.where(learn, new_n, 0.0)
         st[:, EVENTS] = st[:, EVENTS] * decay + np.where(learn, new_k, 0.0)
-        st[:, SECONDS] = st[:, SECONDS] * decay + np.where(learn, elapsed_s, 0.0)
+        # exposure in exponentially weighted seconds, integrated over the elapsed time (tau (1 - decay)):
+        # one step over T equals many steps summing to T, so a channel evicted while idle and evaluated
+        # again on its return gets the same h as one evaluated every round (tests/unit/test_channel_state.py)
+        st[:, SECONDS] = st[:, SECONDS] * decay + np.where(learn, d.baseline_s * -np.expm1(-elapsed_s / d.baseline_s), 0.0)
         st[:, LAST] = np.maximum(st[:, LAST], hi - 1)
         self.state[rows] = st
         p0, p1, h = self._design_now(st)  # after learning: a second view at the same time reports the same
