@@ -30,8 +30,11 @@ from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.store import WindowView
 
-#: The CUSUM's design (module docstring): floor 0.1 %, shift 1.5 %, ARL0 1000 channel-days.
-MISSING_CUSUM = CusumDesign(p_floor=0.001, shift=0.015, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0)
+#: The CUSUM's design (module docstring): floor 0.1 %, shift 1.5 %, ARL0 1000 channel-days. A soft
+#: finding does not restart its chart on a state change, so ``S`` is capped at 1.25 h: after the fault
+#: the alarm ends within ~0.25 h / 0.015 ≈ 170 clean answers, inside the window rule's own clearing time.
+MISSING_CUSUM = CusumDesign(p_floor=0.001, shift=0.015, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0,
+                            cap_h=1.25)
 
 
 def missing_windows(spec: WindowSpec) -> BernoulliCusum:

@@ -28,8 +28,8 @@ streams in ``tests/unit/test_cusum.py``.
 
 A channel judged on the traffic since a state entry (``since_ms``, SPEC §4
 half-open) restarts its chart at 0 from that time. After an alarm ``S`` is
-capped at ``2 h``, so a finished fault clears within about ``h / KL``
-clean trials.
+capped at ``cap_h × h`` (default 2), so a finished fault clears within about
+``(cap_h - 1) h / |log((1 - p1) / (1 - p0))|`` clean trials.
 
 Memory per channel: a 12 × 10 s ring of two float32 counters with int64
 slot ids (192 bytes) and six float64 of state (48 bytes): 240 bytes.
@@ -64,7 +64,9 @@ class CusumDesign:
     channel-days (1 / false alarms per channel-day); ``prior_rate`` in
     (0, 0.5) and ``prior_trials`` >= 0: shrinkage of a young channel's rate;
     ``baseline_s`` > 0: time constant of the learned rate (SPEC §4.3: 24 h);
-    ``min_rate_per_s`` > 0: lowest traffic assumed when setting ``h``.
+    ``min_rate_per_s`` > 0: lowest traffic assumed when setting ``h``;
+    ``cap_h`` > 1: ``S`` is held at most ``cap_h × h`` (how long an alarm
+    outlasts its fault, see the module docstring).
     Raises ``ValueError`` naming the field.
     """
 
@@ -75,6 +77,7 @@ class CusumDesign:
     prior_trials: float = 2_000.0
     baseline_s: float = DAY_S
     min_rate_per_s: float = 0.05
+    cap_h: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("p_floor", "shift", "prior_rate"):
@@ -83,6 +86,8 @@ class CusumDesign:
         for name in ("arl0_days", "baseline_s", "min_rate_per_s"):
             if not getattr(self, name) > 0.0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.cap_h > 1.0:
+            raise ValueError(f"cap_h must be > 1, got {self.cap_h}")
         if self.prior_trials < 0:
             raise ValueError(f"prior_trials must be >= 0, got {self.prior_trials}")
 
@@ -195,7 +200,7 @@ class BernoulliCusum(RingWindows):
         s = st[:, S]
         for j in range(ids.shape[1]):
             n, k = counts[:, j, 0], counts[:, j, 1]
-            s = np.where(fold[:, j], np.minimum(np.maximum(s + k * a + (n - k) * b, 0.0), 2.0 * h), s)
+            s = np.where(fold[:, j], np.minimum(np.maximum(s + k * a + (n - k) * b, 0.0), d.cap_h * h), s)
         st[:, S] = s
         new_n = (counts[:, :, 0] * fold).sum(axis=1)
         new_k = (counts[:, :, 1] * fold).sum(axis=1)

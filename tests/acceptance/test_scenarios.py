@@ -56,12 +56,15 @@ def test_gradual_degradation_shows_the_latency_creep_before_the_error_trip(scena
     trip = next(v for v in vs if v.state == "open")
     assert first_latency.ts_ms < trip.ts_ms
     assert (first_latency.state, first_latency.reasons) == ("degraded", ["latency_p95_ratio"])
-    assert first_latency.metrics["latency_p95_ratio"] >= 1.8
-    # the 5 min P95 passes 1.8 x baseline some time after the injected P95 does (181 s into the ramp)
+    # issue #19: the trip is on a lower confidence bound of the P95 (5 min, or the last 30 s)
+    assert first_latency.metrics["latency_p95_lower_ratio"] >= 1.8
+    # the bound passes 1.8 x baseline some time after the injected P95 does (181 s into the ramp)
     assert 181 <= run.t(first_latency.ts_ms) - 7200 <= 300
     # every active finding, hard first: the trip still names the latency finding
     assert trip.reasons[0] in ("error_rate", "consecutive_failures")
-    assert trip.reasons[-1] == "latency_p95_ratio"
+    # soft findings after the hard ones; the slower streams (TTFT grows with the latency) may follow
+    soft = [r for r in trip.reasons if r not in ("error_rate", "consecutive_failures")]
+    assert soft[0] == "latency_p95_ratio" and set(soft) <= {"latency_p95_ratio", "slow_stream"}, trip.reasons
 
 
 def test_sparse_consecutive_failures_across_quiet_gaps(scenario_run):

@@ -2,7 +2,7 @@
 expected-vs-actual table and a stored run; the errors drill recovers within one evaluation round of SPEC §4.
 
 Default form: errors and hollow on one stack (~30 s on 2 cores); with ``-m slow`` also latency,
-quota_drain and stream_stall (whose detector does not exist yet: its table says so). quality_drift
+quota_drain and stream_stall. quality_drift
 needs the quality scorer (torch) and is covered by tests/acceptance/test_quality_drift.py's scorer path.
 """
 
@@ -86,7 +86,5 @@ def test_every_drill_kind_without_a_scorer_on_the_embedded_stack(tmp_path, monke
     results = dict(zip(["errors", "latency", "hollow", "stream_stall", "quota_drain"],
                        _drills(["errors", "latency", "hollow", "stream_stall", "quota_drain"], tmp_path, monkeypatch)))
     _assert_recovery(results["errors"])
-    assert results["latency"].passed and results["hollow"].passed and results["quota_drain"].passed
-    for kind in ("stream_stall",):  # no slow_stream signal yet: said, not faked
-        assert results[kind].rows[0].status == "detector missing", results[kind].table()
-        assert not results[kind].passed
+    for kind in ("latency", "hollow", "quota_drain", "stream_stall"):  # every detector exists (issue #18)
+        assert results[kind].passed, results[kind].table()
