@@ -88,6 +88,8 @@ def release_zero(a: np.ndarray, within: np.ndarray | None = None) -> None:
 #: :meth:`IntervalRing.add` reads only the touched cells when the batch has fewer events than
 #: 1/8 of the ring's (channel, slot) cells; above that, one pass over all cells is cheaper than a sort.
 _FEW_EVENTS_PER_CELL = 8
+#: The increment of a histogram cell, as the ring's dtype (a Python float would leave ufunc.at's fast path).
+_ONE = np.float32(1.0)
 
 
 class IntervalRing:
@@ -151,61 +153,89 @@ class IntervalRing:
         counter_rows: np.ndarray | None = None,
         hist_mask: np.ndarray | None = None,
         hist_key: np.ndarray | None = None,
+        slot: np.ndarray | None = None,
     ) -> np.ndarray:
         """Add a batch of events; returns a bool mask of events too old for the ring.
 
         ``channel`` int (n,), ``ts_ms`` int64 (n,), ``counter_rows`` (n,
         n_counters) increments, ``hist_mask`` bool (n,) selecting the events
-        whose ``hist_key`` (int (n,), bucket index) is counted. An event is
-        too old (mask True, not counted) when it is ``n_slots`` or more
-        intervals older than the channel's newest event.
+        whose ``hist_key`` (int (n,), bucket index) is counted (None with a
+        ``hist_key``: every event). An event is too old (mask True, not
+        counted) when it is ``n_slots`` or more intervals older than the
+        channel's newest event. ``slot``: optionally ``ts_ms // slot_ms``,
+        already computed (rings of one slot length share it).
+
+        Each counter and histogram cell receives its events' increments one
+        by one in batch order, in float32 (``np.add.at``), so the contents do
+        not depend on how a batch is split; zero increments are skipped
+        (adding +0.0 changes no float32 value a ring can hold).
         """
         channel = np.asarray(channel, dtype=np.int64)
-        if channel.shape[0] == 0:
+        n = channel.shape[0]
+        if n == 0:
             return np.zeros(0, bool)
-        slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
-        flat = channel * self.n_slots + slot % self.n_slots
+        if slot is None:
+            slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
+        ns = self.n_slots
+        flat = channel * ns + slot % ns
         ids = self.slot_id.reshape(-1)
-        if flat.shape[0] * _FEW_EVENTS_PER_CELL < ids.shape[0]:
-            # Few events for the ring's size: only the cells they touch are read (a copy of every channel's
-            # slot ids would make a small batch cost as much as a large one).
-            cells, inverse = np.unique(flat, return_inverse=True)
-            held = ids[cells]
-            newest = held.copy()
-            np.maximum.at(newest, inverse, slot)
-            moved = newest != held
-            evict, evict_to = cells[moved], newest[moved]
+        held = ids[flat]
+        newer = slot > held
+        if newer.any():  # some events open an interval: evict what their positions held
+            self._evict(ids, flat, slot, newer)
+            held = ids[flat]
+        fits = slot == held
+        # Too old for the channel's whole ring although its position holds the same interval (the channel
+        # has moved on by n_slots or more since): needs the channel's newest interval. Every event is
+        # newer than the ring's overall newest interval minus n_slots in the usual batch: one max decides.
+        if n * ns <= ids.shape[0]:
+            fits &= slot > self.slot_id[channel].max(axis=1) - ns
         else:
-            newest = ids.copy()
-            np.maximum.at(newest, flat, slot)
-            evict = np.nonzero(newest != ids)[0]
-            evict_to = newest[evict]
-        if evict.size:
-            if self.n_counters:
-                self.counts.reshape(-1, self.n_counters)[evict] = 0.0
-            if self.n_buckets:
-                self.hist.reshape(-1, self.n_buckets)[evict] = 0.0
-            ids[evict] = evict_to
-        fits = slot == ids[flat]
-        # Older than the channel's whole ring: its position may even be empty.
-        top = int(channel.max()) + 1
-        if top <= channel.shape[0]:  # one max per channel row, then a gather: cheaper than n rows copied
-            newest_slot = self.slot_id[:top].max(axis=1)[channel]
-        else:
-            newest_slot = self.slot_id[channel].max(axis=1)
-        fits &= slot > newest_slot - self.n_slots
-        # Scatter-adds on the flat (1-D) arrays: numpy's ufunc.at is several times slower with a 2-D target
-        # or a tuple index (docs/THROUGHPUT.md, "Design measurements").
+            doubt = np.flatnonzero(fits & (slot <= int(ids.max()) - ns))
+            if doubt.size:
+                fits[doubt] = slot[doubt] > self.slot_id[channel[doubt]].max(axis=1) - ns
+        every = bool(fits.all())
+        # Scatter-adds on the flat (1-D) arrays with matching dtypes: numpy's ufunc.at takes its fast path
+        # only then (several times slower with a 2-D target, a tuple index or a Python scalar; see
+        # docs/THROUGHPUT.md, "Design measurements").
         if counter_rows is not None and self.n_counters:
             k = self.n_counters
-            cells = (flat[fits][:, None] * k + np.arange(k)).reshape(-1)
-            np.add.at(np.reshape(self.counts, -1, copy=False), cells,
-                      np.asarray(counter_rows, np.float32)[fits].reshape(-1))
-        if hist_mask is not None and self.n_buckets:
-            sel = fits & hist_mask
-            cells, times = np.unique(flat[sel] * self.n_buckets + hist_key[sel], return_counts=True)
-            np.reshape(self.hist, -1, copy=False)[cells] += times  # cells are unique: a plain fancy add is exact
+            vals = np.asarray(counter_rows, np.float32)
+            f = flat if every else flat[fits]
+            v = (vals if every else vals[fits]).reshape(-1)
+            nz = np.flatnonzero(v)
+            if 2 * nz.shape[0] < v.shape[0]:  # mostly zeros (0/1 counters): add only the others
+                cells, v = (f[nz // k] * k + nz % k if k > 1 else f[nz]), v[nz]
+            else:
+                cells = (f[:, None] * k + np.arange(k)).reshape(-1)
+            np.add.at(np.reshape(self.counts, -1, copy=False), cells, v)
+        if hist_key is not None and self.n_buckets:
+            sel = fits if hist_mask is None else fits & hist_mask
+            cells = flat[sel] * self.n_buckets + np.asarray(hist_key)[sel]
+            np.add.at(np.reshape(self.hist, -1, copy=False), cells, _ONE)
         return ~fits
+
+    def _evict(self, ids: np.ndarray, flat: np.ndarray, slot: np.ndarray, newer: np.ndarray) -> None:
+        """Move the positions (flat indices ``flat[newer]`` into ``ids``) to the newest interval their
+        events bring, zeroing their counters and histograms."""
+        sub = np.flatnonzero(newer)
+        if sub.shape[0] * _FEW_EVENTS_PER_CELL < ids.shape[0]:
+            # Few such events for the ring's size: only the cells they touch are read (a copy of every
+            # channel's slot ids would make a small batch cost as much as a large one).
+            cells, inverse = np.unique(flat[sub], return_inverse=True)
+            newest = ids[cells]
+            np.maximum.at(newest, inverse, slot[sub])
+            evict, evict_to = cells, newest
+        else:
+            newest = ids.copy()
+            np.maximum.at(newest, flat[sub], slot[sub])
+            evict = np.flatnonzero(newest != ids)
+            evict_to = newest[evict]
+        if self.n_counters:
+            self.counts.reshape(-1, self.n_counters)[evict] = 0.0
+        if self.n_buckets:
+            self.hist.reshape(-1, self.n_buckets)[evict] = 0.0
+        ids[evict] = evict_to
 
     def window_mask(self, lo_slot: np.ndarray | int, hi_slot: int) -> np.ndarray:
         """float32 (C, n_slots): 1 where the held interval is in ``[lo_slot, hi_slot)``.
