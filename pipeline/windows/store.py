@@ -318,18 +318,14 @@ class WindowStore:
         n = len(cols)
         if n == 0:
             return np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int32)
-        rows = np.zeros((n, len(self.counters)), dtype=np.float32)
-        rows[:, JUDGED] = cols.outcome >= 0
-        rows[:, FAILURES] = cols.outcome == 1
-        rows[:, OK] = cols.ok
-        rows[:, NEUTRAL] = cols.outcome < 0
-        rows[:, CHECKED] = cols.checked & cols.ok
-        rows[:, MISSING] = cols.missing & cols.checked & cols.ok
-        rows[:, RATE_LIMITED] = cols.rate_limited
-        for j, counter in enumerate(self._extra, N_COUNTERS):
-            rows[:, j] = counter.of(cols)
+        # One (n,) column per counter, in column order (JUDGED .. RATE_LIMITED, then the signals' own):
+        # bool columns add 1 where True (IntervalRing.add), no (n, k) matrix is built.
+        checked_ok = cols.checked & cols.ok
+        columns = [cols.outcome >= 0, cols.outcome == 1, cols.ok, cols.outcome < 0, checked_ok,
+                   cols.missing & checked_ok, cols.rate_limited]
+        columns.extend(counter.of(cols) for counter in self._extra)
         key = self.buckets.key_of(cols.latency_ms)
-        late = self.short.add(cols.channel, cols.ts_ms, rows)
+        late = self.short.add(cols.channel, cols.ts_ms, columns)
         self.short_lat.add(cols.channel, cols.ts_ms, None, cols.ok & ~late, key)
         self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
         hours = cols.ts_ms // BASE_SLOT_MS

@@ -104,6 +104,19 @@ RINGS = [(10_000, 30, 7, 0), (30_000, 10, 0, 20), (3_600_000, 25, 0, 20), (30_00
          (10_000, 12, 2, 0), (60_000, 32, 5, 3), (10_000, 1, 1, 1)]
 
 
+def _as_given(rng: np.random.Generator, rows: np.ndarray | None):
+    """The counter increments in one of the forms ``add`` takes: a matrix, float columns, or bool
+    columns where the increments are 0/1."""
+    if rows is None:
+        return None
+    form = rng.integers(0, 3)
+    if form == 0:
+        return rows
+    if form == 2 and np.isin(rows, (0.0, 1.0)).all():
+        return [c.astype(bool) for c in rows.T]
+    return list(np.ascontiguousarray(rows.T))
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("shape", RINGS)
 def test_add_equals_reference(shape, seed):
@@ -111,10 +124,31 @@ def test_add_equals_reference(shape, seed):
     n_channels = int(rng.choice([5, 300, 1000]))
     new, ref = IntervalRing(*shape, capacity=n_channels), IntervalRing(*shape, capacity=n_channels)
     for ch, ts, rows, mask, key in _batches(rng, new, n_channels, 40):
+        if rows is not None and rng.random() < 0.3:  # whole 0/1 columns, as the base counters
+            rows = np.round(np.abs(rows)).clip(0, 1)
         slot = ts // new.slot_ms if rng.random() < 0.5 else None
-        got = new.add(ch, ts, rows, mask, key, slot=slot)
+        got = new.add(ch, ts, _as_given(rng, rows), mask, key, slot=slot)
         want = reference_add(ref, ch, ts, rows, mask, key)
         assert got.tolist() == want.tolist()
+        _assert_same(new, ref)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_several_keys_per_event_equal_concatenated_events(seed):
+    """Keys (k1, k2, k3) with masks per event count as the reference counts three events each (the way
+    the slow_stream windows fed their ring before)."""
+    rng = np.random.default_rng(100 + seed)
+    shape = (30_000, 10, 0, 30)
+    new, ref = IntervalRing(*shape, capacity=400), IntervalRing(*shape, capacity=400)
+    for ch, ts, _, _, _ in _batches(rng, new, 400, 40):
+        n = ch.shape[0]
+        keys = [rng.integers(10 * j, 10 * j + 10, n) for j in range(3)]
+        masks = [rng.random(n) < p for p in (0.9, 0.2, 1.0)]
+        masks[2] = np.ones(n, bool)  # every event counts at least once: it is in the reference batch
+        got = new.add(ch, ts, hist_key=keys, hist_mask=masks)
+        want = reference_add(ref, np.tile(ch, 3), np.tile(ts, 3), None, np.concatenate(masks),
+                             np.concatenate(keys))
+        assert got.tolist() == want[:n].tolist()
         _assert_same(new, ref)
 
 
