@@ -208,6 +208,8 @@ class WindowStore:
         self._base_hour = np.full(16, -1, dtype=np.int64)
         self._base_vals = np.full((16, 3), np.nan)
         self._base_min = 1
+        #: Channel rows every array holds (see :meth:`reserve`); 0 after :meth:`load` replaced them.
+        self._reserved = 0
 
     # -- registry ---------------------------------------------------------
     def channel_index(self, name: str, route: str, tier: str | None) -> int:
@@ -262,6 +264,10 @@ class WindowStore:
         """Make room for ``n_channels`` channels in every ring at once (e.g. before restoring that many
         snapshots; registering them one by one grows the arrays by doubling, copying them each time)."""
         n = int(n_channels)
+        if n <= self._reserved:  # registering a channel: one comparison, not a call per ring
+            return
+        n = max(n, 2 * self._reserved)  # by doubling, as each array would grow
+        self._reserved = n
         self.short.ensure_capacity(n)
         self.short_lat.ensure_capacity(n)
         self.base.ensure_capacity(n)
@@ -464,6 +470,7 @@ class WindowStore:
                 counts[:, :, j] = old[:, :, names.index(c.name)]
         short["counts"] = counts
         self.short.load(short)
+        self._reserved = 0
         self.short_lat.load(state["short_lat"])  # type: ignore[arg-type]
         self.base.load(state["base"])  # type: ignore[arg-type]
         self.runs.load(state["runs"])  # type: ignore[arg-type]
