@@ -250,7 +250,7 @@ class IntervalRing:
             target = np.reshape(self.hist, -1, copy=False)
             single = isinstance(hist_key, np.ndarray)
             keys = (hist_key,) if single else hist_key
-            masks = (hist_mask,) if single else (hist_mask or (None,) * len(keys))
+            masks = (hist_mask,) if single else ((None,) * len(keys) if hist_mask is None else hist_mask)
             for key, mask in zip(keys, masks):
                 sel = fits if mask is None else fits & mask
                 np.add.at(target, flat[sel] * self.n_buckets + np.asarray(key)[sel], _ONE)
