@@ -39,11 +39,23 @@ class ThresholdArrays:
 
     @classmethod
     def build(cls, per_channel: Sequence[Any]) -> "ThresholdArrays":
-        """Stack one :class:`~pipeline.policy.defaults.Thresholds` per channel into arrays."""
+        """Stack one :class:`~pipeline.policy.defaults.Thresholds` per channel into arrays.
+
+        Channels mostly share their tier's object: each field is read once per distinct object and
+        spread by index (a read per channel and field cost ~5 ms per 1,000 channels, at every
+        channel registered).
+        """
         from pipeline.policy.defaults import Thresholds  # built from the registry, which imports this module
 
         names = [f.name for f in dataclasses.fields(Thresholds)]
-        return cls({n: np.array([getattr(t, n) for t in per_channel], dtype=np.float64) for n in names})
+        slot: dict[int, int] = {}
+        distinct: list[Any] = []
+        for t in per_channel:
+            if id(t) not in slot:
+                slot[id(t)] = len(distinct)
+                distinct.append(t)
+        where = np.fromiter(map(slot.__getitem__, map(id, per_channel)), np.intp, len(per_channel))
+        return cls({n: np.array([getattr(t, n) for t in distinct], dtype=np.float64)[where] for n in names})
 
     def __getattr__(self, name: str) -> np.ndarray:
         try:

@@ -173,10 +173,7 @@ class BernoulliCusum(RingWindows):
 
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
         trials = self.trials_of(cols)
-        rows = np.empty((len(cols), 2), np.float32)
-        rows[:, 0] = trials
-        rows[:, 1] = self.events_of(cols) & trials
-        self.rings["slots"].add(cols.channel, cols.ts_ms, rows)
+        self.rings["slots"].add(cols.channel, cols.ts_ms, [trials, self.events_of(cols) & trials])
 
     def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
         """Fold every complete slot not yet folded into each channel's chart, then report it."""

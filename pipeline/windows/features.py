@@ -93,14 +93,21 @@ def _float_column(events: Sequence[Any], get: Callable[[Any], Any], n: int) -> n
     When the first event has the field, the values are read straight into
     float64 (``np.fromiter``), which is cheaper than numpy's conversion of an
     object array; a None met on the way (``TypeError``) falls back to that
-    conversion, which maps None to NaN. Same values either way.
+    conversion, which maps None to NaN. When the first event lacks it, the
+    values are listed once: a field no event carries (the usual case for an
+    optional one) then costs one pass and a count of Nones (about half the
+    cost of the conversion). Same values either way.
     """
     if n and get(events[0]) is not None:
         try:
             return np.fromiter(map(get, events), np.float64, n)
         except TypeError:
             pass
-    return np.array(np.fromiter(map(get, events), object, n), np.float64)
+        return np.array(np.fromiter(map(get, events), object, n), np.float64)
+    values = list(map(get, events))
+    if values.count(None) == n:
+        return np.full(n, np.nan)
+    return np.array(np.fromiter(values, object, n), np.float64)
 
 
 @dataclass(frozen=True)

@@ -127,13 +127,13 @@ class QuotaWindows(RingWindows):
         if not sel.any():
             return
         q, has, ts = q[sel], has[sel], cols.ts_ms[sel]
-        rows = np.zeros((q.shape[0], 5))
-        rows[:, Q_SUM] = np.where(has, np.clip(q, 0.0, 1.0), 0.0)
-        rows[:, Q_N] = has
-        rows[:, T_SUM] = np.where(has, (ts % QUOTA_SLOT_MS) / 1000.0, 0.0)
-        rows[:, RL] = cols.rate_limited[sel]
-        rows[:, REQ] = 1.0
-        self.rings["minute"].add(cols.channel[sel], ts, rows)
+        columns = [None] * 5  # in column order Q_SUM .. REQ
+        columns[Q_SUM] = np.where(has, np.clip(q, 0.0, 1.0), 0.0)
+        columns[Q_N] = has
+        columns[T_SUM] = np.where(has, (ts % QUOTA_SLOT_MS) / 1000.0, 0.0)
+        columns[RL] = cols.rate_limited[sel]
+        columns[REQ] = np.ones(q.shape[0], bool)
+        self.rings["minute"].add(cols.channel[sel], ts, columns)
 
     def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
         """The fits and counts at event time ``now_ms`` (see the module docstring); ``since_ms`` unused."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+from typing import Sequence
 
 import numpy as np
 
@@ -88,6 +89,30 @@ def release_zero(a: np.ndarray, within: np.ndarray | None = None) -> None:
 #: :meth:`IntervalRing.add` reads only the touched cells when the batch has fewer events than
 #: 1/8 of the ring's (channel, slot) cells; above that, one pass over all cells is cheaper than a sort.
 _FEW_EVENTS_PER_CELL = 8
+#: The increment of a histogram cell, as the ring's dtype (a Python float would leave ufunc.at's fast path).
+_ONE = np.float32(1.0)
+#: :meth:`IntervalRing.add` scatters counters as one (k, n) matrix up to this many cells (64 KiB of int64
+#: indices), column by column above (each temporary (n,)-sized, below glibc's 128 KiB mmap threshold).
+_MATRIX_CELLS = 8192
+
+
+def _scatter_add(target: np.ndarray, base: np.ndarray, offset: int, column: np.ndarray) -> None:
+    """``target[base[i] + offset] += column[i]`` for every event ``i`` in order (float32, ``np.add.at``),
+    skipping zero increments; a bool ``column`` adds 1 where True."""
+    column = np.asarray(column)
+    if column.dtype == np.bool_:
+        nz = np.flatnonzero(column)
+        if nz.shape[0]:
+            np.add.at(target, base[nz] + offset, _ONE)
+        return
+    column = np.asarray(column, np.float32)
+    nonzero = column != 0.0
+    count = int(np.count_nonzero(nonzero))
+    if 2 * count > column.shape[0]:
+        np.add.at(target, base + offset, column)
+    elif count:
+        nz = np.flatnonzero(nonzero)
+        np.add.at(target, base[nz] + offset, column[nz])
 
 
 class IntervalRing:
@@ -148,64 +173,113 @@ class IntervalRing:
         self,
         channel: np.ndarray,
         ts_ms: np.ndarray,
-        counter_rows: np.ndarray | None = None,
-        hist_mask: np.ndarray | None = None,
-        hist_key: np.ndarray | None = None,
+        counter_rows: np.ndarray | Sequence[np.ndarray] | None = None,
+        hist_mask: np.ndarray | Sequence[np.ndarray] | None = None,
+        hist_key: np.ndarray | Sequence[np.ndarray] | None = None,
+        slot: np.ndarray | None = None,
     ) -> np.ndarray:
         """Add a batch of events; returns a bool mask of events too old for the ring.
 
-        ``channel`` int (n,), ``ts_ms`` int64 (n,), ``counter_rows`` (n,
-        n_counters) increments, ``hist_mask`` bool (n,) selecting the events
-        whose ``hist_key`` (int (n,), bucket index) is counted. An event is
-        too old (mask True, not counted) when it is ``n_slots`` or more
-        intervals older than the channel's newest event.
+        ``channel`` int (n,), ``ts_ms`` int64 (n,). ``counter_rows``: the
+        increments, an (n, n_counters) array or a sequence of n_counters
+        columns (n,) (cheaper: no matrix is built); a bool column adds 1
+        where True. ``hist_key``: int (n,) bucket indices counted where
+        ``hist_mask`` (bool (n,); None: everywhere) is True, or a sequence of
+        such keys with a sequence of masks (several histogram increments per
+        event on one bucket axis, e.g. a TTFT bucket and a stall class).
+        Every event opens its interval (evicting what its ring position
+        held), whether or not it adds anything. An event is too old (mask
+        True, not counted) when it is ``n_slots`` or more intervals older
+        than the channel's newest event. ``slot``: optionally ``ts_ms //
+        slot_ms``, already computed.
+
+        Each counter and histogram cell receives its events' increments one
+        by one in batch order, in float32 (``np.add.at``), so the contents do
+        not depend on how a batch is split; zero counter increments are
+        skipped (adding +0.0 changes no float32 value a ring can hold).
+        Large batches are scattered column by column: a k x n int64 index
+        array (k >= 4 counters, 4,000 events) would pass glibc's 128 KiB
+        mmap threshold and pay page faults on every call.
         """
         channel = np.asarray(channel, dtype=np.int64)
-        if channel.shape[0] == 0:
+        n = channel.shape[0]
+        if n == 0:
             return np.zeros(0, bool)
-        slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
-        flat = channel * self.n_slots + slot % self.n_slots
+        if slot is None:
+            slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
+        ns = self.n_slots
+        flat = slot % ns
+        flat += channel * ns
         ids = self.slot_id.reshape(-1)
-        if flat.shape[0] * _FEW_EVENTS_PER_CELL < ids.shape[0]:
-            # Few events for the ring's size: only the cells they touch are read (a copy of every channel's
-            # slot ids would make a small batch cost as much as a large one).
-            cells, inverse = np.unique(flat, return_inverse=True)
-            held = ids[cells]
-            newest = held.copy()
-            np.maximum.at(newest, inverse, slot)
-            moved = newest != held
-            evict, evict_to = cells[moved], newest[moved]
+        held = ids[flat]
+        newer = slot > held
+        if newer.any():  # some events open an interval: evict what their positions held
+            self._evict(ids, flat, slot, newer)
+            held = ids[flat]
+        fits = slot == held
+        # Too old for the channel's whole ring although its position holds the same interval (the channel
+        # has moved on by n_slots or more since): needs the channel's newest interval. In the usual batch
+        # every event is newer than the ring's overall newest interval minus n_slots: one max decides.
+        if n * ns <= ids.shape[0]:
+            fits &= slot > self.slot_id[channel].max(axis=1) - ns
         else:
-            newest = ids.copy()
-            np.maximum.at(newest, flat, slot)
-            evict = np.nonzero(newest != ids)[0]
-            evict_to = newest[evict]
-        if evict.size:
-            if self.n_counters:
-                self.counts.reshape(-1, self.n_counters)[evict] = 0.0
-            if self.n_buckets:
-                self.hist.reshape(-1, self.n_buckets)[evict] = 0.0
-            ids[evict] = evict_to
-        fits = slot == ids[flat]
-        # Older than the channel's whole ring: its position may even be empty.
-        top = int(channel.max()) + 1
-        if top <= channel.shape[0]:  # one max per channel row, then a gather: cheaper than n rows copied
-            newest_slot = self.slot_id[:top].max(axis=1)[channel]
-        else:
-            newest_slot = self.slot_id[channel].max(axis=1)
-        fits &= slot > newest_slot - self.n_slots
-        # Scatter-adds on the flat (1-D) arrays: numpy's ufunc.at is several times slower with a 2-D target
-        # or a tuple index (docs/THROUGHPUT.md, "Design measurements").
+            limit = int(ids.max()) - ns
+            if int(slot.min()) <= limit:
+                doubt = np.flatnonzero(fits & (slot <= limit))
+                if doubt.size:
+                    fits[doubt] = slot[doubt] > self.slot_id[channel[doubt]].max(axis=1) - ns
+        every = bool(fits.all())
+        kept = None if every else np.flatnonzero(fits)
+        # Scatter-adds on the flat (1-D) arrays with matching dtypes: numpy's ufunc.at takes its fast path
+        # only then (several times slower with a 2-D target, a tuple index or a Python scalar; see
+        # docs/THROUGHPUT.md, "Design measurements").
         if counter_rows is not None and self.n_counters:
             k = self.n_counters
-            cells = (flat[fits][:, None] * k + np.arange(k)).reshape(-1)
-            np.add.at(np.reshape(self.counts, -1, copy=False), cells,
-                      np.asarray(counter_rows, np.float32)[fits].reshape(-1))
-        if hist_mask is not None and self.n_buckets:
-            sel = fits & hist_mask
-            cells, times = np.unique(flat[sel] * self.n_buckets + hist_key[sel], return_counts=True)
-            np.reshape(self.hist, -1, copy=False)[cells] += times  # cells are unique: a plain fancy add is exact
+            base = (flat if kept is None else flat[kept]) * k
+            target = np.reshape(self.counts, -1, copy=False)
+            if n * k <= _MATRIX_CELLS:  # one scatter-add of a (k, n) matrix: fewer numpy calls
+                vt = (np.asarray(counter_rows, np.float32).T if isinstance(counter_rows, np.ndarray)
+                      else np.array(counter_rows, np.float32))
+                _scatter_add(target, (np.arange(k)[:, None] + base).reshape(-1), 0,
+                             (vt if kept is None else vt[:, kept]).reshape(-1))
+            else:  # column by column: (n,)-sized temporaries
+                columns = counter_rows.T if isinstance(counter_rows, np.ndarray) else counter_rows
+                for j, col in enumerate(columns):
+                    _scatter_add(target, base, j, col if kept is None else np.asarray(col)[kept])
+        if hist_key is not None and self.n_buckets:
+            target = np.reshape(self.hist, -1, copy=False)
+            single = isinstance(hist_key, np.ndarray)
+            keys = (hist_key,) if single else hist_key
+            masks = (hist_mask,) if single else ((None,) * len(keys) if hist_mask is None else hist_mask)
+            for key, mask in zip(keys, masks):
+                sel = fits if mask is None else fits & mask
+                np.add.at(target, flat[sel] * self.n_buckets + np.asarray(key)[sel], _ONE)
         return ~fits
+
+    def _evict(self, ids: np.ndarray, flat: np.ndarray, slot: np.ndarray, newer: np.ndarray) -> None:
+        """Move the positions ``flat[newer]`` (flat indices into ``ids``) to the newest interval their
+        events bring, zeroing their counters and histograms."""
+        sub = np.flatnonzero(newer)
+        cells, to = flat[sub], slot[sub]
+        if sub.shape[0] * _FEW_EVENTS_PER_CELL < ids.shape[0]:
+            # Few such events for the ring's size: only their cells are touched (a copy of every channel's
+            # slot ids would make a small batch cost as much as a large one). Each of them moves (its event
+            # is newer than what it holds); zeroing a cell twice is harmless, cheaper than np.unique.
+            self._zero(cells)
+            np.maximum.at(ids, cells, to)
+            return
+        newest = ids.copy()
+        np.maximum.at(newest, cells, to)
+        evict = np.flatnonzero(newest != ids)
+        self._zero(evict)
+        ids[evict] = newest[evict]
+
+    def _zero(self, cells: np.ndarray) -> None:
+        """Zero the counters and histograms of flat (channel, slot) cells ``cells``."""
+        if self.n_counters:
+            self.counts.reshape(-1, self.n_counters)[cells] = 0.0
+        if self.n_buckets:
+            self.hist.reshape(-1, self.n_buckets)[cells] = 0.0
 
     def window_mask(self, lo_slot: np.ndarray | int, hi_slot: int) -> np.ndarray:
         """float32 (C, n_slots): 1 where the held interval is in ``[lo_slot, hi_slot)``.

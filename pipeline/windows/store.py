@@ -208,6 +208,8 @@ class WindowStore:
         self._base_hour = np.full(16, -1, dtype=np.int64)
         self._base_vals = np.full((16, 3), np.nan)
         self._base_min = 1
+        #: Channel rows every array holds (see :meth:`reserve`); 0 after :meth:`load` replaced them.
+        self._reserved = 0
 
     # -- registry ---------------------------------------------------------
     def channel_index(self, name: str, route: str, tier: str | None) -> int:
@@ -262,6 +264,10 @@ class WindowStore:
         """Make room for ``n_channels`` channels in every ring at once (e.g. before restoring that many
         snapshots; registering them one by one grows the arrays by doubling, copying them each time)."""
         n = int(n_channels)
+        if n <= self._reserved:  # registering a channel: one comparison, not a call per ring
+            return
+        n = max(n, 2 * self._reserved)  # by doubling, as each array would grow
+        self._reserved = n
         self.short.ensure_capacity(n)
         self.short_lat.ensure_capacity(n)
         self.base.ensure_capacity(n)
@@ -318,18 +324,14 @@ class WindowStore:
         n = len(cols)
         if n == 0:
             return np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int32)
-        rows = np.zeros((n, len(self.counters)), dtype=np.float32)
-        rows[:, JUDGED] = cols.outcome >= 0
-        rows[:, FAILURES] = cols.outcome == 1
-        rows[:, OK] = cols.ok
-        rows[:, NEUTRAL] = cols.outcome < 0
-        rows[:, CHECKED] = cols.checked & cols.ok
-        rows[:, MISSING] = cols.missing & cols.checked & cols.ok
-        rows[:, RATE_LIMITED] = cols.rate_limited
-        for j, counter in enumerate(self._extra, N_COUNTERS):
-            rows[:, j] = counter.of(cols)
+        # One (n,) column per counter, in column order (JUDGED .. RATE_LIMITED, then the signals' own):
+        # bool columns add 1 where True (IntervalRing.add), no (n, k) matrix is built.
+        checked_ok = cols.checked & cols.ok
+        columns = [cols.outcome >= 0, cols.outcome == 1, cols.ok, cols.outcome < 0, checked_ok,
+                   cols.missing & checked_ok, cols.rate_limited]
+        columns.extend(counter.of(cols) for counter in self._extra)
         key = self.buckets.key_of(cols.latency_ms)
-        late = self.short.add(cols.channel, cols.ts_ms, rows)
+        late = self.short.add(cols.channel, cols.ts_ms, columns)
         self.short_lat.add(cols.channel, cols.ts_ms, None, cols.ok & ~late, key)
         self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
         hours = cols.ts_ms // BASE_SLOT_MS
@@ -468,6 +470,7 @@ class WindowStore:
                 counts[:, :, j] = old[:, :, names.index(c.name)]
         short["counts"] = counts
         self.short.load(short)
+        self._reserved = 0
         self.short_lat.load(state["short_lat"])  # type: ignore[arg-type]
         self.base.load(state["base"])  # type: ignore[arg-type]
         self.runs.load(state["runs"])  # type: ignore[arg-type]

@@ -128,20 +128,26 @@ class StreamWindows(RingWindows):
         if not judged.any():
             return
         ttft, gap = cols.column("ttft_ms"), cols.column("max_stream_gap_ms")
-        it = np.flatnonzero(cols.ok & ~np.isnan(ttft))
-        ig = np.flatnonzero(cols.ok & ~np.isnan(gap))
-        ic = np.flatnonzero(judged)
-        ch, ts = cols.channel, cols.ts_ms
-        b = STREAM_BUCKETS
-        chan = np.concatenate([ch[it], ch[ig], ch[ic]])
-        tss = np.concatenate([ts[it], ts[ig], ts[ic]])
-        keys = np.concatenate([b.key_of(ttft[it]), b.key_of(gap[ig]) + self.k, cls[ic] + 2 * self.k])
-        self.rings["short"].add(chan, tss, None, np.ones(chan.shape[0], bool), keys)
-        nb = it.shape[0] + ig.shape[0]
-        self.rings["base"].add(chan[:nb], tss[:nb], None, np.ones(nb, bool), keys[:nb])
-        stale = tss[:nb] // BASE_SLOT_MS < self._hour[chan[:nb]]
+        ic = np.flatnonzero(judged)  # every ok stream is judged: the short ring's events
+        ok, ch, ts = cols.ok[ic], cols.channel[ic], cols.ts_ms[ic]
+        # (bucket key, mask) of the TTFT and gap histograms, for the fields some stream has
+        hists = []
+        for values, offset in ((ttft[ic], 0), (gap[ic], self.k)):
+            has = ok & ~np.isnan(values)
+            if has.any():
+                hists.append((STREAM_BUCKETS.key_of(values) + offset, has))
+        self.rings["short"].add(ch, ts, hist_key=[key for key, _ in hists] + [cls[ic] + 2 * self.k],
+                                hist_mask=[has for _, has in hists] + [None])
+        if not hists:
+            return
+        base = hists[0][1] | hists[-1][1]  # the baseline's events: ok streams
+        if not base.all():
+            ib = np.flatnonzero(base)
+            ch, ts, hists = ch[ib], ts[ib], [(key[ib], has[ib]) for key, has in hists]
+        self.rings["base"].add(ch, ts, hist_key=[key for key, _ in hists], hist_mask=[has for _, has in hists])
+        stale = ts // BASE_SLOT_MS < self._hour[ch]
         if stale.any():  # a late stream landed in an hour a cached baseline covers
-            self._hour[chan[:nb][stale]] = -1
+            self._hour[ch[stale]] = -1
 
     def _baseline(self, rows: np.ndarray, now_ms: int) -> np.ndarray:
         """float64 (len(rows), 5) baseline numbers, recomputed once per event-time hour."""
