@@ -24,72 +24,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import isfinite
-from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter
+from itertools import compress
 from typing import Sequence
 
 import numpy as np
 
 from pipeline import residency
 from pipeline.config import StateLimits
-from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
+from pipeline.contracts import RequestEvent, Verdict
 from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
-from pipeline.policy.routes import bounded_shares
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
+from pipeline.engine_columns import channel_keys, event_arrays, make_columns, resolve_structure, structure_flags
+from pipeline.engine_routes import RouteShares
 from pipeline.engine_state import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
-
-_TS = attrgetter("ts_ms")
-_STATUS = attrgetter("status")
-_LATENCY = attrgetter("latency_ms")
-_CHANNEL = attrgetter("channel")
-_ROUTE = attrgetter("route")
-_TIER = attrgetter("tier")
-_MISSING = attrgetter("missing_fields")
-_PARSE_OK = attrgetter("parse_ok")
-_FIRST = itemgetter(0)
-#: Status → small code; outcome per code (1 upstream failure, 0 ok, -1 neutral).
-_STATUS_CODE = {"ok": 0, "error": 1, "timeout": 2, "rate_limited": 3, "cancelled": 4, "filtered": 5}
-_RATE_LIMITED_CODE = _STATUS_CODE["rate_limited"]
-_CANCELLED_CODE = _STATUS_CODE["cancelled"]
-_OUTCOME_OF_CODE = np.array([1 if s in FAILURE_STATUSES else (0 if s == "ok" else -1) for s in _STATUS_CODE],
-                            dtype=np.int8)
-_NOT_CHECKED: tuple[None, None] = (None, None)
-
-
-def _resolve_all(events: Sequence[RequestEvent]) -> tuple[list, np.ndarray, np.ndarray]:
-    """``(structure, checked, missing)`` per event, read from the flags ingest resolved onto it.
-
-    Events come with ``parse_ok`` / ``missing_fields`` resolved by
-    :func:`pipeline.ingest.structure.resolve_onto` (the decoder and
-    :func:`pipeline.engine_replay.replay` call it): ``parse_ok`` None is "not
-    checked", True/False "checked"; no rule is applied here. Unchecked
-    events share one ``(None, None)`` (one C-level scan finds the others).
-    """
-    n = len(events)
-    parse = list(map(_PARSE_OK, events))
-    checked = np.fromiter(map(is_not, parse, repeat(None)), bool, n)
-    missing = np.zeros(n, bool)
-    structure: list = [_NOT_CHECKED] * n
-    for i in np.flatnonzero(checked).tolist():
-        fields = events[i].missing_fields
-        structure[i] = (parse[i], fields)
-        missing[i] = parse[i] is False or bool(fields)
-    return structure, checked, missing
-
-
-def _structure_flags(structure: Sequence[tuple[bool | None, list[str] | None]]) -> tuple[np.ndarray, np.ndarray]:
-    """``checked`` (parse_ok is not None) and ``missing`` (parse failed or a field missing) per event."""
-    n = len(structure)
-    checked = np.fromiter(map(is_not, map(_FIRST, structure), repeat(None)), bool, n)
-    missing = np.zeros(n, bool)
-    for i in np.flatnonzero(checked).tolist():
-        parse_ok, fields = structure[i]
-        missing[i] = parse_ok is False or bool(fields)
-    return checked, missing
-
 
 @dataclass
 class BatchResult:
@@ -109,7 +59,7 @@ class BatchResult:
     refused: list[RequestEvent] = field(default_factory=list)
 
 
-class Engine(EngineStateIO):
+class Engine(EngineStateIO, RouteShares):
     """Windows + detectors + policy for all channels of one worker.
 
     ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
@@ -175,22 +125,15 @@ class Engine(EngineStateIO):
     def _columns(self, events: Sequence[RequestEvent],
                  structure: Sequence[tuple[bool | None, list[str] | None]]) -> EventColumns:
         """Columns of one chunk (registers new channels in order of first sight)."""
-        n = len(events)
-        ts = np.fromiter(map(_TS, events), np.int64, n)
-        code = np.fromiter(map(_STATUS_CODE.__getitem__, map(_STATUS, events)), np.int8, n)
-        checked, missing = _structure_flags(structure)
-        return self._chunk_columns(events, ts, code, np.fromiter(map(_LATENCY, events), np.float64, n),
-                                   checked, missing)
+        ts, code, latency = event_arrays(events)
+        checked, missing = structure_flags(structure)
+        return self._chunk_columns(events, ts, code, latency, checked, missing)
 
     def _chunk_columns(self, events: Sequence[RequestEvent], ts: np.ndarray, code: np.ndarray,
                        latency: np.ndarray, checked: np.ndarray, missing: np.ndarray) -> EventColumns:
-        channel = self.store.channel_indices(list(map(_CHANNEL, events)), list(map(_ROUTE, events)),
-                                             list(map(_TIER, events)))
+        channel = self.store.channel_indices(*channel_keys(events))
         self._grow(self.store.n_channels)
-        outcome = _OUTCOME_OF_CODE[code]
-        return EventColumns(channel=channel, ts_ms=ts, outcome=outcome, ok=outcome == 0, latency_ms=latency,
-                            checked=checked, missing=missing, rate_limited=code == _RATE_LIMITED_CODE,
-                            events=events, _cache={"cancelled": code == _CANCELLED_CODE})
+        return make_columns(channel, events, ts, code, latency, checked, missing)
 
     def _grow(self, n: int) -> None:
         while len(self.machines) < n:
@@ -251,13 +194,11 @@ class Engine(EngineStateIO):
                 return result
         n = len(events)
         if structure is None:
-            structure, checked, missing = _resolve_all(events)
+            structure, checked, missing = resolve_structure(events)
         else:
-            checked, missing = _structure_flags(structure)
+            checked, missing = structure_flags(structure)
         step = self.policy.eval_interval_ms
-        ts = np.fromiter(map(_TS, events), np.int64, n)
-        code = np.fromiter(map(_STATUS_CODE.__getitem__, map(_STATUS, events)), np.int8, n)
-        latency = np.fromiter(map(_LATENCY, events), np.float64, n)
+        ts, code, latency = event_arrays(events)
         bucket = ts // step
         if bucket.min() != bucket.max():
             order = np.argsort(ts, kind="stable")
@@ -492,42 +433,6 @@ class Engine(EngineStateIO):
         hb, since = self.policy.no_data_heartbeat_ms, now_ms - m.entered_ms
         return hb > 0 and since >= hb and since // hb != (since - self.policy.eval_interval_ms) // hb
 
-    def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
-        """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.
-
-        Returns channel index -> share for every channel of those routes (other routes
-        keep their shares: their channels had no round now). A route's growth bound
-        (:func:`~pipeline.policy.routes.bounded_shares`) is applied once per round
-        boundary: when its channels come due in several calls at the same ``now_ms``
-        (channels reach a boundary with their own events), each call starts from the
-        shares before that boundary. Cost grows with the routes touched, not with all
-        channels of the worker; a route whose weights and start are those of its last
-        computation reuses that result (a settled route: the usual case).
-        """
-        names, routes, machines = self.store.names, self.store.routes, self.machines
-        members = self.store.route_members()
-        out: dict[int, float] = {}
-        for r in {routes[i] for i in rows.tolist()}:
-            idx = members[r]
-            start = self._share_round.get(r)
-            if start is None or start[0] != now_ms:
-                start = (now_ms, self.prev_shares.get(r))
-                self._share_round[r] = start
-            w = tuple(machines[i].weight for i in idx)
-            cached = self._share_cache.get(r)
-            if cached is not None and cached[0] == w and cached[1] is start[1]:
-                s, values = cached[2], cached[3]  # same weights from the same start: same shares
-            else:
-                s = bounded_shares(np.array(w), start[1], self.policy.max_share_growth)
-                if start[1] is not None and s.shape == start[1].shape and np.array_equal(s, start[1]):
-                    s = start[1]  # unchanged (settled): keep the object, so the next round finds it cached
-                values = s.tolist()
-                self._share_cache[r] = (w, start[1], s, values)
-                self.shares_by_route[r] = {names[i]: x for i, x in zip(idx, values)}
-            self.prev_shares[r] = s
-            out.update(zip(idx, values))
-        return out
-
     def _soft_active(self, i: int) -> list[str]:
         """Soft findings in force for channel ``i`` (as of its last round)."""
         return [r for r, arr in self.active.items() if i < arr.shape[0] and arr[i]]
@@ -547,10 +452,3 @@ class Engine(EngineStateIO):
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
                        weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),
                        metrics=clean, ts_ms=now_ms, seq=self.seq[i])
-
-    def route_weights(self) -> dict[str, dict[str, float]]:
-        """Current recommended weights: route → channel → weight."""
-        out: dict[str, dict[str, float]] = {}
-        for i, name in enumerate(self.store.names):
-            out.setdefault(self.store.routes[i], {})[name] = self.machines[i].weight
-        return out

@@ -31,22 +31,20 @@ from typing import Any, Sequence
 
 import msgspec
 
-from pipeline.contracts import Batch, RequestEvent, TypedBatch, carries_texts
+from pipeline.contracts import Batch, RequestEvent, TypedBatch
 from pipeline.ingest import reasons as R
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.envelope import storable_envelope
+from pipeline.ingest.limits import DAY_MS, HOUR_MS, EventLimits
 from pipeline.ingest.reasons import classify_validation_error
-from pipeline.ingest.structure import check_structure, resolve_onto
+from pipeline.ingest.structure import resolve_onto
 
 _TS = attrgetter("ts_ms")
 _ID = attrgetter("event_id")
 
 __all__ = ["Decoder", "DecodeResult", "DeadLetter", "DecodeCounters"]
 
-_SECOND_MS = 1_000
-_HOUR_MS = 3_600_000
-_DAY_MS = 86_400_000
 _MAX_ID_CHARS = 512
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
                bool: "boolean", type(None): "null"}
@@ -73,17 +71,7 @@ class _IdProbe(msgspec.Struct):
     event_id: Any = None
 
 
-def _duration(ms: float) -> str:
-    """Readable duration: ``"42 s"``, ``"3.5 h"``, ``"12.0 days"``."""
-    ms = abs(ms)
-    if ms < 2 * 60 * _SECOND_MS:
-        return f"{ms / _SECOND_MS:.0f} s"
-    if ms < 2 * _DAY_MS:
-        return f"{ms / _HOUR_MS:.1f} h"
-    return f"{ms / _DAY_MS:.1f} days"
-
-
-class Decoder:
+class Decoder(EventLimits):
     """Validating decoder for ``gateway.requests`` messages (SPEC §3).
 
     Limits (all keyword-only, ints > 0; ``None`` switches a time check off,
@@ -109,8 +97,8 @@ class Decoder:
         self,
         *,
         max_message_bytes: int = 1_000_000,
-        max_future_ms: int | None = _HOUR_MS,
-        max_age_ms: int | None = 7 * _DAY_MS,
+        max_future_ms: int | None = HOUR_MS,
+        max_age_ms: int | None = 7 * DAY_MS,
         max_text_chars: int = 8_000,
         counters: DecodeCounters | None = None,
     ) -> None:
@@ -415,28 +403,6 @@ class Decoder:
         self._cut_long_texts(items)
         return DecodeResult(items, [])
 
-    def _all_in_window(self, ts_ms: list[int], now_ms: int) -> bool:
-        """Whether every time of a non-empty list is inside the sanity window (its min and max are)."""
-        return not (self._time_problem(max(ts_ms), now_ms) or self._time_problem(min(ts_ms), now_ms))
-
-    def _cut_long_texts(self, events: list[RequestEvent], failed: list[int] | None = None) -> None:
-        """:meth:`_truncate` every event that carries a text (after one C-level scan for any).
-
-        An exception of the structure check propagates; with ``failed`` given, the event's index is
-        appended to it instead and the other events are still cut.
-        """
-        if not any(carries_texts(events)):
-            return
-        for i, event in enumerate(events):
-            if event.response_text is not None or event.prompt_text is not None:
-                if failed is None:
-                    self._truncate(event)
-                    continue
-                try:
-                    self._truncate(event)
-                except Exception:  # noqa: BLE001 - recorded for the caller
-                    failed.append(i)
-
     def _element_bytes(self, raw: bytes, expected: int) -> list[msgspec.Raw] | None:
         """Each batch element's original bytes, or None if they cannot be matched up."""
         try:
@@ -444,39 +410,6 @@ class Decoder:
         except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return None
         return elements if len(elements) == expected else None
-
-    def _time_problem(self, ts_ms: int, now_ms: int) -> tuple[str, str] | None:
-        """``(reason, detail)`` if ``ts_ms`` is outside the sanity window, else None."""
-        ahead = ts_ms - now_ms
-        if self.max_future_ms is not None and ahead > self.max_future_ms:
-            return R.TS_IN_FUTURE, (
-                f"ts_ms: {ts_ms} is {_duration(ahead)} ahead of the decoder clock {now_ms} "
-                f"(limit {_duration(self.max_future_ms)})"
-            )[: R.MAX_DETAIL_CHARS]
-        if self.max_age_ms is None:
-            return None
-        clock, name = (now_ms, "decoder clock") if self.age_clock_ms is None else (self.age_clock_ms, "event clock")
-        if clock - ts_ms > self.max_age_ms:
-            return R.TS_TOO_OLD, (
-                f"ts_ms: {ts_ms} is {_duration(clock - ts_ms)} behind the {name} {clock} "
-                f"(limit {_duration(self.max_age_ms)})"
-            )
-        return None
-
-    def _truncate(self, event: RequestEvent) -> None:
-        """Cut long texts to ``max_text_chars``; structure-check a long answer first."""
-        limit = self.max_text_chars
-        text = event.response_text
-        if text is not None and len(text) > limit:
-            if event.status == "ok" and event.expected_fields and event.missing_fields is None:
-                result = check_structure(text, event.expected_fields)
-                event.missing_fields = result.missing_fields
-                event.parse_ok = result.parse_ok
-            event.response_text = text[:limit]
-            self.counters.texts_truncated += 1
-        if event.prompt_text is not None and len(event.prompt_text) > limit:
-            event.prompt_text = event.prompt_text[:limit]
-            self.counters.texts_truncated += 1
 
     def _probe_id(self, element: bytes | msgspec.Raw) -> str | None:
         """``event_id`` of a rejected element if it is a 1..512-char string."""
