@@ -59,6 +59,23 @@ class BatchResult:
     refused: list[RequestEvent] = field(default_factory=list)
 
 
+def _published(values: object) -> list:
+    """A round's metric array (n,) as published numbers: floats rounded to 4 places, None where not
+    finite (JSON has no NaN), exactly as :meth:`Engine._verdict` cleans one value."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "fiub":
+        return [_clean(v) for v in a.tolist()]
+    return [round(v, 4) if isfinite(v) else None for v in a.astype(np.float64).tolist()]
+
+
+def _clean(v: object) -> object:
+    """One metric value as published (see :func:`_published`)."""
+    if type(v) is float:
+        return round(v, 4) if isfinite(v) else None
+    v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v
+    return None if isinstance(v, float) and not isfinite(v) else (round(v, 4) if isinstance(v, float) else v)
+
+
 class Engine(EngineStateIO, RouteShares):
     """Windows + detectors + policy for all channels of one worker.
 
@@ -414,17 +431,19 @@ class Engine(EngineStateIO, RouteShares):
         shares = self._route_shares(rows, now_ms)
         self.last_eval_ms = now_ms
         out = []
-        columns = [(k, np.asarray(v).tolist()) for f in (*hard, *soft, *advisory) for k, v in f.metrics.items()]
+        keys = [k for f in (*hard, *soft, *advisory) for k in f.metrics]
+        # per channel, its metric values already rounded (None where not finite): one pass per metric
+        values = list(zip(*(_published(v) for f in (*hard, *soft, *advisory) for v in f.metrics.values())))
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
             if m.state == NO_DATA and not changed[j] and not self._heartbeat_due(m, now_ms):
                 continue
-            metrics = {k: v[j] for k, v in columns}
+            metrics = dict(zip(keys, values[j])) if values else {}
             metrics["route_share"] = shares[i]
             metrics["penalty"] = round(m.penalty, 4)
             # hard findings beside the trip reasons only while open (a probe is judged on its own traffic)
             hard_now = [f.reason for f in hard if f.fired[j]] if m.state == OPEN else ()
-            out.append(self._verdict(i, now_ms, metrics, hard_now=hard_now,
+            out.append(self._verdict(i, now_ms, metrics, cleaned=True, hard_now=hard_now,
                                      soft_now=[f.reason for f in (*soft, *advisory) if f.fired[j]]))
         return out
 
@@ -438,17 +457,12 @@ class Engine(EngineStateIO, RouteShares):
         return [r for r, arr in self.active.items() if i < arr.shape[0] and arr[i]]
 
     def _verdict(self, i: int, now_ms: int, metrics: dict, hard_now: Sequence[str] = (),
-                 soft_now: Sequence[str] = ()) -> Verdict:
-        """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`."""
+                 soft_now: Sequence[str] = (), cleaned: bool = False) -> Verdict:
+        """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`. ``cleaned``:
+        ``metrics`` values are published numbers already (:func:`_published`)."""
         m = self.machines[i]
         self.seq[i] += 1
-        clean = {}
-        for k, v in metrics.items():
-            if type(v) is float:  # the common case, same result as below
-                clean[k] = round(v, 4) if isfinite(v) else None
-                continue
-            v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v
-            clean[k] = None if isinstance(v, float) and not np.isfinite(v) else (round(v, 4) if isinstance(v, float) else v)
+        clean = metrics if cleaned else {k: _clean(v) for k, v in metrics.items()}
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
                        weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),
                        metrics=clean, ts_ms=now_ms, seq=self.seq[i])
