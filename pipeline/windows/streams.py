@@ -13,10 +13,13 @@ over :data:`STREAM_BUCKETS` (DDSketch bucket mapping, relative accuracy 5 %,
 
 A *stream* is an event with ``ttft_ms`` or ``max_stream_gap_ms``; channels
 that send neither add nothing here and their features are NaN / 0. A
-stream's *stall length* is the longest time it went without a chunk: the
-larger of ``ttft_ms`` and ``max_stream_gap_ms``, and for a ``cancelled``
-stream that never got its first token its whole ``latency_ms`` (it waited
-that long for nothing). Its *stall class* is the number of lines of
+stream's *stall length* is its longest pause between chunks,
+``max_stream_gap_ms``, and for a ``cancelled`` stream that never got its
+first token its whole ``latency_ms`` (it waited that long for nothing). A
+slow first token of an ``ok`` stream is not a stall: some providers start
+slowly as a rule (cold starts: replicate's real TTFTs pass 8 s in over a
+third of its llmperf requests), and the TTFT P95 against the channel's own
+baseline judges it. Its *stall class* is the number of lines of
 :data:`STALL_LADDER_MS` the stall length reaches (0..3), plus 4 when the
 stream was ``cancelled``; only ``ok`` and ``cancelled`` streams get one.
 Classes make the stall line a per-channel policy value
@@ -68,7 +71,7 @@ def stall_classes(cols: EventColumns) -> tuple[np.ndarray, np.ndarray]:
         return stream, np.zeros(len(cols), np.int64)
     cancelled = cols.column("cancelled")
     wait = np.where(cancelled & np.isnan(ttft), cols.latency_ms, np.nan)
-    length = np.fmax(np.fmax(ttft, gap), wait)  # fmax ignores NaN
+    length = np.fmax(gap, wait)  # fmax ignores NaN
     cls = np.zeros(len(cols), np.int64)
     for line in STALL_LADDER_MS:
         cls += length >= line
