@@ -8,10 +8,13 @@ ring position holds evicts the old interval (the ring rolls over in event
 time, never in wall-clock time). Memory is fixed per channel:
 ``n_slots * (n_counters + n_buckets) * 4`` bytes, whatever the event count.
 
-Two rings per worker (see :mod:`pipeline.windows.store`):
-  - short: 30 × 10 s (the 1 min and 5 min windows of SPEC §4.1–4.4);
+The store's rings (see :mod:`pipeline.windows.store`):
+  - short: 30 × 10 s counters (the 1 min and 5 min windows of SPEC §4.1–4.4);
+  - short latency: 10 × 30 s histograms;
   - baseline: 25 × 1 h latency histograms (the rolling 24 h baseline of
     SPEC §4.3 plus the hour being filled).
+Signals that bring their own windows keep further rings of their own
+(:mod:`pipeline.windows.extension`).
 """
 
 from __future__ import annotations
