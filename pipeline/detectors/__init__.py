@@ -2,7 +2,7 @@
 
 Every signal follows the plug-in contract of :mod:`pipeline.detectors.signal`;
 every detector the same ``detect`` contract (:mod:`pipeline.detectors.base`):
-it reads a :class:`~pipeline.windows.store.WindowView` and per-channel
+it reads a :class:`~pipeline.windows.view.WindowView` and per-channel
 threshold arrays, and returns a :class:`Finding` with a per-channel
 ``fired`` mask and the numbers behind it."""
 

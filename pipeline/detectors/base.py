@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 from scipy.special import ndtri  # the normal quantile scipy.stats.norm.ppf calls; stats costs ~75 MB RSS
 
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import numpy as np
 
 from pipeline.detectors.base import Finding, ThresholdArrays
 from pipeline.detectors.signal import Examples, Signal
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 
 @dataclass(frozen=True)

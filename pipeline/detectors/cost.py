@@ -48,7 +48,7 @@ import numpy as np
 from pipeline.detectors.base import Finding, ThresholdArrays, z_for
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.cost import CostWindows
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from pipeline.detectors.base import Finding, ThresholdArrays, cusum_alarm, safe_
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 #: The CUSUM's design (module docstring): floor 0.01 %, shift 0.45 %, ARL0 1000 channel-days.
 ERROR_CUSUM = CusumDesign(p_floor=0.0001, shift=0.0045, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0)

@@ -58,7 +58,7 @@ from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf 
 
 from pipeline.detectors.base import Finding, ThresholdArrays
 from pipeline.detectors.signal import Examples, Signal
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 
 @dataclass(frozen=True)

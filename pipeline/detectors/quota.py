@@ -35,7 +35,7 @@ import numpy as np
 from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio, wilson_bounds, z_for
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.quota import FEATURES, QuotaWindows
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import numpy as np
 
 from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio, wilson_bounds, z_for
 from pipeline.detectors.signal import Examples, Signal
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 from pipeline.windows.streams import STALL_LADDER_MS, StreamWindows, stall_label, window_features
 
 

@@ -28,7 +28,7 @@ from pipeline.detectors.base import Finding, ThresholdArrays, cusum_alarm, safe_
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 #: The CUSUM's design (module docstring): floor 0.1 %, shift 1.5 %, ARL0 1000 channel-days. A soft
 #: finding does not restart its chart on a state change, so ``S`` is capped at 1.25 h: after the fault

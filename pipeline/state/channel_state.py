@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.windows.store import ChannelWindows
+from pipeline.windows.view import ChannelWindows
 
 
 @dataclass
@@ -16,7 +16,7 @@ class ChannelState:
     """One channel's complete detector state.
 
     ``windows``: its rows of every window ring, counters by name
-    (:class:`~pipeline.windows.store.ChannelWindows`); ``watermark_ms``: the
+    (:class:`~pipeline.windows.view.ChannelWindows`); ``watermark_ms``: the
     worker's watermark when exported (event time, ms; None = no events yet);
     ``next_eval_ms``: its next round boundary (0/None = not scheduled);
     ``fail_since_eval``: failures since its last round; ``seq``: its last

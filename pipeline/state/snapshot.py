@@ -37,7 +37,7 @@ import numpy as np
 from pipeline.policy.state_machine import ChannelMachine
 from pipeline.state.channel_state import ChannelState
 from pipeline.windows.features import V1_COUNTER_NAMES
-from pipeline.windows.store import ChannelWindows
+from pipeline.windows.view import ChannelWindows
 
 SNAPSHOT_VERSION = 2
 #: Versions :func:`decode_snapshot` reads.

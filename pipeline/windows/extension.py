@@ -5,7 +5,7 @@ A signal whose features are not sums of 10 s counters (a P95 against its own
 ``Signal.windows``: a factory ``(WindowSpec) -> SignalWindows``. The
 :class:`~pipeline.windows.store.WindowStore` keeps one instance per signal,
 feeds it every accepted batch, merges its :meth:`SignalWindows.features` into
-each round's :class:`~pipeline.windows.store.WindowView` and moves its rows
+each round's :class:`~pipeline.windows.view.WindowView` and moves its rows
 with a channel (eviction, snapshots) by name, as it does for counters: a
 snapshot without a signal's rows starts them empty, rows of a signal no longer
 registered are dropped.

@@ -134,7 +134,7 @@ class QualityWindows:
 
     def aggregates(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None = None,
                    baseline_hours: int = 24, max_lag_ms: int = DEFAULT_MAX_LAG_MS) -> dict[str, np.ndarray]:
-        """The quality fields of :class:`~pipeline.windows.store.WindowView` for ``rows`` at ``now_ms``.
+        """The quality fields of :class:`~pipeline.windows.view.WindowView` for ``rows`` at ``now_ms``.
 
         Per channel the window is the ``short.n_slots`` slots up to and
         including its newest scored slot, never past ``now_ms``'s slot, and

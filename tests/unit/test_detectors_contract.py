@@ -19,7 +19,7 @@ from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import FREE_TIER, PAID_TIER, Thresholds
 from pipeline.state.snapshot import decode_snapshot, export_channel, import_channel
 from pipeline.windows.extension import WindowSpec
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 ALL = HARD_DETECTORS + SOFT_DETECTORS + ADVISORY_DETECTORS
 IDS = [d.reason for d in ALL]

@@ -119,7 +119,7 @@ def test_store_state_roundtrip_and_old_state_without_quality():
 # --- the detector ------------------------------------------------------------------------------
 
 def qview(c=1, **kw):
-    from pipeline.windows.store import WindowView
+    from pipeline.windows.view import WindowView
 
     base = {f.name: np.zeros(c) for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")}
     base.update(p95_ms=np.full(c, np.nan), base_p95_ms=np.full(c, np.nan))

@@ -19,7 +19,7 @@ from pipeline.policy.defaults import PAID_TIER
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
 from pipeline.windows.quota import FEATURES, QuotaWindows, theil_sen
-from pipeline.windows.store import WindowView
+from pipeline.windows.view import WindowView
 
 MIN = 60_000
 T0 = 1_750_000_000_000 - 1_750_000_000_000 % 3_600_000
