@@ -56,6 +56,11 @@ from pipeline.windows.ring import IntervalRing
 COST_SLOT_MS, COST_WINDOW_MS = 30_000, 600_000
 HOUR_MS = 3_600_000
 N_COST_COUNTERS = 9
+#: Largest ``cost_usd`` of one request the signal counts (USD). The contract allows any finite
+#: non-negative number; a larger value is no price (and would overflow the float32 sums, so one
+#: hostile event would poison the channel's 24 h baseline): such events are stored and judged by
+#: every other signal, the cost signal leaves them out.
+MAX_COST_USD = 1e6
 
 
 #: Centring of the logs: ln of 1e-3 USD per request and of 1e-6 USD per output token.
@@ -103,10 +108,11 @@ class CostWindows(RingWindows):
                       "hourly": IntervalRing(HOUR_MS, self.baseline_hours + 1, N_COST_COUNTERS, 0)}
 
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
-        """Count the accepted events that carry cost (late ones are not counted, as in the short ring)."""
+        """Count the accepted events that carry a cost in (0, :data:`MAX_COST_USD`] USD (late ones are not
+        counted, as in the short ring)."""
         cost = cols.column("cost_usd")
         with np.errstate(invalid="ignore"):
-            keep = (cost > 0.0) & np.isfinite(cost) & ~np.asarray(late, bool)
+            keep = (cost > 0.0) & (cost <= MAX_COST_USD) & ~np.asarray(late, bool)
         if not keep.any():
             return
         # float32 once for both rings (the rings' dtype: the same rounding as a conversion in each); a

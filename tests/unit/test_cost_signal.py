@@ -188,3 +188,25 @@ def test_a_channel_without_cost_is_never_judged():
 def test_signal_declares_advisory_and_its_degrade_switch():
     assert SIGNAL.kind == "advisory" and SIGNAL.degrades == "cost_degrades"
     assert CostParams().cost_degrades is False
+
+
+def test_a_hostile_cost_is_left_out_and_does_not_poison_the_baseline():
+    """A cost the contract allows but no request has (1e300 USD: float32 sums would overflow to inf for
+    24 h) is left out of the cost windows; the channel's figures equal those without it."""
+    n = 200
+    ts = T0 + np.arange(n, dtype=np.int64) * 1_000
+    cost = np.full(n, 0.002)
+    tokens = np.full(n, 100.0)
+    clean, hostile = CostWindows(WindowSpec()), CostWindows(WindowSpec())
+    for w in (clean, hostile):
+        w.ensure_capacity(1)
+    clean.add(_columns(np.zeros(n, np.int64), ts, cost, tokens), np.zeros(n, bool))
+    bad = np.concatenate([cost, [1e300, 1e7]])
+    bad_ts = np.concatenate([ts, [ts[-1], ts[-1]]])
+    hostile.add(_columns(np.zeros(n + 2, np.int64), bad_ts, bad, np.full(n + 2, 100.0)), np.zeros(n + 2, bool))
+    now = int(ts[-1]) + 1
+    a, b = clean.features(np.array([0]), now, None), hostile.features(np.array([0]), now, None)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert a["cost_n_10m"].tolist() == [n]
