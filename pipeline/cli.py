@@ -18,7 +18,7 @@ from typing import Optional
 import typer
 
 from pipeline.cli_help import PlainHelpCommand, PlainHelpGroup, use_plain_help
-from pipeline.config import ConfigError, load_settings
+from pipeline.cli_settings import kafka_settings_or_exit, settings_or_exit
 from pipeline.redaction import redact_secrets
 
 # Tools (pipeline.tools: demo, simulator, bench, broker, quality training) are imported only inside the
@@ -75,12 +75,7 @@ app = typer.Typer(
 )
 
 
-def _settings():
-    try:
-        return load_settings()
-    except ConfigError as exc:
-        typer.secho(redact_secrets(f"configuration error: {exc}"), fg="red", err=True)
-        raise typer.Exit(2) from None
+_settings = settings_or_exit
 
 
 def _scenario_names() -> list[str]:
@@ -393,12 +388,7 @@ from pipeline.cli_scorecard import scorecard as _scorecard  # noqa: E402  (issue
 app.command("scorecard")(_scorecard)
 
 
-def _kafka_settings():
-    settings = _settings()
-    if not settings.kafka_bootstrap:
-        typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
-        raise typer.Exit(2)
-    return settings
+_kafka_settings = kafka_settings_or_exit
 
 
 @topics_app.command("ensure")

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from pipeline.config import ConfigError, load_settings
+from pipeline.config import ConfigError
+from pipeline.cli_settings import require_kafka, settings_or_exit
 from pipeline.redaction import redact_secrets
 
 
@@ -34,15 +35,13 @@ def alert(
     from pipeline.alert.runner import run_alerts
 
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_or_exit()
     try:
-        settings = load_settings()
         cfg = load_alert_config(config)
     except ConfigError as exc:
         typer.secho(redact_secrets(f"configuration error: {exc}"), fg="red", err=True)
         raise typer.Exit(2) from None
-    if not settings.kafka_bootstrap:
-        typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
-        raise typer.Exit(2)
+    require_kafka(settings)
 
     async def main() -> None:
         stop = asyncio.Event()

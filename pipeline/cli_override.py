@@ -13,7 +13,8 @@ from typing import Optional
 
 import typer
 
-from pipeline.config import ConfigError, Settings, load_settings, parse_duration_ms
+from pipeline.cli_settings import kafka_settings_or_exit
+from pipeline.config import ConfigError, Settings, parse_duration_ms
 from pipeline.redaction import redact_secrets
 
 override_app = typer.Typer(
@@ -33,14 +34,7 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _settings() -> Settings:
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        _fail(f"configuration error: {exc}")
-    if not settings.kafka_bootstrap:
-        _fail("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.")
-    return settings
+_settings = kafka_settings_or_exit
 
 
 def _ttl_ms(ttl: Optional[str]) -> int:

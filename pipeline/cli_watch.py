@@ -30,7 +30,8 @@ from typing import Any, Callable
 import msgspec
 import typer
 
-from pipeline.config import ConfigError, Settings, load_settings
+from pipeline.cli_settings import kafka_settings_or_exit
+from pipeline.config import Settings
 from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
@@ -272,14 +273,7 @@ def watch(
 
     Example: `channel-health watch`   or, for scripts: `channel-health watch --once --json | jq .routes`
     """
-    try:
-        settings = load_settings()
-    except ConfigError as exc:
-        typer.secho(redact_secrets(f"configuration error: {exc}"), fg="red", err=True)
-        raise typer.Exit(2) from None
-    if not settings.kafka_bootstrap:
-        typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set.", fg="red", err=True)
-        raise typer.Exit(2)
+    settings = kafka_settings_or_exit()
     board = Board(settings, PolicyConfig())
 
     async def main() -> None:
