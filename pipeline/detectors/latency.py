@@ -40,7 +40,10 @@ flap):
 
 Needs ``baseline_min_requests`` samples in the baseline and
 ``baseline_min_hours`` hours of history; without enough evidence the
-previous finding is kept (no evidence either way).
+previous finding is kept (no evidence either way). Metrics beside the ratios:
+``latency_p95_30s_ratio`` (the last slot's point ratio) and
+``latency_shift_p`` (the shift test's p-value; NaN unless that ratio is at
+or above the trip line, so a quiet round costs no scipy call).
 """
 
 from __future__ import annotations
@@ -132,9 +135,14 @@ class LatencyRatio:
                         safe_ratio(view.p95_lower_30s_ms, view.base_p95_ms), np.nan)
         lower = np.fmax(lo5, lo30)
         ratio30 = safe_ratio(view.p95_30s_ms, view.base_p95_ms)
-        shift_p = shift_p_value(view.n_shift_30s, view.n_latency_30s, baseline_tail_share(view.base_n))
-        shift = ((view.n_latency_30s >= th.latency_min_requests) & (np.nan_to_num(ratio30) >= th.latency_ratio_trip)
-                 & (np.nan_to_num(shift_p, nan=1.0) <= SHIFT_ALPHA))
+        # the test only where the effect size holds (rare): NaN elsewhere, no scipy call on a quiet round
+        big = np.flatnonzero((view.n_latency_30s >= th.latency_min_requests)
+                             & (np.nan_to_num(ratio30) >= th.latency_ratio_trip))
+        shift_p = np.full(ratio30.shape, np.nan)
+        if big.size:
+            shift_p[big] = shift_p_value(view.n_shift_30s[big], view.n_latency_30s[big],
+                                         baseline_tail_share(view.base_n[big]))
+        shift = np.nan_to_num(shift_p, nan=1.0) <= SHIFT_ALPHA
         valid = base_ok & (view.n_latency_5m >= th.latency_min_requests) & np.isfinite(ratio)
         trip = base_ok & ((np.nan_to_num(lower) >= th.latency_ratio_trip) | shift)
         fired = np.where(active, np.where(valid, ratio > th.latency_ratio_clear, True), trip)
@@ -144,7 +152,7 @@ class LatencyRatio:
             "latency_p95_ratio": ratio,
             "latency_p95_lower_ratio": lower,
             "latency_p95_30s_ratio": ratio30,
-            "latency_shift_p": shift_p,
+            "latency_shift_p": shift_p,  # NaN unless the 30 s P95 ratio is at or above the trip line
             "latency_samples_5m": view.n_latency_5m,
             "baseline_samples": view.base_n,
         })
