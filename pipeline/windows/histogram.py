@@ -135,6 +135,25 @@ class LatencyBuckets:
             edge = np.where(key < self.n_buckets - 1, self.min_ms * np.power(self.gamma, key), np.inf)
         return np.where((total >= max(1, min_count)) & (rank >= 0), edge, np.nan)
 
+    def count_above(self, counts: np.ndarray, value_ms: np.ndarray, ratio: float = 1.0) -> np.ndarray:
+        """Values of histograms certainly above ``ratio`` × the upper edge of ``value_ms``'s bucket.
+
+        ``counts``: shape ``(..., n_buckets)``; ``value_ms``: shape ``counts.shape[:-1]`` (NaN: no
+        threshold, count 0); ``ratio`` >= 1. Counts the buckets whose lower edge is at or above
+        ``ratio × γ^key(value_ms)``, so every counted value exceeds ``ratio × value_ms``'s bucket
+        (bucket edges as in :meth:`quantile_bound`: the count never overstates). Returns float64 of
+        shape ``counts.shape[:-1]``; O(n_buckets) per histogram. Raises ``ValueError`` for
+        ``ratio < 1``.
+        """
+        if not ratio >= 1.0:
+            raise ValueError(f"ratio must be >= 1, got {ratio}")
+        counts = np.asarray(counts)
+        value = np.asarray(value_ms, dtype=np.float64)
+        first = self.key_of(np.nan_to_num(value, nan=self.max_ms)) + 1 + math.ceil(
+            math.log(ratio) / math.log(self.gamma) - 1e-12)
+        above = np.arange(counts.shape[-1]) >= first[..., None]
+        return np.where(np.isfinite(value), np.where(above, counts, 0).sum(axis=-1), 0.0).astype(np.float64)
+
 
 def order_statistic_rank(n: np.ndarray, q: float, confidence: float, lower: bool = True) -> np.ndarray:
     """0-based rank of the order statistic that bounds the ``q``-quantile at ``confidence``.

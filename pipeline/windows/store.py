@@ -41,6 +41,8 @@ P95_BOUND_CONFIDENCE = 0.99
 #: The same for the last 30 s slot alone: 95 %, so a P95 x2 swap at 4 req/s (120 samples) is certified in
 #: the round it happens; a clean channel still needs ~10 of 120 answers above 1.8x its P95 to trip.
 P95_BOUND_CONFIDENCE_30S = 0.95
+#: Null scale of the 30 s shift evidence: SPEC §4.3's clear ratio (:mod:`pipeline.detectors.latency`).
+SHIFT_NULL_RATIO = 1.2
 
 
 class WindowStore:
@@ -326,7 +328,8 @@ class WindowStore:
             judged_5m=s5[:, JUDGED], failures_5m=s5[:, FAILURES], ok_5m=s5[:, OK],
             checked_5m=s5[:, CHECKED], missing_5m=s5[:, MISSING], rate_limited_5m=s5[:, RATE_LIMITED],
             p95_ms=p95, n_latency_5m=n_lat, p95_lower_ms=p95_lo, p95_lower_30s_ms=p95_lo30,
-            n_latency_30s=h30.sum(axis=1),
+            n_latency_30s=h30.sum(axis=1), p95_30s_ms=self.buckets.quantile(h30, 0.95, min_count=min_latency),
+            n_shift_30s=self.buckets.count_above(h30, base_p95, SHIFT_NULL_RATIO),
             base_p95_ms=base_p95, base_n=base_n, base_hours=base_hours,
             run=self.runs.trailing[rows].astype(np.float64),
             **quality, extra=extra,

@@ -29,7 +29,11 @@ class WindowView:
     5 min P95 (order statistic, :meth:`LatencyBuckets.quantile_bound`; NaN
     below ``min_latency`` samples); ``p95_lower_30s_ms`` / ``n_latency_30s``:
     the same bound and the sample count over the last complete 30 s latency
-    slot (the round just ended), for shifts a 5 min window sees too late.
+    slot (the round just ended), for shifts a 5 min window sees too late;
+    ``p95_30s_ms`` that slot's P95 point estimate (NaN below ``min_latency``)
+    and ``n_shift_30s`` its samples certainly above 1.2 × ``base_p95_ms``
+    (:meth:`LatencyBuckets.count_above`; 0 without a baseline), the evidence
+    of :mod:`pipeline.detectors.latency`'s one-round shift rule.
 
     Quality scores (SPEC §4.5, :mod:`pipeline.windows.quality`):
     ``quality_n_5m`` / ``quality_mean_5m`` / ``quality_var_5m`` are the
@@ -62,6 +66,8 @@ class WindowView:
     p95_lower_ms: np.ndarray
     p95_lower_30s_ms: np.ndarray
     n_latency_30s: np.ndarray
+    p95_30s_ms: np.ndarray
+    n_shift_30s: np.ndarray
     base_p95_ms: np.ndarray
     base_n: np.ndarray
     base_hours: np.ndarray

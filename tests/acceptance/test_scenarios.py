@@ -56,10 +56,13 @@ def test_gradual_degradation_shows_the_latency_creep_before_the_error_trip(scena
     trip = next(v for v in vs if v.state == "open")
     assert first_latency.ts_ms < trip.ts_ms
     assert (first_latency.state, first_latency.reasons) == ("degraded", ["latency_p95_ratio"])
-    # issue #19: the trip is on a lower confidence bound of the P95 (5 min, or the last 30 s)
-    assert first_latency.metrics["latency_p95_lower_ratio"] >= 1.8
-    # the bound passes 1.8 x baseline some time after the injected P95 does (181 s into the ramp)
-    assert 181 <= run.t(first_latency.ts_ms) - 7200 <= 300
+    # issue #19: the trip is on a lower confidence bound of the P95 (5 min, or the last 30 s), or on the last
+    # 30 s P95 with the binomial evidence that the bulk moved (pipeline.detectors.latency's shift rule)
+    m = first_latency.metrics
+    assert m["latency_p95_lower_ratio"] >= 1.8 or (m["latency_p95_30s_ratio"] >= 1.8 and m["latency_shift_p"] <= 1e-7)
+    # the 30 s P95 passes 1.8 x baseline about when the injected P95 does (181 s into the ramp; one slot's
+    # point estimate scatters around it), the 5 min bound later
+    assert 150 <= run.t(first_latency.ts_ms) - 7200 <= 300, (run.t(first_latency.ts_ms) - 7200, m)
     # every active finding, hard first: the trip still names the latency finding
     assert trip.reasons[0] in ("error_rate", "consecutive_failures")
     # soft findings after the hard ones; the slower streams (TTFT grows with the latency) may follow

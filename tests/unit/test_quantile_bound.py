@@ -4,11 +4,13 @@ the latency signal built on them.
 Guarantees checked over seeded samples (as sketches-py tests its accuracy bound): the lower bound is at
 or below the true P95 in >= its confidence of the samples, the upper one at or above, up to a binomial
 tolerance of 3 standard errors over the trials; issue #19: a thin window (60 samples, two ~100 s answers)
-does not trip, a true x2 P95 shift at 4 req/s trips in the first round (30 s).
+does not trip, a true x2 P95 shift at 4 req/s trips in the first round (30 s), also with real llmperf
+latencies (the shift rule of pipeline.detectors.latency).
 """
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 from scipy.stats import binom, lognorm, pareto
@@ -63,11 +65,13 @@ HOUR = 3_600_000
 T0 = 1_750_000_000_000 - 1_750_000_000_000 % HOUR
 
 
-def _stream(seed: int, rps: float, hours: float, shift_at_ms: int | None, sigma: float = 0.2):
+def _stream(seed: int, rps: float, hours: float, shift_at_ms: int | None, sigma: float = 0.2, draw=None):
+    """One channel's ``ok`` events; latencies lognormal(``sigma``, median 2 s) or ``draw(rng, n)``, x2 after
+    ``shift_at_ms``."""
     rng = np.random.default_rng(seed)
     n = int(rps * hours * 3_600)
     ts = np.sort(rng.integers(T0, T0 + int(hours * HOUR), n))
-    lat = lognorm(sigma, scale=2_000.0).rvs(n, random_state=rng)
+    lat = lognorm(sigma, scale=2_000.0).rvs(n, random_state=rng) if draw is None else draw(rng, n)
     if shift_at_ms is not None:
         lat = np.where(ts >= shift_at_ms, 2.0 * lat, lat)
     return [RequestEvent(event_id=f"{seed}-{i}", ts_ms=int(t), channel="c", route="r", status="ok",
@@ -94,10 +98,34 @@ def test_p95_doubling_at_four_per_second_trips_in_the_first_round(seed):
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_p95_doubling_of_a_wider_distribution_trips_within_two_rounds(seed):
-    """Lognormal sigma 0.3 (P92 / P95 = 0.92): one 30 s slot does not always certify 1.8x; two do."""
+def test_p95_doubling_of_a_wider_distribution_trips_in_the_first_round(seed):
+    """Lognormal sigma 0.3: the 95 % bound (~P92) of one slot does not always certify 1.8x, the shift rule
+    does (slot P95 ~2x, ~75 of 120 answers above 1.2x the baseline P95; pipeline.detectors.latency)."""
     shift = T0 + 2 * HOUR
-    assert _first_degraded(_stream(seed, 4.0, 2.25, shift, sigma=0.3), shift) in (30_000, 60_000)
+    assert _first_degraded(_stream(seed, 4.0, 2.25, shift, sigma=0.3), shift) == 30_000
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_p95_doubling_with_real_latencies_trips_in_the_first_round(seed):
+    """Issue #19 acceptance: together_13b's real llmperf latencies (log-sd ~0.47, two ~100 s of 149),
+    P95 x2 at 4 req/s: tripped by the round that ends 30 s after the swap (>= 99 % of swaps,
+    tests/unit/test_latency_shift.py)."""
+    from pipeline.tools.simulate.channels import LatencyModel
+    from pipeline.tools.simulate.traces import load_llmperf
+
+    model = LatencyModel.from_llmperf(load_llmperf("together_13b"), 3_000.0, 0.95)
+    shift = T0 + 2 * HOUR
+    events = _stream(seed, 4.0, 2.25, shift, draw=lambda rng, n: model.sample(rng, n)[0])
+    assert _first_degraded(events, shift) == 30_000
+
+
+def test_thin_channel_with_real_outliers_does_not_trip():
+    """Issue #19 acceptance: 0.2 req/s (60 answers in 5 min), median 1.6 s, two ~100 s answers in the
+    last 5 min of 3 h: neither the bounds nor the shift rule (a 30 s slot holds ~6 answers) trip."""
+    events = _stream(5, 0.2, 3.0, None, sigma=0.35)
+    for i, e in enumerate(events[-40:-38]):
+        events[len(events) - 40 + i] = msgspec.structs.replace(e, latency_ms=100_000.0 + i * 1_000.0)
+    assert _first_degraded(events, T0) is None
 
 
 def test_clean_stream_never_trips_latency():
