@@ -65,7 +65,27 @@ def _published(values: object) -> list:
     a = np.asarray(values)
     if a.dtype.kind not in "fiub":
         return [_clean(v) for v in a.tolist()]
-    return [round(v, 4) if isfinite(v) else None for v in a.astype(np.float64).tolist()]
+    f = a.astype(np.float64)
+    out = f.tolist()
+    if a.dtype.kind != "f":  # ints and bools: whole and finite
+        return out
+    # round(v, 4) only where it can change v: an integral float is its own decimal rounding (counts, 0.0),
+    # a non-finite one becomes None, and one round serves an array of one repeated value (a threshold)
+    finite = np.isfinite(f)
+    frac = np.flatnonzero(finite & (f != np.trunc(f)))
+    if frac.shape[0]:
+        v = f[frac]
+        if v.min() == v.max():
+            r = round(float(v[0]), 4)
+            for i in frac.tolist():
+                out[i] = r
+        else:
+            for i, x in zip(frac.tolist(), v.tolist()):
+                out[i] = round(x, 4)
+    if not finite.all():
+        for i in np.flatnonzero(~finite).tolist():
+            out[i] = None
+    return out
 
 
 def _clean(v: object) -> object:
