@@ -23,7 +23,6 @@ limit refused (:mod:`pipeline.residency`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import isfinite
 from itertools import compress
 from typing import Sequence
 
@@ -36,6 +35,7 @@ from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
+from pipeline.engine_metrics import _clean, _published
 from pipeline.engine_columns import channel_keys, event_arrays, make_columns, resolve_structure, structure_flags
 from pipeline.engine_routes import RouteShares
 from pipeline.engine_state import EngineStateIO
@@ -57,43 +57,6 @@ class BatchResult:
     accepted: list[RequestEvent] = field(default_factory=list)
     structure: list[tuple[bool | None, list[str] | None]] = field(default_factory=list)
     refused: list[RequestEvent] = field(default_factory=list)
-
-
-def _published(values: object) -> list:
-    """A round's metric array (n,) as published numbers: floats rounded to 4 places, None where not
-    finite (JSON has no NaN), exactly as :meth:`Engine._verdict` cleans one value."""
-    a = np.asarray(values)
-    if a.dtype.kind not in "fiub":
-        return [_clean(v) for v in a.tolist()]
-    f = a.astype(np.float64)
-    out = f.tolist()
-    if a.dtype.kind != "f":  # ints and bools: whole and finite
-        return out
-    # round(v, 4) only where it can change v: an integral float is its own decimal rounding (counts, 0.0),
-    # a non-finite one becomes None, and one round serves an array of one repeated value (a threshold)
-    finite = np.isfinite(f)
-    frac = np.flatnonzero(finite & (f != np.trunc(f)))
-    if frac.shape[0]:
-        v = f[frac]
-        if v.min() == v.max():
-            r = round(float(v[0]), 4)
-            for i in frac.tolist():
-                out[i] = r
-        else:
-            for i, x in zip(frac.tolist(), v.tolist()):
-                out[i] = round(x, 4)
-    if not finite.all():
-        for i in np.flatnonzero(~finite).tolist():
-            out[i] = None
-    return out
-
-
-def _clean(v: object) -> object:
-    """One metric value as published (see :func:`_published`)."""
-    if type(v) is float:
-        return round(v, 4) if isfinite(v) else None
-    v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v
-    return None if isinstance(v, float) and not isfinite(v) else (round(v, 4) if isinstance(v, float) else v)
 
 
 class Engine(EngineStateIO, RouteShares):

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.engine import _published
+from pipeline.engine_metrics import _published
 
 
 def reference(values) -> list:
@@ -33,7 +33,8 @@ def _mixed(rng: np.random.Generator, n: int) -> np.ndarray:
     out[kinds == 2] = rng.random(int((kinds == 2).sum()))  # shares
     out[kinds == 3] = rng.normal(0, 1e6, int((kinds == 3).sum()))  # large fractions
     out[kinds == 4] = rng.choice([np.inf, -np.inf, -0.0, 0.0, 0.5, 0.00005, 0.00015, 2.5e-5, -1.23456789])
-    out[kinds == 5] = rng.normal(0, 1, int((kinds == 5).sum())) * 10.0 ** rng.integers(-12, 300, int((kinds == 5).sum()))
+    k5 = int((kinds == 5).sum())
+    out[kinds == 5] = rng.normal(0, 1, k5) * 10.0 ** rng.integers(-12, 300, k5)
     out[kinds == 6] = np.round(rng.normal(0, 1e17, int((kinds == 6).sum())))  # integral beyond 2**53
     out[kinds == 7] = rng.integers(-10**6, 10**6, int((kinds == 7).sum())) / 10_000  # 4 places already
     return out
