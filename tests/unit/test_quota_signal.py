@@ -217,7 +217,8 @@ def _reference_features(w: QuotaWindows, rows: np.ndarray, now_ms: int) -> dict[
     recent = keep & (ids >= -(-(int(now_ms) - QUOTA_RECENT_MS) // QUOTA_SLOT_MS))
     x_s, y = np.nan_to_num(x_s), np.nan_to_num(y)
     r = QUOTA_RECENT_MS // QUOTA_SLOT_MS + 1
-    for prefix, (xs, ys, mask) in (("quota_", (x_s, y, keep)), ("quota_recent_", (x_s[:, -r:], y[:, -r:], recent[:, -r:]))):
+    for prefix, (xs, ys, mask) in (("quota_", (x_s, y, keep)),
+                                   ("quota_recent_", (x_s[:, -r:], y[:, -r:], recent[:, -r:]))):
         slope, icpt, _, s_hi, n = theil_sen(xs, ys, mask)
         out[f"{prefix}points"][live] = n
         out[f"{prefix}drain_per_h"][live] = -3600.0 * slope
