@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import compress
+from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
@@ -40,6 +41,12 @@ from pipeline.engine_columns import channel_keys, event_arrays, make_columns, re
 from pipeline.engine_routes import RouteShares
 from pipeline.engine_state import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
+
+_STATE = attrgetter("state")
+#: A chunk with at least one event per this many registered channels finds its channels and counts its
+#: failures with ``np.bincount`` over all channels (O(C)); a smaller one sorts its own (O(n log n)).
+DENSE_EVENTS_PER_CHANNEL = 8
+
 
 @dataclass
 class BatchResult:
@@ -238,11 +245,14 @@ class Engine(EngineStateIO, RouteShares):
             cols = cols.take(keep)
             if not events:
                 return
-        rows = np.unique(cols.channel)
+        c = self.store.n_channels
+        dense = DENSE_EVENTS_PER_CHANNEL * len(cols) >= c  # many channels touched: one bincount, not a sort
+        rows = np.flatnonzero(np.bincount(cols.channel, minlength=c)) if dense else np.unique(cols.channel)
         result.verdicts.extend(self._evaluate_until(rows, int(cols.ts_ms.min())))
         th = self.thresholds().consecutive_failures
         machines = self.machines
-        probing = [c for c in rows.tolist() if machines[c].state == HALF_OPEN]
+        states = list(map(_STATE, map(machines.__getitem__, rows.tolist())))
+        probing = [i for i, st in zip(rows.tolist(), states) if st == HALF_OPEN] if HALF_OPEN in states else []
         if probing:  # SPEC §4: any failure run sends a probing channel back (only this chunk's rows are read)
             th = th.copy()
             th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
@@ -258,8 +268,12 @@ class Engine(EngineStateIO, RouteShares):
         else:
             result.accepted.extend(events)
             result.structure.extend(structure)
-        np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
-        np.add.at(self.judged_since_eval, cols.channel, (cols.outcome >= 0).astype(np.float64))
+        # whole counts in float64: one bincount per array gives the bits of adding 1.0 per event
+        for total, counted in ((self.fail_since_eval, cols.outcome == 1), (self.judged_since_eval, cols.outcome >= 0)):
+            if dense:
+                total[:c] += np.bincount(cols.channel, weights=counted, minlength=c)
+            else:
+                np.add.at(total, cols.channel, counted.astype(np.float64))
         result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
