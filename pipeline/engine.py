@@ -23,8 +23,8 @@ limit refused (:mod:`pipeline.residency`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import isfinite
 from itertools import compress
+from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
@@ -36,10 +36,17 @@ from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
+from pipeline.engine_metrics import _clean, _published
 from pipeline.engine_columns import channel_keys, event_arrays, make_columns, resolve_structure, structure_flags
 from pipeline.engine_routes import RouteShares
 from pipeline.engine_state import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
+
+_STATE = attrgetter("state")
+#: A chunk with at least one event per this many registered channels finds its channels and counts its
+#: failures with ``np.bincount`` over all channels (O(C)); a smaller one sorts its own (O(n log n)).
+DENSE_EVENTS_PER_CHANNEL = 8
+
 
 @dataclass
 class BatchResult:
@@ -57,23 +64,6 @@ class BatchResult:
     accepted: list[RequestEvent] = field(default_factory=list)
     structure: list[tuple[bool | None, list[str] | None]] = field(default_factory=list)
     refused: list[RequestEvent] = field(default_factory=list)
-
-
-def _published(values: object) -> list:
-    """A round's metric array (n,) as published numbers: floats rounded to 4 places, None where not
-    finite (JSON has no NaN), exactly as :meth:`Engine._verdict` cleans one value."""
-    a = np.asarray(values)
-    if a.dtype.kind not in "fiub":
-        return [_clean(v) for v in a.tolist()]
-    return [round(v, 4) if isfinite(v) else None for v in a.astype(np.float64).tolist()]
-
-
-def _clean(v: object) -> object:
-    """One metric value as published (see :func:`_published`)."""
-    if type(v) is float:
-        return round(v, 4) if isfinite(v) else None
-    v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v
-    return None if isinstance(v, float) and not isfinite(v) else (round(v, 4) if isinstance(v, float) else v)
 
 
 class Engine(EngineStateIO, RouteShares):
@@ -255,11 +245,14 @@ class Engine(EngineStateIO, RouteShares):
             cols = cols.take(keep)
             if not events:
                 return
-        rows = np.unique(cols.channel)
+        c = self.store.n_channels
+        dense = DENSE_EVENTS_PER_CHANNEL * len(cols) >= c  # many channels touched: one bincount, not a sort
+        rows = np.flatnonzero(np.bincount(cols.channel, minlength=c)) if dense else np.unique(cols.channel)
         result.verdicts.extend(self._evaluate_until(rows, int(cols.ts_ms.min())))
         th = self.thresholds().consecutive_failures
         machines = self.machines
-        probing = [c for c in rows.tolist() if machines[c].state == HALF_OPEN]
+        states = list(map(_STATE, map(machines.__getitem__, rows.tolist())))
+        probing = [i for i, st in zip(rows.tolist(), states) if st == HALF_OPEN] if HALF_OPEN in states else []
         if probing:  # SPEC §4: any failure run sends a probing channel back (only this chunk's rows are read)
             th = th.copy()
             th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
@@ -275,8 +268,12 @@ class Engine(EngineStateIO, RouteShares):
         else:
             result.accepted.extend(events)
             result.structure.extend(structure)
-        np.add.at(self.fail_since_eval, cols.channel, (cols.outcome == 1).astype(np.float64))
-        np.add.at(self.judged_since_eval, cols.channel, (cols.outcome >= 0).astype(np.float64))
+        # whole counts in float64: one bincount per array gives the bits of adding 1.0 per event
+        for total, counted in ((self.fail_since_eval, cols.outcome == 1), (self.judged_since_eval, cols.outcome >= 0)):
+            if dense:
+                total[:c] += np.bincount(cols.channel, weights=counted, minlength=c)
+            else:
+                np.add.at(total, cols.channel, counted.astype(np.float64))
         result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,

@@ -157,8 +157,14 @@ class QuotaWindows(RingWindows):
         for key, mask, col in (("quota_rl_5m", in5, RL), ("quota_req_5m", in5, REQ),
                                ("quota_rl_30m", in30, RL), ("quota_req_30m", in30, REQ)):
             out[key][live] = (counts[:, :, col] * mask).sum(axis=1)
-        # points in time order: empty slots first (key -1), then by minute
+        # the fits: only channels with a quota sample in the window (the others, 429s only, keep NaN / 0)
         valid = in30 & (counts[:, :, Q_N] > 0)
+        sampled = np.flatnonzero(valid.any(axis=1))
+        if sampled.shape[0] == 0:
+            return out
+        if sampled.shape[0] < live.shape[0]:
+            live, ids, counts, valid = live[sampled], ids[sampled], counts[sampled], valid[sampled]
+        # points in time order: empty slots first (key -1), then by minute
         order = np.argsort(np.where(valid, ids, -1), axis=1, kind="stable")
         take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
         valid, ids = take(valid), take(ids)

@@ -14,6 +14,9 @@ import numpy as np
 
 #: Batches of at most this many events take :meth:`RunTracker.update`'s per-event path (same results).
 SMALL_BATCH = 32
+#: :meth:`RunTracker.update` follows only the channels with a failure when at most 1 in this many judged
+#: events failed (the usual batch: failures are rare), every judged event otherwise (same results).
+FEW_FAILURES = 8
 
 
 class RunTracker:
@@ -69,8 +72,50 @@ class RunTracker:
         self.crossed_at = np.zeros(0, np.int64)
         if channel.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
+        fail = outcome == 1
+        n_fail = int(np.count_nonzero(fail))
+        if n_fail * FEW_FAILURES > channel.shape[0]:
+            return self._update_sorted(channel, fail, original, threshold)
+        return self._update_few_failures(channel, fail, original, threshold)
+
+    def _update_few_failures(self, channel: np.ndarray, fail: np.ndarray, original: np.ndarray,
+                             threshold: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`update` of judged events (``channel``, ``fail`` (n,), input indices ``original``) of which
+        few failed: only the channels with a failure (or a threshold <= 0) are followed event by event
+        (:meth:`_update_sorted` on their events); every other channel only had successes, so its run
+        ends at 0, its largest run in the batch is 0 and it crosses no threshold >= 1."""
+        cap = self.trailing.shape[0]
+        if 8 * channel.shape[0] >= cap:  # many events for the channel count: a bincount, not a sort
+            groups = np.flatnonzero(np.bincount(channel, minlength=cap))
+        else:
+            groups = np.unique(channel)
+        failing = np.zeros(cap, bool)
+        failing[channel[fail]] = True
+        if threshold is not None:
+            low = groups[np.asarray(threshold)[groups] <= 0]
+            failing[low] = True
+        followed = failing[channel]
+        max_run = np.zeros(groups.shape[0], np.int32)
+        crossed = np.full(groups.shape[0], -1, np.int64)
+        if followed.any():
+            sub = np.flatnonzero(followed)
+            sub_groups, sub_max = self._update_sorted(channel[sub], fail[sub], original[sub], threshold)
+            at = np.searchsorted(groups, sub_groups)
+            max_run[at] = sub_max
+            if threshold is not None:
+                crossed[at] = self.crossed_at
+        quiet = groups[~failing[groups]]
+        self.trailing[quiet] = 0
+        self.crossed_at = crossed if threshold is not None else np.zeros(0, np.int64)
+        return groups, max_run
+
+    def _update_sorted(self, channel: np.ndarray, fail: np.ndarray, original: np.ndarray,
+                       threshold: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`update` of judged events (``channel``, ``fail`` (n,) bool, input indices ``original``)
+        grouped by channel with one stable sort."""
+        self.crossed_at = np.zeros(0, np.int64)
         order = np.argsort(channel, kind="stable")
-        ch, fail = channel[order], outcome[order] == 1
+        ch, fail = channel[order], fail[order]
         n = ch.size
         starts = np.flatnonzero(np.r_[True, ch[1:] != ch[:-1]])
         groups = ch[starts]

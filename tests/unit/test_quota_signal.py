@@ -178,3 +178,74 @@ def test_no_quota_field_is_never_judged():
 def test_params_name_the_key(key, bad):
     with pytest.raises(ValueError, match=key):
         QuotaParams(**{key: bad})
+
+
+def _reference_features(w: QuotaWindows, rows: np.ndarray, now_ms: int) -> dict[str, np.ndarray]:
+    """``QuotaWindows.features`` before channels with 429s only left the fits (commit 11a95bd), verbatim."""
+    from pipeline.windows.quota import Q_N, Q_SUM, QUOTA_FIT_MS, QUOTA_RECENT_MS, QUOTA_RESET_JUMP, \
+        QUOTA_SLOT_MS, REQ, RL, T_SUM
+    ring = w.rings["minute"]
+    out = {k: np.full(rows.shape[0], np.nan) for k in FEATURES}
+    for k in ("quota_points", "quota_recent_points", "quota_rl_5m", "quota_req_5m", "quota_rl_30m", "quota_req_30m"):
+        out[k][:] = 0.0
+    hi = -(-int(now_ms) // QUOTA_SLOT_MS)
+    ids = ring.slot_id[rows]
+    in30 = (ids >= -(-(int(now_ms) - QUOTA_FIT_MS) // QUOTA_SLOT_MS)) & (ids < hi)
+    live = np.nonzero(in30.any(axis=1))[0]
+    if live.size == 0:
+        return out
+    ids, in30 = ids[live], in30[live]
+    counts = ring.counts[rows[live]].astype(np.float64)
+    in5 = in30 & (ids >= -(-(int(now_ms) - 300_000) // QUOTA_SLOT_MS))
+    for key, mask, col in (("quota_rl_5m", in5, RL), ("quota_req_5m", in5, REQ),
+                           ("quota_rl_30m", in30, RL), ("quota_req_30m", in30, REQ)):
+        out[key][live] = (counts[:, :, col] * mask).sum(axis=1)
+    valid = in30 & (counts[:, :, Q_N] > 0)
+    order = np.argsort(np.where(valid, ids, -1), axis=1, kind="stable")
+    take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
+    valid, ids = take(valid), take(ids)
+    qn = np.where(valid, take(counts[:, :, Q_N]), 1.0)
+    y = np.where(valid, take(counts[:, :, Q_SUM]) / qn, np.nan)
+    x_s = np.where(valid, ids * (QUOTA_SLOT_MS / 1000.0) + take(counts[:, :, T_SUM]) / qn - now_ms / 1000.0, np.nan)
+    jump = np.zeros(valid.shape, bool)
+    jump[:, 1:] = valid[:, 1:] & valid[:, :-1] & (np.nan_to_num(y[:, 1:] - y[:, :-1]) > QUOTA_RESET_JUMP)
+    pos = np.arange(valid.shape[1])
+    start = np.where(jump, pos, 0).max(axis=1)
+    keep = valid & (pos >= start[:, None])
+    has = keep.any(axis=1)
+    out["quota_remaining"][live] = np.where(has, y[:, -1], np.nan)
+    recent = keep & (ids >= -(-(int(now_ms) - QUOTA_RECENT_MS) // QUOTA_SLOT_MS))
+    x_s, y = np.nan_to_num(x_s), np.nan_to_num(y)
+    r = QUOTA_RECENT_MS // QUOTA_SLOT_MS + 1
+    for prefix, (xs, ys, mask) in (("quota_", (x_s, y, keep)),
+                                   ("quota_recent_", (x_s[:, -r:], y[:, -r:], recent[:, -r:]))):
+        slope, icpt, _, s_hi, n = theil_sen(xs, ys, mask)
+        out[f"{prefix}points"][live] = n
+        out[f"{prefix}drain_per_h"][live] = -3600.0 * slope
+        out[f"{prefix}drain_lower_per_h"][live] = -3600.0 * s_hi
+        out[f"{prefix}level"][live] = icpt
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_features_equal_reference_with_429_only_channels(seed):
+    """Channels with 429s but no quota sample in the window skip the fits: every feature of every
+    channel (sampled, 429s only, idle, refilled) equals the reference's, NaN where it is NaN."""
+    rng = np.random.default_rng(300 + seed)
+    c = 60
+    kind = rng.integers(0, 4, c)  # 0 idle, 1 429s only, 2 quota samples, 3 samples that stopped 40 min ago
+    w = QuotaWindows(WindowSpec())
+    w.ensure_capacity(c)
+    for m in range(45):
+        ch = np.repeat(np.arange(c), 3)
+        ts = T0 + m * MIN + rng.integers(0, MIN, ch.shape[0])
+        sampled = (kind[ch] == 2) | ((kind[ch] == 3) & (m < 5))
+        q = np.where(sampled & (rng.random(ch.shape[0]) < 0.7), rng.random(ch.shape[0]), np.nan)
+        rl = (kind[ch] >= 1) & (rng.random(ch.shape[0]) < 0.3)
+        sel = (kind[ch] > 0) & (~np.isnan(q) | rl)
+        w.add(_columns(ch[sel], ts[sel], q[sel], rl[sel]), np.zeros(int(sel.sum()), bool))
+        if m % 5 == 4:
+            rows = np.sort(rng.choice(c, int(rng.integers(1, c + 1)), replace=False))
+            got, want = w.features(rows, T0 + (m + 1) * MIN, None), _reference_features(w, rows, T0 + (m + 1) * MIN)
+            for k in FEATURES:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=k)

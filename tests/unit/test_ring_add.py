@@ -159,3 +159,26 @@ def test_add_skips_zero_increments_exactly():
     r.add(np.array([0, 0]), np.array([6, 7]), np.array([[0.0, 0.0], [0.0, -0.0]]))
     assert r.counts[0, 0].tolist() == [np.float32(0.1), 0.0]
     assert np.signbit(r.counts[0, 0, 1]) == np.False_
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dense_columns_in_several_scatters_equal_reference(seed, monkeypatch):
+    """Dense float columns scattered as one (column, event) matrix per few events (``_SCATTER_EVENTS``
+    set to 7, 64 and 8,192) and bool columns as one scatter of 1s: the reference's bits exactly."""
+    import pipeline.windows.ring as ring_module
+
+    rng = np.random.default_rng(200 + seed)
+    monkeypatch.setattr(ring_module, "_SCATTER_EVENTS", int(rng.choice([7, 64, 8192])))
+    shape = (30_000, 21, 9, 0)
+    new, ref = IntervalRing(*shape, capacity=300), IntervalRing(*shape, capacity=300)
+    for ch, ts, _, _, _ in _batches(rng, new, 300, 30):
+        n = ch.shape[0]
+        rows = rng.normal(0.0, 3.0, (n, 9)).astype(np.float32).astype(np.float64)  # dense fractions
+        rows[:, 0] = rng.random(n) < 0.9  # 0/1 columns, given as bools below
+        rows[:, 3] = rng.random(n) < 0.05
+        rows[rng.random((n, 9)) < 0.1] = 0.0
+        columns = [rows[:, j].astype(bool) if j in (0, 3) else rows[:, j].copy() for j in range(9)]
+        got = new.add(ch, ts, columns)
+        want = reference_add(ref, ch, ts, rows)
+        assert got.tolist() == want.tolist()
+        _assert_same(new, ref)

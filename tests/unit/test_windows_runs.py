@@ -127,3 +127,28 @@ def test_random_against_brute_force(seed, window):
         exp = ref.update(ch.tolist(), out.tolist())
         assert got == exp
         assert t.trailing[:n_ch].tolist() == [ref.trailing.get(c, 0) for c in range(n_ch)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_few_failures_path_equals_per_event_path(seed):
+    """Batches where at most 1 in 8 judged events failed follow only the failing channels: runs, largest
+    runs, threshold crossings (thresholds 0..8) and trailing runs equal the per-event path's exactly."""
+    rng = np.random.default_rng(500 + seed)
+    n_ch = int(rng.choice([3, 300, 1200]))
+    fast = RunTracker(window=int(rng.choice([5, 100])), capacity=n_ch)
+    slow = RunTracker(window=fast.window, capacity=n_ch)
+    for _ in range(30):
+        n = int(rng.choice([33, 500, 4000]))
+        ch = rng.integers(0, n_ch, n)
+        p_fail = float(rng.choice([0.0, 0.002, 0.05, 0.12]))
+        out = rng.choice([F, S, N], n, p=[p_fail, 0.95 - p_fail, 0.05]).astype(np.int8)
+        if rng.random() < 0.3:  # a burst on one channel: runs that reach the thresholds
+            hot = rng.integers(0, n, 12)
+            ch[hot], out[hot] = ch[hot[0]], F
+        th = rng.integers(0, 9, n_ch) if rng.random() < 0.8 else None
+        g1, m1 = fast.update(ch, out, th)
+        c1 = fast.crossed_at.tolist()
+        g2, m2 = slow._update_small(ch, out, th)
+        assert (g1.tolist(), m1.tolist(), c1) == (g2.tolist(), m2.tolist(), slow.crossed_at.tolist())
+        assert m1.dtype == m2.dtype == np.int32 and g1.dtype == np.int64
+        assert fast.trailing.tolist() == slow.trailing.tolist()
