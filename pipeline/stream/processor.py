@@ -387,20 +387,35 @@ class BatchProcessor:
         """
         return self.snapshot_capture(offsets)()
 
-    def snapshot_capture(self, offsets: Mapping[int, int]) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
+    @property
+    def channel_count(self) -> int:
+        """Channels the engine holds (resident or evicted); positions ``0..channel_count - 1`` of its list."""
+        return len(self.engine.store.names)
+
+    def snapshot_capture(self, offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
+                         ) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
         """Capture the state now; the returned function encodes it into :meth:`snapshot_records`' records.
 
         The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`);
         the encoding, the bulk of the cost, reads only that copy, so it may run
         in another thread, later, while this processor goes on processing.
+        ``start``/``stop``: only the channels at those positions of the engine's
+        channel list (``0 <= start``; ``stop`` None or past the end: to the
+        end). Channels are only ever appended to that list, so a worker may
+        capture its channels in slices between batches
+        (:meth:`pipeline.stream.snapshots.SnapshotPublisher.capture`), each
+        record with the ``offsets`` processed when its slice was taken.
+        Raises ``ValueError`` for ``start < 0``.
         """
         from pipeline.state.snapshot import copy_state, encode_state
 
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start!r}")
         evicted = dict(self.engine.evicted)  # name → its snapshot bytes (immutable): nothing to copy
-        names = self.engine.store.names
-        resident = [i for i, name in enumerate(names) if name not in evicted]
+        names = self.engine.store.names[start:stop]
+        resident = [start + k for k, name in enumerate(names) if name not in evicted]
         frozen = copy_state(self.engine, resident)
-        row = {names[i]: k for k, i in enumerate(resident)}
+        row = {self.engine.store.names[i]: k for k, i in enumerate(resident)}
         part = self.input_partition
         meta = []
         for name in names:
