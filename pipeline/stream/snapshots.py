@@ -37,11 +37,13 @@ DRAIN_TIMEOUT_S = 5.0
 SendRecords = Callable[[Sequence[tuple[bytes, bytes, Any]]], Awaitable[None]]
 
 
-async def _joined(parts: Sequence[Awaitable[list]]) -> list:
-    """The records of every slice, in order (raises what an encoding raised)."""
+async def _encoded(encoders: Sequence[Callable[[], list]]) -> list:
+    """The records of every slice, in order, each slice encoded in a worker thread after the one before
+    (one encoding thread at a time contends with the event loop for the GIL, not one per slice); raises
+    what an encoding raised."""
     out: list = []
-    for records in await asyncio.gather(*parts):
-        out.extend(records)
+    for encode in encoders:
+        out.extend(await asyncio.to_thread(encode))
     return out
 
 
@@ -89,7 +91,7 @@ class SnapshotPublisher:
                     return
                 generation, epoch, covers = state.generation, state.ledger.epoch, state.ledger.added
                 state.dirty = False
-            parts: list[asyncio.Future] = []
+            parts: list[Callable[[], list]] = []  # each slice's encoding (run in a thread once all are copied)
             try:
                 await self._capture_slices(generation, epoch, covers, parts)
             except BaseException:  # cancelled (a drain's timeout) or failed: nothing taken, capture again later
@@ -105,15 +107,13 @@ class SnapshotPublisher:
         while True:
             async with state.lock:
                 if state.generation != generation or state.ledger.epoch != epoch or not self.is_current():
-                    for f in parts:
-                        f.cancel()
                     state.dirty = True
                     return
                 stop = start + CAPTURE_SLICE_CHANNELS
                 encode = state.processor.snapshot_capture(state.gate.last_offsets, start, stop)
-                parts.append(asyncio.ensure_future(asyncio.to_thread(encode)))
+                parts.append(encode)
                 if stop >= state.processor.channel_count:
-                    state.ledger.snapshot_taken((generation, asyncio.ensure_future(_joined(parts))), covers=covers)
+                    state.ledger.snapshot_taken((generation, asyncio.ensure_future(_encoded(parts))), covers=covers)
                     return
             start = stop
             await asyncio.sleep(0)  # a batch waiting for the lock runs now (asyncio.Lock serves waiters first)
