@@ -114,6 +114,15 @@ class BenchOptions:
             raise ValueError(f"--repeat must be 1..9, got {self.repeat}")
 
 
+def skip_names(items: list[str]) -> set[str]:
+    """The stages ``--skip`` names, given repeated, comma-separated, or both.
+
+    >>> sorted(skip_names(["ceiling,bare", " workers ", "profile,"]))
+    ['bare', 'ceiling', 'profile', 'workers']
+    """
+    return {name.strip() for item in items for name in item.split(",") if name.strip()}
+
+
 def _run_tag(k: int) -> str:
     """Name suffix of repeated run ``k`` (its own consumer group, topics and result file); none for the first."""
     return f"_run{k + 1}" if k else ""
@@ -324,7 +333,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     stages: dict[str, Any] = {}
     ch = W.Channels.make(opts.channels)
     start_ms = measure_start_ms()
-    skip = {name.strip() for item in opts.skip for name in item.split(",") if name.strip()}  # "a,b" or repeated
+    skip = skip_names(opts.skip)
 
     def skipped(name: str) -> bool:
         return name.split("_")[0] in skip or name in skip
