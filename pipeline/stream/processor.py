@@ -387,25 +387,18 @@ class BatchProcessor:
         """
         return self.snapshot_capture(offsets)()
 
-    @property
-    def channel_count(self) -> int:
-        """Channels the engine holds (resident or evicted); positions ``0..channel_count - 1`` of its list."""
-        return len(self.engine.store.names)
+    channel_count = property(lambda self: len(self.engine.store.names),
+                             doc="Channels the engine holds (resident or evicted): positions 0..count - 1.")
 
     def snapshot_capture(self, offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
                          ) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
         """Capture the state now; the returned function encodes it into :meth:`snapshot_records`' records.
 
-        The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`);
-        the encoding, the bulk of the cost, reads only that copy, so it may run
-        in another thread, later, while this processor goes on processing.
-        ``start``/``stop``: only the channels at those positions of the engine's
-        channel list (``0 <= start``; ``stop`` None or past the end: to the
-        end). Channels are only ever appended to that list, so a worker may
-        capture its channels in slices between batches
-        (:meth:`pipeline.stream.snapshots.SnapshotPublisher.capture`), each
-        record with the ``offsets`` processed when its slice was taken.
-        Raises ``ValueError`` for ``start < 0``.
+        The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`); the encoding, the bulk
+        of the cost, reads only that copy, so it may run in another thread while this processor goes on.
+        ``start``/``stop``: only the channels at those positions (``0 <= start``; ``stop`` None: to the end)
+        of the engine's append-only channel list, so a worker may capture in slices between batches, each
+        record with the ``offsets`` of its slice (:mod:`pipeline.stream.snapshots`). ``ValueError``: ``start < 0``.
         """
         from pipeline.state.snapshot import copy_state, encode_state
 
