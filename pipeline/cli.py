@@ -332,10 +332,16 @@ def bench(
     batch_size: int = typer.Option(500, "--batch-size", help="Events per batch envelope."),
     rps_per_channel: float = typer.Option(10.0, "--rps-per-channel", help="Event-time rate per channel."),
     paced_seconds: Optional[float] = typer.Option(None, "--paced-seconds", help="Length of the half-load run (s)."),
+    paced_rate: Optional[float] = typer.Option(None, "--paced-rate",
+                                               help="Input rate of the paced runs (events/s) instead of half of each "
+                                                    "driver's batched pipeline rate; then the paced stage runs "
+                                                    "without the pipeline stage (--skip ceiling,bare,pipeline,"
+                                                    "workers,profile)."),
     repeat: int = typer.Option(1, "--repeat", help="Run each throughput stage (ceiling, bare faust, pipeline) this "
                                                    "many times (1-9) and report the median-rate run with the spread."),
     skip: list[str] = typer.Option([], "--skip", help="Skip a stage: ceiling, bare, pipeline, workers, paced, profile "
-                                                      "(or a full stage name, e.g. pipeline_aiokafka_single)."),
+                                                      "(or a full stage name, e.g. pipeline_aiokafka_single); "
+                                                      "comma-separated or repeated."),
     workdir: Optional[Path] = typer.Option(None, "--workdir", help="Keep stage logs and results here."),
     sink_in_process: bool = typer.Option(False, "--sink-in-process",
                                          help="Write ClickHouse from the worker's own process "
@@ -362,7 +368,8 @@ def bench(
         if json_path is not None:
             json_path.write_text(json.dumps({"quality": result}, indent=2))
         return
-    given = {k: v for k, v in dict(events=events, single_events=single_events, paced_seconds=paced_seconds).items()
+    given = {k: v for k, v in dict(events=events, single_events=single_events, paced_seconds=paced_seconds,
+                                   paced_rate=paced_rate).items()
              if v is not None}
     common = dict(channels=channels, partitions=partitions, batch_size=batch_size, rps_per_channel=rps_per_channel,
                   repeat=repeat, skip=list(skip), workdir=str(workdir) if workdir else None,

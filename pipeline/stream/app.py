@@ -224,7 +224,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
 
     @app.task
     async def flusher() -> None:
-        await writer.run(after_flush=snapshots.try_save)
+        await writer.run(after_flush=snapshots.save_soon)  # the save runs beside the next writes
 
     @app.timer(interval=SNAPSHOT_INTERVAL_S)
     async def periodic_snapshot() -> None:

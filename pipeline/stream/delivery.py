@@ -56,7 +56,7 @@ class DeliveryLedger(Generic[M]):
         self.flushed = 0
         self.epoch = 0
         self._batches: deque[tuple[int, list[M]]] = deque()
-        self._snapshot: tuple[int, Any] | None = None
+        self._snapshot: tuple[int, Any, int] | None = None  # (rows needed up to, payload, acks up to)
         self.unacked_messages = 0
 
     @property
@@ -82,14 +82,23 @@ class DeliveryLedger(Generic[M]):
         if seq > self.flushed:
             self.flushed = min(seq, self.added)
 
-    def snapshot_taken(self, payload: Any) -> int:
+    def snapshot_taken(self, payload: Any, covers: int | None = None) -> int:
         """A snapshot of the state after the last added batch; returns the ``seq`` it covers.
 
-        Raises ``RuntimeError`` while another snapshot is pending (save or drop it first).
+        ``covers``: for a snapshot taken in slices between batches, the batch
+        every slice includes (the last one added when the first slice was
+        taken, ``<= added``): only batches up to it are released for acking,
+        while the rows of every batch up to ``added`` must be written before
+        it is saved (a later slice holds their effect). None: ``added``.
+        Raises ``RuntimeError`` while another snapshot is pending (save or drop it
+        first) and ``ValueError`` for ``covers`` outside ``0..added``.
         """
         if self._snapshot is not None:
             raise RuntimeError(f"a snapshot covering batch {self._snapshot[0]} is still pending")
-        self._snapshot = (self.added, payload)
+        covers = self.added if covers is None else covers
+        if not 0 <= covers <= self.added:
+            raise ValueError(f"covers must be in 0..{self.added}, got {covers!r}")
+        self._snapshot = (self.added, payload, covers)
         return self.added
 
     def ready_snapshot(self) -> Any | None:
@@ -102,7 +111,7 @@ class DeliveryLedger(Generic[M]):
         """The pending snapshot was saved: return the messages it covers (ack them), oldest first."""
         if self._snapshot is None:
             return []
-        seq = self._snapshot[0]
+        seq = self._snapshot[2]
         self._snapshot = None
         out: list[M] = []
         while self._batches and self._batches[0][0] <= seq:

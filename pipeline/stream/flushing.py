@@ -140,9 +140,11 @@ class SinkWriter:
         state.flushed.set()
         return True
 
-    async def run(self, after_flush: Callable[[], Awaitable[None]]) -> None:
+    async def run(self, after_flush: Callable[[], Awaitable[None] | None]) -> None:
         """The flusher: write every ``FLUSH_INTERVAL_S`` or when kicked; back off after a failure
-        (``FLUSH_BACKOFF_MIN_S`` doubling to ``FLUSH_BACKOFF_MAX_S``); ``after_flush`` after each success.
+        (``FLUSH_BACKOFF_MIN_S`` doubling to ``FLUSH_BACKOFF_MAX_S``); ``after_flush`` after each success
+        (awaited if it returns an awaitable: the worker's starts the snapshot save in a task of its own,
+        so a save never holds the next write).
         Runs until cancelled."""
         state = self.state
         state.init_sync()
@@ -156,7 +158,9 @@ class SinkWriter:
             state.flush_kick.clear()
             if await self.flush_once():
                 backoff = FLUSH_BACKOFF_MIN_S
-                await after_flush()
+                pending = after_flush()
+                if pending is not None:
+                    await pending
             else:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_S)

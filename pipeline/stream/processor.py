@@ -387,20 +387,28 @@ class BatchProcessor:
         """
         return self.snapshot_capture(offsets)()
 
-    def snapshot_capture(self, offsets: Mapping[int, int]) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
+    channel_count = property(lambda self: len(self.engine.store.names),
+                             doc="Channels the engine holds (resident or evicted): positions 0..count - 1.")
+
+    def snapshot_capture(self, offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
+                         ) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
         """Capture the state now; the returned function encodes it into :meth:`snapshot_records`' records.
 
-        The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`);
-        the encoding, the bulk of the cost, reads only that copy, so it may run
-        in another thread, later, while this processor goes on processing.
+        The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`); the encoding, the bulk
+        of the cost, reads only that copy, so it may run in another thread while this processor goes on.
+        ``start``/``stop``: only the channels at those positions (``0 <= start``; ``stop`` None: to the end)
+        of the engine's append-only channel list, so a worker may capture in slices between batches, each
+        record with the ``offsets`` of its slice (:mod:`pipeline.stream.snapshots`). ``ValueError``: ``start < 0``.
         """
         from pipeline.state.snapshot import copy_state, encode_state
 
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start!r}")
         evicted = dict(self.engine.evicted)  # name → its snapshot bytes (immutable): nothing to copy
-        names = self.engine.store.names
-        resident = [i for i, name in enumerate(names) if name not in evicted]
+        names = self.engine.store.names[start:stop]
+        resident = [start + k for k, name in enumerate(names) if name not in evicted]
         frozen = copy_state(self.engine, resident)
-        row = {names[i]: k for k, i in enumerate(resident)}
+        row = {self.engine.store.names[i]: k for k, i in enumerate(resident)}
         part = self.input_partition
         meta = []
         for name in names:

@@ -84,6 +84,9 @@ def test_options_validate():
         BenchOptions(rps_per_channel=0).validate()
     with pytest.raises(ValueError, match="--repeat must be 1..9, got 0"):
         BenchOptions(repeat=0).validate()
+    BenchOptions(paced_rate=20_000.0).validate()
+    with pytest.raises(ValueError):
+        BenchOptions(paced_rate=0.0).validate()
     assert measure_start_ms(10 * H + 5) == 8 * H + 300_000
 
 

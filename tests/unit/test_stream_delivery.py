@@ -44,6 +44,19 @@ def test_ack_needs_rows_written_and_a_saved_snapshot():
         d.snapshot_taken("S3 again")
 
 
+def test_a_sliced_snapshot_acks_up_to_its_first_slice_after_the_rows_of_its_last():
+    d = DeliveryLedger()
+    d.add_batch(["a"]), d.add_batch(["b"])
+    d.add_batch(["c"])                      # came in while the slices were copied
+    assert d.snapshot_taken("S", covers=2) == 3
+    d.flushed_up_to(2)
+    assert d.ready_snapshot() is None       # batch 3 is in the later slices: its rows first
+    d.flushed_up_to(3)
+    assert d.snapshot_saved() == ["a", "b"] and d.unacked_messages == 1
+    with pytest.raises(ValueError):
+        d.snapshot_taken("S", covers=4)
+
+
 def test_flushed_never_runs_ahead_and_clear_drops_everything():
     d: DeliveryLedger[str] = DeliveryLedger()
     d.add_batch(["a"])

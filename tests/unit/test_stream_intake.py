@@ -306,8 +306,8 @@ def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
     encoded_in: list[threading.Thread] = []
     capture = state.processor.snapshot_capture
 
-    def traced(offsets: Any) -> Any:
-        encode = capture(offsets)
+    def traced(offsets: Any, *slice_: Any) -> Any:
+        encode = capture(offsets, *slice_)
 
         def run() -> Any:
             encoded_in.append(threading.current_thread())
@@ -331,6 +331,46 @@ def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
 
     asyncio.run(run())
     assert len(sent) == 1 and encoded_in and encoded_in[0] is not threading.main_thread()
+
+
+def test_a_snapshot_is_captured_in_slices_with_batches_in_between() -> None:
+    """Slices of ``CAPTURE_SLICE_CHANNELS`` channels, the lock released between them: a batch that came in
+    meanwhile is held by the later slices only (their records carry its offset), so only the messages before
+    the first slice are acked, and the snapshot waits for the rows of every batch a slice holds."""
+    from pipeline.stream import snapshots as snap_mod
+
+    sink = FakeSink()
+    state, assignment, intake, writer, _ = _worker(sink)
+    sent: list[list] = []
+
+    async def send(records: list) -> None:
+        sent.append(records)
+
+    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
+    first = _events([_raw(i, channel=f"p/m{i}@paid") for i in range(5)])  # offsets 0..4
+    later = _events([_raw(10, channel="p/m0@paid")], first=5)
+
+    async def run() -> None:
+        await intake.handle(first)
+        capture = asyncio.ensure_future(snapshots.capture())
+        await asyncio.sleep(0)  # the first slice (2 channels) is copied; the capture yields the lock
+        await intake.handle(later)  # runs between two slices
+        await capture
+        assert state.ledger.pending_snapshot_seq == 2  # rows of batch 2 must be written: a later slice holds it
+        assert await writer.flush_once()
+        await snapshots.try_save()
+
+    old = snap_mod.CAPTURE_SLICE_CHANNELS
+    snap_mod.CAPTURE_SLICE_CHANNELS = 2
+    try:
+        asyncio.run(run())
+    finally:
+        snap_mod.CAPTURE_SLICE_CHANNELS = old
+    offsets = {key: headers for key, _, headers in sent[0]}
+    assert sorted(offsets) == sorted(f"p/m{i}@paid".encode() for i in range(5))
+    covered = {key: dict(h)["input_offsets"] for key, h in offsets.items()}
+    assert [covered[f"p/m{i}@paid".encode()] for i in range(5)] == [b'{"0":4}'] * 2 + [b'{"0":5}'] * 3
+    assert all(e.message.acked for e in first) and not later[0].message.acked and state.ledger.unacked_messages == 1
 
 
 def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:

@@ -82,6 +82,9 @@ class BenchOptions:
     warm_per_hour: int = 25
     paced_seconds: float = 20.0
     paced_speed: float = 20.0
+    #: Input rate of the paced runs (events/s); None: half of each driver's batched pipeline rate (which then
+    #: needs the pipeline stage). Set it to run the paced stage alone (``--skip ceiling,bare,pipeline,...``).
+    paced_rate: float | None = None
     profile_events: int = 200_000
     #: Runs of each throughput stage (ceiling, bare faust, pipeline); the run with the median rate is reported.
     repeat: int = 1
@@ -105,8 +108,19 @@ class BenchOptions:
             raise ValueError("--single-events must not exceed --events (they are the first events of the stream)")
         if self.partitions < 1 or self.batch_size < 1 or self.rps_per_channel <= 0:
             raise ValueError("partitions, batch size and rps per channel must be positive")
+        if self.paced_rate is not None and not 0 < self.paced_rate <= 10_000_000:
+            raise ValueError(f"--paced-rate must be in (0, 10,000,000] events/s, got {self.paced_rate}")
         if not 1 <= self.repeat <= 9:
             raise ValueError(f"--repeat must be 1..9, got {self.repeat}")
+
+
+def skip_names(items: list[str]) -> set[str]:
+    """The stages ``--skip`` names, given repeated, comma-separated, or both.
+
+    >>> sorted(skip_names(["ceiling,bare", " workers ", "profile,"]))
+    ['bare', 'ceiling', 'profile', 'workers']
+    """
+    return {name.strip() for item in items for name in item.split(",") if name.strip()}
 
 
 def _run_tag(k: int) -> str:
@@ -319,7 +333,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     stages: dict[str, Any] = {}
     ch = W.Channels.make(opts.channels)
     start_ms = measure_start_ms()
-    skip = set(opts.skip)
+    skip = skip_names(opts.skip)
 
     def skipped(name: str) -> bool:
         return name.split("_")[0] in skip or name in skip
@@ -432,10 +446,14 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
             stage("workers_2", two_workers)
 
         def paced(driver: str) -> dict[str, Any]:
-            best = (stages.get(f"pipeline_{driver}_batched") or {}).get("events_per_s")
-            if not best:
-                raise StageFailed(f"no batched {driver} pipeline rate to take half of")
-            return asyncio.run(paced_run(bootstrap, opts, ch, start_ms, best / 2, snapshots, workdir, tag, driver))
+            if opts.paced_rate is not None:
+                rate = opts.paced_rate
+            else:
+                best = (stages.get(f"pipeline_{driver}_batched") or {}).get("events_per_s")
+                if not best:
+                    raise StageFailed(f"no batched {driver} pipeline rate to take half of (or give --paced-rate)")
+                rate = best / 2
+            return asyncio.run(paced_run(bootstrap, opts, ch, start_ms, rate, snapshots, workdir, tag, driver))
 
         stage("paced", lambda: paced("faust"))
         stage("paced_aiokafka", lambda: paced("aiokafka"))
