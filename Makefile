@@ -26,11 +26,16 @@ demo: $(BIN)/.installed
 
 # The default suite leaves out the tests marked slow (long scenario sweeps, 20-seed and 40,000-message
 # forms); each has a reduced form that runs by default. `make test-all` runs everything.
+# Two pytest-xdist processes, one test file each at a time (--dist loadfile: a file's module and
+# session fixtures are built once): the integration tests mostly wait on their broker, worker and
+# chDB subprocesses, so the other process uses that time. Every test picks its own free port and
+# tmp_path, so two run side by side. Wall times of both forms: docs/THROUGHPUT.md, "Test suite".
+PYTEST_PAR ?= -n 2 --dist loadfile
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_PAR)
 
 test-all: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PAR)
 
 bench: $(BIN)/.installed
 	$(BIN)/channel-health bench --repeat 3 --json bench.json
