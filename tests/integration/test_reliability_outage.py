@@ -3,7 +3,9 @@
 The worker runs with the fault-injection hook
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE`` (:mod:`pipeline.sinks.faults`): while
 the file exists every insert fails like an unreachable server. With live
-traffic flowing, ClickHouse is "down" for 60 s:
+traffic flowing, ClickHouse is "down" for about 35 s: 20 s of live traffic at
+20x wall time (400 s of event time, 3,200 rows), then a burst until the full
+buffer pauses the intake, then two status periods (10 s) without progress:
 
 * verdicts keep flowing to Kafka the whole time;
 * nothing is acked (offsets stay behind the unwritten rows) and the sink
@@ -27,9 +29,10 @@ from workers import PacedTraffic, Stack, VerdictTap, count_rows, latest_by_chann
 pytestmark = pytest.mark.integration
 
 CHANNELS = {f"prov{i}/model@paid": ("chat" if i % 2 else "embed") for i in range(8)}
-OUTAGE_S = 60.0
+LIVE_S = 20.0         # wall seconds of live traffic while ClickHouse is down
 MAX_ROWS = 6_000      # per-table buffer bound (CHANNEL_HEALTH_SINK_MAX_ROWS)
-SPEED = 10.0
+SPEED = 20.0          # event time per wall time: LIVE_S of traffic is 400 s of event time
+HELD_STATUSES = 2     # status lines (5 s apart, SNAPSHOT_INTERVAL_S) after the intake paused, none with progress
 
 
 @pytest.fixture
@@ -45,11 +48,22 @@ def _log_time(line_match: re.Match) -> float:
     return datetime.strptime(line_match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
+def _wait_statuses(w, n: int, timeout_s: float) -> int:
+    """Wait until the worker's current run has logged ``n`` status lines; return how many it has."""
+    deadline = time.monotonic() + timeout_s
+    while len(w.statuses()) < n:
+        if not w.alive or time.monotonic() > deadline:
+            pytest.fail(f"worker {w.name}: {len(w.statuses())} of {n} status lines after {timeout_s:.0f} s "
+                        f"(alive: {w.alive}); log:\n{w.log_tail()}")
+        time.sleep(0.2)
+    return len(w.statuses())
+
+
 def test_clickhouse_outage_verdicts_flow_memory_bounded_nothing_lost(stack, tmp_path):
     down = tmp_path / "clickhouse-down"
     now = int(time.time() * 1000)
     start = now - now % 30_000 - 60 * 60_000
-    # Live traffic: 8 channels x 1 req/s at 10x wall time = 80 rows/s, ~3,200 rows in the first 40 s of the outage.
+    # Live traffic: 8 channels x 1 req/s at 20x wall time = 160 rows/s, ~3,200 rows in the first 20 s of the outage.
     live = steady_events(CHANNELS, start, 30 * 60, per_s=1, seed=9)
     tap = VerdictTap(stack.settings)
     traffic = None
@@ -62,19 +76,20 @@ def test_clickhouse_outage_verdicts_flow_memory_bounded_nothing_lost(stack, tmp_
         down.touch()                                 # ClickHouse goes away
         t_down = time.monotonic()
         w.wait_for_log(r"ClickHouse write failed \(1 in a row", 10)
-        time.sleep(max(0.0, t_down + OUTAGE_S - 20 - time.monotonic()))
-        traffic.stop()                               # 40 s of live traffic during the outage
+        time.sleep(max(0.0, t_down + LIVE_S - time.monotonic()))
+        traffic.stop()                               # 20 s of live traffic during the outage
         flowing = [(t, v) for t, v in tap.snapshot() if t >= t_down]
         # A burst: 10 min of backlog arriving at once, one event per message (4,800 messages: more than
         # two batches), larger than what is left of the buffer bound.
         burst = steady_events(CHANNELS, (traffic.last_ts or start) + 1000, 10 * 60, per_s=1, seed=10)
         publish(stack.settings, burst, span_ms=None, max_events=1)
         sent = traffic.sent + len(burst)
-        time.sleep(max(0.0, t_down + OUTAGE_S - 8 - time.monotonic()))
+        # The burst fills the buffer and the intake pauses; then HELD_STATUSES more status lines (5 s apart)
+        # must show no progress: the worker is alive and reporting, and takes no input.
+        w.wait_status(lambda st: st["intake"] == "paused", 60, "intake paused by the full sink buffer")
         n1 = len(w.statuses())
         s1 = w.statuses()[-1]
-        time.sleep(max(0.0, t_down + OUTAGE_S - time.monotonic()))
-        n2 = len(w.statuses())
+        n2 = _wait_statuses(w, n1 + HELD_STATUSES, 30)
         s2 = w.statuses()[-1]
         statuses_down = [st for st in w.statuses() if st["sink"] == "down"]
         # From the first status line that reports the outage (a snapshot of rows written just before
@@ -83,6 +98,7 @@ def test_clickhouse_outage_verdicts_flow_memory_bounded_nothing_lost(stack, tmp_
 
         down.unlink()                                # ClickHouse is back
         back_at = time.time()
+        outage_s = time.monotonic() - t_down
         back = w.wait_for_log(r"\[(\S+ \S+)\] \[\d+\] \[WARNING\] ClickHouse writes recovered after ([\d.]+) s "
                               r"\((\d+) failed attempts\); (\d+) buffered rows written", 30)
         drained = w.wait_drained(burst[-1]["ts_ms"], 60)
@@ -97,7 +113,7 @@ def test_clickhouse_outage_verdicts_flow_memory_bounded_nothing_lost(stack, tmp_
     peak = max(st["peak"] for st in w.statuses()) if w.statuses() else drained["peak"]
     verdict_ts = sorted(v.ts_ms for _, v in flowing)
     first_write_s = _log_time(back) - back_at
-    print(f"\nMEASURED item4: outage {OUTAGE_S:.0f} s; verdicts published in its first 40 s: {len(flowing)} "
+    print(f"\nMEASURED item4: outage {outage_s:.0f} s; verdicts published in its first {LIVE_S:.0f} s: {len(flowing)} "
           f"({(verdict_ts[-1] - verdict_ts[0]) / 1000 if verdict_ts else 0:.0f} s of event time); acked during the "
           f"outage: {max(st['acked'] for st in statuses_down) - acked_at_start}; peak buffered rows {peak} (bound "
           f"{MAX_ROWS}/table); burst held back: {s2['events_in']} of {sent} events taken, {s2['pending']} rows "
@@ -105,7 +121,7 @@ def test_clickhouse_outage_verdicts_flow_memory_bounded_nothing_lost(stack, tmp_
           f"{back.group(4)} rows), everything written and acked {caught_up_s:.1f} s; rows {rows}")
     # Verdicts kept flowing to Kafka during the outage, for every channel, with event time advancing.
     assert len(latest_by_channel(v for _, v in flowing)) == len(CHANNELS)
-    assert verdict_ts[-1] - verdict_ts[0] >= 0.5 * 40 * SPEED * 1000
+    assert verdict_ts[-1] - verdict_ts[0] >= 0.5 * LIVE_S * SPEED * 1000   # >= 200 s of the 400 s sent
     # Offsets never ran ahead of the unwritten rows.
     assert statuses_down and all(st["acked"] == acked_at_start for st in statuses_down)
     # Memory stayed bounded: the full buffer stopped the intake (no progress between two statuses).

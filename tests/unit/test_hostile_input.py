@@ -145,93 +145,129 @@ def units_of(raw: bytes | None) -> int:
 
 # ---------------------------------------------------------------- strategies
 
+# Strategies with fixed arguments are built once: hypothesis validates each new strategy object on its
+# first draw, so building one per field per event made generation, not the pipeline, most of this
+# test's time. The values drawn are the same as with the strategies written inline.
+_I10, _I15, _I20, _I100 = st.integers(0, 9), st.integers(0, 14), st.integers(0, 19), st.integers(0, 99)
+_NAME = st.text(min_size=1, max_size=40)
+_ODD_ROUTE = st.sampled_from(["chat-70b", "r\u00e9sum\u00e9", "x" * 512])
+_CHANNEL = st.integers(0, len(CHANNELS) - 1)
+_JITTER = st.integers(-4 * MIN, MIN)
+_STATUS = st.sampled_from(STATUSES)
+_LATENCY = st.one_of(st.floats(0, 60_000), st.sampled_from([0.0, -0.0, 5e-324, 1e308]))
+_HTTP, _OUT_TOKENS = st.integers(0, 999), st.integers(0, 2**32 - 1)
+_TOKENS = st.sampled_from([0, 1, 2**32 - 1])
+_COST = st.sampled_from([0.0, 1e-12, 1e308])
+_QUOTA, _TTFT = st.floats(0, 1), st.floats(0, 1e308)
+_GATEWAY = st.text(max_size=12)
+_RESPONSE = st.sampled_from(['{"answer": 1}', '{"answer": 1, "source": "x"}', "not json",
+                             '{"answer": "' + "z" * 9_000 + '"}'])
+_MISSING = st.lists(st.text(max_size=5), max_size=3)
+_PROMPT_LEN = st.sampled_from([0, 10, 8_001, 50_000])
+_REQUIRED = st.sampled_from(REQUIRED)
+_WRONG_NAME, _RANGE_NAME = st.sampled_from(sorted(WRONG_TYPES)), st.sampled_from(sorted(OUT_OF_RANGE))
+_WRONG_VALUE = {name: st.sampled_from(values) for name, values in WRONG_TYPES.items()}
+_RANGE_VALUE = {name: st.sampled_from(values) for name, values in OUT_OF_RANGE.items()}
+_OVERFLOW_FIELD = st.sampled_from(OVERFLOW_FIELDS)
+_AHEAD = st.sampled_from([2 * HOUR, YEAR, 30 * YEAR, 2**63 - NOW, 2**64])
+_OLD_TS = st.sampled_from([NOW - 8 * DAY, NOW - YEAR, NOW - 30 * YEAR, 0])
+_BAD_STATUS = st.sampled_from(["OK", "success", "", "ok\n\x00", "error " * 50])
+_BAD_TIER = st.sampled_from(["gold", "FREE", ""])
+_NON_OBJECT = st.sampled_from([42, "event", None, [1, 2], True, 1.5])
+_BATCH_LEN = st.integers(1, 40)
+_BAD_BYTE = st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80"])
+_NAN_TOKEN = st.sampled_from([b"NaN", b"Infinity", b"-Infinity"])
 
-@st.composite
+
+
 def valid_event(draw: st.DrawFn, clock_ms: int, next_id: list[int]) -> dict:
-    """A valid event near ``clock_ms`` (often out of order, sometimes late)."""
+    """A valid event near ``clock_ms`` (often out of order, sometimes late).
+
+    ``valid_event`` and ``element`` are plain functions called with the caller's ``draw`` (not
+    ``@st.composite`` strategies, one new strategy object per generated event): the same values are
+    drawn, without building and validating a strategy per event.
+    """
     next_id[0] += 1
-    if draw(st.integers(0, 19)) == 0:  # a new, oddly named channel: its first events are never late
-        name = draw(st.text(min_size=1, max_size=40))
-        ch = (name, draw(st.sampled_from(["chat-70b", "r\u00e9sum\u00e9", "x" * 512])), None)
+    if draw(_I20) == 0:  # a new, oddly named channel: its first events are never late
+        name = draw(_NAME)
+        ch = (name, draw(_ODD_ROUTE), None)
     else:
-        ch = CHANNELS[draw(st.integers(0, len(CHANNELS) - 1))]
+        ch = CHANNELS[draw(_CHANNEL)]
     doc: dict[str, Any] = {
         "event_id": f"ev-{next_id[0]}",
-        "ts_ms": clock_ms + draw(st.integers(-4 * MIN, MIN)),
+        "ts_ms": clock_ms + draw(_JITTER),
         "channel": ch[0],
         "route": ch[1],
-        "status": draw(st.sampled_from(STATUSES)),
-        "latency_ms": draw(st.one_of(st.floats(0, 60_000), st.sampled_from([0.0, -0.0, 5e-324, 1e308]))),
+        "status": draw(_STATUS),
+        "latency_ms": draw(_LATENCY),
     }
     if ch[2] is not None:
         doc["tier"] = ch[2]
-    extras = draw(st.integers(0, 9))
+    extras = draw(_I10)
     if extras >= 6:
         doc.update({
-            "http_status": draw(st.integers(0, 999)),
-            "input_tokens": draw(st.sampled_from([0, 1, 2**32 - 1])),
-            "output_tokens": draw(st.integers(0, 2**32 - 1)),
-            "cost_usd": draw(st.sampled_from([0.0, 1e-12, 1e308])),
-            "quota_remaining": draw(st.floats(0, 1)),
-            "ttft_ms": draw(st.floats(0, 1e308)),
-            "gateway_id": draw(st.text(max_size=12)),
+            "http_status": draw(_HTTP),
+            "input_tokens": draw(_TOKENS),
+            "output_tokens": draw(_OUT_TOKENS),
+            "cost_usd": draw(_COST),
+            "quota_remaining": draw(_QUOTA),
+            "ttft_ms": draw(_TTFT),
+            "gateway_id": draw(_GATEWAY),
             "unknown_field": {"nested": [1, None, "x"]},
         })
     if extras == 8 and doc["status"] == "ok":  # the pipeline checks the structure itself
         doc["expected_fields"] = ["answer", "source"]
-        doc["response_text"] = draw(st.sampled_from(['{"answer": 1}', '{"answer": 1, "source": "x"}', "not json",
-                                                     '{"answer": "' + "z" * 9_000 + '"}']))
+        doc["response_text"] = draw(_RESPONSE)
     if extras == 9:
-        doc["missing_fields"] = draw(st.lists(st.text(max_size=5), max_size=3))
-        doc["prompt_text"] = "p" * draw(st.sampled_from([0, 10, 8_001, 50_000]))
+        doc["missing_fields"] = draw(_MISSING)
+        doc["prompt_text"] = "p" * draw(_PROMPT_LEN)
     return doc
 
 
-@st.composite
 def element(draw: st.DrawFn, clock_ms: int, next_id: list[int], earlier: list[dict],
             sent: list[dict]) -> tuple[Any, Any]:
     """One event of a message: ``(doc, expectation)``; ``earlier``: valid docs of this batch."""
-    kind = draw(st.integers(0, 99))
+    kind = draw(_I100)
     if kind < 50:
-        return draw(valid_event(clock_ms, next_id)), "ok"
+        return valid_event(draw, clock_ms, next_id), "ok"
     if kind < 54 and sent:  # redelivery of an event sent in an earlier message: dropped as a duplicate
         doc = dict(draw(st.sampled_from(sent)))
         if any(e["event_id"] == doc["event_id"] for e in earlier):
             return doc, frozenset({R.DUPLICATE_IN_BATCH})
         return doc, "ok"
-    doc = draw(valid_event(clock_ms, next_id))
+    doc = valid_event(draw, clock_ms, next_id)
     if kind < 60:
-        del doc[draw(st.sampled_from(REQUIRED))]
+        del doc[draw(_REQUIRED)]
         return doc, frozenset({R.MISSING_FIELD})
     if kind < 70:
-        name = draw(st.sampled_from(sorted(WRONG_TYPES)))
-        doc[name] = draw(st.sampled_from(WRONG_TYPES[name]))
+        name = draw(_WRONG_NAME)
+        doc[name] = draw(_WRONG_VALUE[name])
         return doc, frozenset({R.WRONG_TYPE})
     if kind < 78:
-        name = draw(st.sampled_from(sorted(OUT_OF_RANGE)))
-        doc[name] = draw(st.sampled_from(OUT_OF_RANGE[name]))
+        name = draw(_RANGE_NAME)
+        doc[name] = draw(_RANGE_VALUE[name])
         return doc, frozenset({R.OUT_OF_RANGE})
     if kind < 81:
-        doc[draw(st.sampled_from(OVERFLOW_FIELDS))] = _OVERFLOW
+        doc[draw(_OVERFLOW_FIELD)] = _OVERFLOW
         return doc, frozenset({R.OUT_OF_RANGE})
     if kind < 86:  # years off, or absurdly large
-        ahead = draw(st.sampled_from([2 * HOUR, YEAR, 30 * YEAR, 2**63 - NOW, 2**64]))
+        ahead = draw(_AHEAD)
         if draw(st.booleans()):
             doc["ts_ms"] = NOW + ahead
             return doc, frozenset({R.TS_IN_FUTURE})
-        doc["ts_ms"] = draw(st.sampled_from([NOW - 8 * DAY, NOW - YEAR, NOW - 30 * YEAR, 0]))
+        doc["ts_ms"] = draw(_OLD_TS)
         return doc, frozenset({R.TS_TOO_OLD})
     if kind < 89:
         if draw(st.booleans()):
-            doc["status"] = draw(st.sampled_from(["OK", "success", "", "ok\n\x00", "error " * 50]))
+            doc["status"] = draw(_BAD_STATUS)
         else:
-            doc["tier"] = draw(st.sampled_from(["gold", "FREE", ""]))
+            doc["tier"] = draw(_BAD_TIER)
         return doc, frozenset({R.INVALID_ENUM})
     if kind < 91:
         doc["expected_fields"] = ["a", {"function": "f", "required": ["x"]}]
         return doc, frozenset({R.WRONG_TYPE})
     if kind < 94:
-        return draw(st.sampled_from([42, "event", None, [1, 2], True, 1.5])), frozenset({R.WRONG_TYPE})
+        return draw(_NON_OBJECT), frozenset({R.WRONG_TYPE})
     if earlier:  # same event_id as an event kept earlier in this batch
         doc["event_id"] = draw(st.sampled_from(earlier))["event_id"]
         return doc, frozenset({R.DUPLICATE_IN_BATCH})
@@ -240,24 +276,24 @@ def element(draw: st.DrawFn, clock_ms: int, next_id: list[int], earlier: list[di
 
 @st.composite
 def message(draw: st.DrawFn, clock_ms: int, next_id: list[int], sent: list[dict]) -> Msg:
-    mode = draw(st.integers(0, 19))
+    mode = draw(_I20)
     if mode >= 16:  # hostile message as a whole
         return draw(hostile_message(clock_ms, next_id))
     batch = mode < 12
-    n = draw(st.integers(1, 40)) if batch else 1
+    n = draw(_BATCH_LEN) if batch else 1
     elems: list[tuple[Any, Any]] = []
     earlier: list[dict] = []
     for _ in range(n):
-        doc, expect = draw(element(clock_ms, next_id, earlier if batch else [], sent))
+        doc, expect = element(draw, clock_ms, next_id, earlier if batch else [], sent)
         elems.append((doc, expect))
         if expect == "ok":
             earlier.append(doc)
     ascii_only = draw(st.booleans())
     raw = _encode({"events": [d for d, _ in elems]} if batch else elems[0][0], ascii_only)
-    corrupt = draw(st.integers(0, 14))
+    corrupt = draw(_I15)
     if corrupt == 0:  # a byte that is never valid UTF-8
         at = draw(st.integers(0, len(raw)))
-        return Msg(raw[:at] + draw(st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80"])) + raw[at:], batch,
+        return Msg(raw[:at] + draw(_BAD_BYTE) + raw[at:], batch,
                    frozenset({R.NOT_UTF8, R.INVALID_JSON}), elems, bad_utf8=True)
     if corrupt == 1:  # cut short (a producer bug, a torn write)
         # a prefix of a lone non-object value can itself be valid JSON (1.5 -> 1): then it is a wrong type
@@ -265,7 +301,7 @@ def message(draw: st.DrawFn, clock_ms: int, next_id: list[int], sent: list[dict]
         return Msg(raw[: draw(st.integers(0, len(raw) - 1))], batch,
                    frozenset({R.INVALID_JSON, R.NOT_UTF8} | ({R.WRONG_TYPE} if scalar else set())), elems)
     if corrupt == 2:  # NaN / Infinity are not JSON: the whole message is invalid
-        token = draw(st.sampled_from([b"NaN", b"Infinity", b"-Infinity"]))
+        token = draw(_NAN_TOKEN)
         return Msg(raw.replace(b'"latency_ms":', b'"latency_ms":' + token + b',"x_was":', 1)
                    if b'"latency_ms":' in raw else raw[:-1] + b',"bad":' + token + b"}",
                    batch, frozenset({R.INVALID_JSON}), elems)
@@ -294,22 +330,22 @@ def hostile_message(draw: st.DrawFn, clock_ms: int, next_id: list[int]) -> Msg:
                                     b'{"events":[' + b"[" * depth + b"]" * depth + b"]}"]))
         return Msg(raw, False, ANY)
     if kind == 5:  # 5 MB bodies, single or batch: too large, one dead letter
-        doc = draw(valid_event(clock_ms, next_id))
+        doc = valid_event(draw, clock_ms, next_id)
         doc["response_text"] = "x" * draw(st.sampled_from([MAX_MESSAGE, 5 * 1024 * 1024]))
         top = {"events": [doc, doc]} if draw(st.booleans()) else doc
         return Msg(_encode(top, True), False, frozenset({R.TOO_LARGE}))
     if kind == 6:  # just under the limit: accepted, text truncated
-        doc = draw(valid_event(clock_ms, next_id))
+        doc = valid_event(draw, clock_ms, next_id)
         doc.pop("prompt_text", None)
         doc["response_text"] = "y" * 950_000
         return Msg(_encode(doc, True), False, None, [(doc, "ok")])
     if kind == 7:  # random JSON-ish text
         return Msg(draw(st.text(max_size=200)).encode("utf-8"), False, ANY)
     if kind == 8:  # one good event with an unknown "events" field is read as a batch envelope
-        doc = draw(valid_event(clock_ms, next_id))
+        doc = valid_event(draw, clock_ms, next_id)
         doc["events"] = "not a list"
         return Msg(_encode(doc, True), True, frozenset({R.BAD_BATCH}))
-    doc = draw(valid_event(clock_ms, next_id))  # duplicate keys: the last value wins in both parsers
+    doc = valid_event(draw, clock_ms, next_id)  # duplicate keys: the last value wins in both parsers
     raw = _encode(doc, True)
     return Msg(raw[:-1] + b',"latency_ms":-5}', False, None, [(doc, frozenset({R.OUT_OF_RANGE}))])
 
