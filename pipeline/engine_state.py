@@ -16,6 +16,19 @@ from pipeline.policy.state_machine import ChannelMachine
 from pipeline.state.channel_state import ChannelState
 from pipeline.windows.store import WindowStore
 
+#: :class:`ChannelMachine`'s fields, in order (its dict form in :class:`ChannelState`).
+_MACHINE_FIELDS = tuple(f.name for f in dataclasses.fields(ChannelMachine))
+
+
+def machine_dict(m: ChannelMachine) -> dict[str, object]:
+    """``dataclasses.asdict(m)`` for the machine's flat fields (numbers, strings, lists of strings),
+    about 10 times cheaper: lists are copied, everything else is immutable."""
+    out = {}
+    for k in _MACHINE_FIELDS:
+        v = getattr(m, k)
+        out[k] = list(v) if type(v) is list else v
+    return out
+
 
 class EngineStateIO:
     """Per-channel state in and out of an :class:`~pipeline.engine.Engine` (which provides the attributes)."""
@@ -42,7 +55,7 @@ class EngineStateIO:
                             windows=st.export_channel(i), watermark_ms=st.watermark_ms,
                             next_eval_ms=int(self.next_eval[i]), fail_since_eval=float(self.fail_since_eval[i]),
                             seq=int(self.seq[i]), active={k: bool(v[i]) for k, v in self.active.items()},
-                            machine=dataclasses.asdict(self.machines[i]))
+                            machine=machine_dict(self.machines[i]))
 
     def import_state(self, state: ChannelState) -> int:
         """Load ``state`` (registering its channel); returns the channel's row.
