@@ -273,4 +273,5 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
     engine.next_eval[i] = snap.next_eval_ms or 0
     engine.seq[i] = max(engine.seq[i], snap.seq)
     engine.machines[i] = _machine(snap)
+    engine.changed[i] = True
     return i
