@@ -89,6 +89,7 @@ class Engine(EngineStateIO, RouteShares):
         #: channel → snapshot bytes of an evicted channel; per channel: windows in memory (see residency).
         self.evicted: dict[str, bytes] = {}
         self.resident = np.zeros(0, bool)
+        self.changed = np.zeros(0, bool)  #: per channel: changed since its last captured snapshot (engine_state)
         self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
         self._evict_round: int | None = None  # event-time round of the last idle scan (see advance)
         self._evict_backlog = False
@@ -157,8 +158,9 @@ class Engine(EngineStateIO, RouteShares):
                                                      np.zeros(n - self.judged_since_eval.shape[0])])
         if self.next_eval.shape[0] < n:
             self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
-        if self.resident.shape[0] < n:
-            self.resident = np.concatenate([self.resident, np.ones(n - self.resident.shape[0], bool)])
+        if self.resident.shape[0] < n:  # a new channel: resident, and changed since its (no) snapshot
+            new = np.ones(n - self.resident.shape[0], bool)
+            self.resident, self.changed = np.concatenate([self.resident, new]), np.concatenate([self.changed, new])
 
     def thresholds(self) -> ThresholdArrays:
         """Per-channel thresholds (rebuilt when channels are added)."""
@@ -248,6 +250,7 @@ class Engine(EngineStateIO, RouteShares):
         c = self.store.n_channels
         dense = DENSE_EVENTS_PER_CHANNEL * len(cols) >= c  # many channels touched: one bincount, not a sort
         rows = np.flatnonzero(np.bincount(cols.channel, minlength=c)) if dense else np.unique(cols.channel)
+        self.changed[rows] = True
         result.verdicts.extend(self._evaluate_until(rows, int(cols.ts_ms.min())))
         th = self.thresholds().consecutive_failures
         machines = self.machines
@@ -325,6 +328,7 @@ class Engine(EngineStateIO, RouteShares):
         keep = (idx >= 0) & np.isfinite(s)
         drops = {"unknown_channel": int((idx < 0).sum()), "not_finite": int(((idx >= 0) & ~np.isfinite(s)).sum())}
         if keep.any():
+            self.changed[idx[keep]] = True
             too_old, reset = self.store.quality.add(idx[keep], np.asarray(ts_ms, dtype=np.int64).reshape(n)[keep],
                                                     np.clip(s[keep], 0.0, 1.0), model_version)
             drops["too_old"] = int(too_old.sum())
@@ -394,6 +398,7 @@ class Engine(EngineStateIO, RouteShares):
         soft = []
         for d in self.soft:
             f = d.detect(view, th, self.active[d.reason][rows])
+            self.changed[rows[self.active[d.reason][rows] != f.fired]] = True
             self.active[d.reason][rows] = f.fired
             soft.append(f)
         # advisory findings: published like soft ones; they reach the state machine only where the
@@ -401,14 +406,16 @@ class Engine(EngineStateIO, RouteShares):
         advisory, acting = [], []
         for d, key in self.advisory:
             f = d.detect(view, th, self.active[d.reason][rows])
+            self.changed[rows[self.active[d.reason][rows] != f.fired]] = True
             self.active[d.reason][rows] = f.fired
             advisory.append(f)
             acting.append(f.fired & (getattr(th, key) > 0) if key is not None else np.zeros(n, bool))
         last_ts = self.store.last_ts_ms[rows]
-        changed = np.zeros(n, bool)
+        changed, stepped = np.zeros(n, bool), np.ones(n, bool)
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
             if m.state == NO_DATA and (now_ms - last_ts[j] >= cfg.no_data_after_ms) and m.reasons == ["no_data"]:
+                stepped[j] = False
                 continue  # idle and already reported
             if m.state not in (OPEN, HALF_OPEN):
                 m.add_penalty(cfg.penalty_per_failure * self.fail_since_eval[i], now_ms, cfg)
@@ -423,6 +430,7 @@ class Engine(EngineStateIO, RouteShares):
                 self.store.runs.reset(i)
             # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
             m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
+        self.changed[rows[stepped]] = True
         self.fail_since_eval[rows] = 0.0
         self.judged_since_eval[rows] = 0.0
         shares = self._route_shares(rows, now_ms)
@@ -459,6 +467,7 @@ class Engine(EngineStateIO, RouteShares):
         ``metrics`` values are published numbers already (:func:`_published`)."""
         m = self.machines[i]
         self.seq[i] += 1
+        self.changed[i] = True
         clean = metrics if cleaned else {k: _clean(v) for k, v in metrics.items()}
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
                        weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),

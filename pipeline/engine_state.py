@@ -3,6 +3,19 @@
 A mixin of :class:`pipeline.engine.Engine` (kept apart so the engine module
 stays about detection); snapshots (:mod:`pipeline.state.snapshot`) and the
 stream processor use only these methods, never the store's arrays.
+
+Change tracking (issue #15): ``Engine.changed`` flags, per channel row, that
+its exported state may differ from the one its last captured snapshot holds.
+The engine sets it where a channel's state changes: events accepted into its
+windows, a round that steps its machine, flips a finding or publishes a
+verdict (``seq``), quality scores, a restore (:meth:`EngineStateIO.import_state`,
+:func:`pipeline.state.snapshot.hold_channel`) and an eviction; new channels
+start flagged. A round of a channel that is idle and already reported
+``no_data`` only moves its next round boundary (``next_eval_ms``): not
+flagged, since a restore from its older record replays those rounds, which
+change nothing either. Events refused or too late change no channel's state.
+The snapshot capture takes and clears the flags (:meth:`EngineStateIO.take_changed`)
+and puts them back when its records are not published (:meth:`EngineStateIO.mark_changed`).
 """
 
 from __future__ import annotations
@@ -16,6 +29,19 @@ from pipeline.policy.state_machine import ChannelMachine
 from pipeline.state.channel_state import ChannelState
 from pipeline.windows.store import WindowStore
 
+#: :class:`ChannelMachine`'s fields, in order (its dict form in :class:`ChannelState`).
+_MACHINE_FIELDS = tuple(f.name for f in dataclasses.fields(ChannelMachine))
+
+
+def machine_dict(m: ChannelMachine) -> dict[str, object]:
+    """``dataclasses.asdict(m)`` for the machine's flat fields (numbers, strings, lists of strings),
+    about 10 times cheaper: lists are copied, everything else is immutable."""
+    out = {}
+    for k in _MACHINE_FIELDS:
+        v = getattr(m, k)
+        out[k] = list(v) if type(v) is list else v
+    return out
+
 
 class EngineStateIO:
     """Per-channel state in and out of an :class:`~pipeline.engine.Engine` (which provides the attributes)."""
@@ -27,6 +53,7 @@ class EngineStateIO:
     next_eval: np.ndarray
     fail_since_eval: np.ndarray
     dropped_state: dict[str, int]
+    changed: np.ndarray
     #: Make room for ``n`` channels in the per-channel arrays (:meth:`pipeline.engine.Engine._grow`).
     _grow: Callable[[int], None]
 
@@ -42,7 +69,34 @@ class EngineStateIO:
                             windows=st.export_channel(i), watermark_ms=st.watermark_ms,
                             next_eval_ms=int(self.next_eval[i]), fail_since_eval=float(self.fail_since_eval[i]),
                             seq=int(self.seq[i]), active={k: bool(v[i]) for k, v in self.active.items()},
-                            machine=dataclasses.asdict(self.machines[i]))
+                            machine=machine_dict(self.machines[i]))
+
+    def mark_changed(self, rows) -> None:
+        """Flag channel rows ``rows`` (ints or a bool mask over the registered channels) as changed since
+        their last captured snapshot (see the module docstring)."""
+        self.changed[rows] = True
+
+    def take_changed(self, start: int = 0, stop: int | None = None, refresh_every: int = 0,
+                     refresh_phase: int = 0) -> np.ndarray:
+        """Rows in ``start:stop`` (positions in the append-only channel list) flagged changed, and clear
+        their flags; with ``refresh_every`` > 0 also the rows ``r`` with ``r % refresh_every == refresh_phase``
+        (so that, with the phase stepping once per capture, every channel is captured at least every
+        ``refresh_every`` captures however long it stays unchanged). Returns sorted int64 rows.
+        Raises ``ValueError`` for ``start < 0`` or ``refresh_every < 0``."""
+        if start < 0 or refresh_every < 0:
+            raise ValueError(f"start and refresh_every must be >= 0, got {start!r}, {refresh_every!r}")
+        c = self.store.n_channels
+        stop = c if stop is None else min(stop, c)
+        if start >= stop:
+            return np.zeros(0, np.int64)
+        flags = self.changed[start:stop]
+        if refresh_every:
+            first = start + (refresh_phase - start) % refresh_every
+            flags = flags.copy()
+            flags[first - start::refresh_every] = True
+        rows = np.flatnonzero(flags) + start
+        self.changed[rows] = False
+        return rows
 
     def import_state(self, state: ChannelState) -> int:
         """Load ``state`` (registering its channel); returns the channel's row.
@@ -70,5 +124,6 @@ class EngineStateIO:
         self.machines[i] = ChannelMachine(**{k: v for k, v in state.machine.items() if k in fields})
         for name in dropped:
             self.dropped_state[name] = self.dropped_state.get(name, 0) + 1
+        self.changed[i] = True
         return i
 

@@ -80,6 +80,7 @@ def restore(engine: "Engine", names: set[str]) -> None:
             engine.bad_snapshots += 1
             log.error("channel %r: evicted state cannot be restored (%s); its windows start empty", name[:100], exc)
         engine.resident[i] = True
+        engine.changed[i] = True  # also when its windows start empty
         engine.returns += 1
 
 
@@ -100,6 +101,7 @@ def evict_idle(engine: "Engine", now_ms: int, limit: int = EVICT_PER_CALL) -> in
         engine.evicted[names[i]] = export_channel(engine, i)
     if idle.size:
         engine.resident[idle] = False
+        engine.changed[idle] = True  # its record is now the eviction's snapshot bytes
         engine.store.clear_rows(idle)
         engine.evictions += int(idle.size)
     return int(idle.size)

@@ -90,7 +90,8 @@ def audit_row(change: Change, ingested_ms: int) -> tuple:
 def bump_seq(engine: Any, channel: str, seq: int) -> None:
     """Make the engine's next ``seq`` of ``channel`` follow ``seq`` (a re-published verdict took it).
 
-    Unknown channels are ignored (the engine never published for them).
+    Unknown channels are ignored (the engine never published for them). The channel is flagged changed
+    (:meth:`pipeline.engine.Engine.mark_changed`), so the next snapshot carries the new ``seq``.
     """
     names = engine.store.names
     try:
@@ -98,6 +99,7 @@ def bump_seq(engine: Any, channel: str, seq: int) -> None:
     except ValueError:
         return
     engine.seq[i] = max(engine.seq[i], seq)
+    engine.mark_changed([i])  # its snapshot must carry the new seq
 
 
 async def _assign_all(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:

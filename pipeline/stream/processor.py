@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +35,9 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.ingest.dedup import EventIdDedup
 from pipeline.ingest.reasons import TOO_MANY_CHANNELS
 from pipeline.sinks.batches import split_stored
+
+if TYPE_CHECKING:
+    from pipeline.stream.capture import Capture
 
 log = logging.getLogger(__name__)
 
@@ -391,38 +394,14 @@ class BatchProcessor:
                              doc="Channels the engine holds (resident or evicted): positions 0..count - 1.")
 
     def snapshot_capture(self, offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
-                         ) -> Callable[[], list[tuple[str, bytes, dict[int, int], int | None]]]:
-        """Capture the state now; the returned function encodes it into :meth:`snapshot_records`' records.
+                         changed_only: bool = False, refresh_every: int = 0, refresh_phase: int = 0) -> "Capture":
+        """Capture the state now; calling the returned :class:`~pipeline.stream.capture.Capture` encodes it
+        into :meth:`snapshot_records`' records (see :func:`pipeline.stream.capture.capture`: ``start``/``stop``
+        positions in the append-only channel list, ``changed_only`` only channels changed since their last
+        capture). The copy is cheap; the encoding reads only it, so it may run in another thread."""
+        from pipeline.stream.capture import capture
 
-        The capture is a memory copy (:func:`pipeline.state.snapshot.copy_state`); the encoding, the bulk
-        of the cost, reads only that copy, so it may run in another thread while this processor goes on.
-        ``start``/``stop``: only the channels at those positions (``0 <= start``; ``stop`` None: to the end)
-        of the engine's append-only channel list, so a worker may capture in slices between batches, each
-        record with the ``offsets`` of its slice (:mod:`pipeline.stream.snapshots`). ``ValueError``: ``start < 0``.
-        """
-        from pipeline.state.snapshot import copy_state, encode_state
-
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start!r}")
-        evicted = dict(self.engine.evicted)  # name → its snapshot bytes (immutable): nothing to copy
-        names = self.engine.store.names[start:stop]
-        resident = [start + k for k, name in enumerate(names) if name not in evicted]
-        frozen = copy_state(self.engine, resident)
-        row = {self.engine.store.names[i]: k for k, i in enumerate(resident)}
-        part = self.input_partition
-        meta = []
-        for name in names:
-            cov = dict(offsets)
-            for p, o in self.covered.get(name, {}).items():
-                if o > cov.get(p, -1):
-                    cov[p] = o
-            meta.append((name, cov, part.get(name)))
-
-        def encode() -> list[tuple[str, bytes, dict[int, int], int | None]]:
-            return [(name, evicted[name] if name in evicted else encode_state(frozen[row[name]]), cov, p)
-                    for name, cov, p in meta]
-
-        return encode
+        return capture(self, offsets, start, stop, changed_only, refresh_every, refresh_phase)
 
     def set_partition_status(self, caught_up: dict[int, bool]) -> None:
         """Record, per assigned input partition, whether it has been consumed to its end."""

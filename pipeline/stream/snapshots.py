@@ -1,8 +1,11 @@
 """Channel snapshots to the state topic and the acks they allow: :class:`SnapshotPublisher` (no faust in here).
 
-Every ``SNAPSHOT_INTERVAL_S`` the engine's per-channel state is captured
+Every ``SNAPSHOT_INTERVAL_S`` the state of the channels changed since their
+last capture is captured, with a rotating share of the others so that each
+channel is re-published at least every ``REFRESH_EVERY_CAPTURES`` captures
 (:meth:`SnapshotPublisher.capture`, in slices of channels with the agent's
-batches in between); once every row of the batches before its last slice is
+batches in between; :mod:`pipeline.stream.capture` says why a clean channel's
+older record still restores exactly); once every row of the batches before its last slice is
 written (:class:`~pipeline.stream.delivery.DeliveryLedger`), it is sent to
 the state topic, each channel with the input offsets it covers, and only then
 are the messages of the batches before its first slice acked
@@ -30,6 +33,11 @@ SNAPSHOT_INTERVAL_S = 5.0
 #: Channels copied per turn of the lock (:meth:`SnapshotPublisher.capture`): at ~0.1-0.5 ms per channel on the
 #: bench workload, a slice holds the event loop ~10-50 ms, below one evaluation round.
 CAPTURE_SLICE_CHANNELS = 100
+#: Every channel's record is re-published at least every this many captures, changed or not (60 ×
+#: ``SNAPSHOT_INTERVAL_S`` = 5 min): a restore never depends on records older than that, and a state topic
+#: without compaction (the embedded broker) keeps recent records of every channel. Cost: 1/60 of the
+#: channels per capture.
+REFRESH_EVERY_CAPTURES = 60
 #: Longest graceful drain on shutdown (s), within the stop limit of the worker (``runtime.STOP_LIMIT_S``).
 DRAIN_TIMEOUT_S = 5.0
 
@@ -65,9 +73,12 @@ class SnapshotPublisher:
         self.is_current = is_current
         self._saving: asyncio.Future | None = None
         self._capture_lock: asyncio.Lock | None = None
+        #: Captures started (steps the refresh share) and the slices of the one not yet published.
+        self.captures = 0
+        self._parts: list = []
 
     async def capture(self) -> None:
-        """Capture every channel's state (published once its rows are written), in slices between batches.
+        """Capture the changed channels' state (published once its rows are written), in slices between batches.
 
         Under the lock the state is only copied, :data:`CAPTURE_SLICE_CHANNELS`
         channels at a time, and the lock is released between slices, so the
@@ -80,6 +91,11 @@ class SnapshotPublisher:
         includes. The snapshots are encoded from the copies in a thread
         (``BatchProcessor.snapshot_capture``); :meth:`save` awaits them. A
         rebalance during the capture abandons it (captured again later).
+
+        Only channels flagged changed since their last capture are copied, and
+        the refresh share (:data:`REFRESH_EVERY_CAPTURES`); a capture that is not
+        published hands its channels back (:meth:`_release`). The acked batches
+        changed only flagged channels, each copied in its slice after them.
         """
         state = self.state
         assert state.lock is not None
@@ -91,15 +107,25 @@ class SnapshotPublisher:
                     return
                 generation, epoch, covers = state.generation, state.ledger.epoch, state.ledger.added
                 state.dirty = False
-            parts: list[Callable[[], list]] = []  # each slice's encoding (run in a thread once all are copied)
+            parts: list = []  # each slice's Capture (encoded in a thread once all are copied)
+            self._parts, phase = parts, self.captures % REFRESH_EVERY_CAPTURES
+            self.captures += 1
             try:
-                await self._capture_slices(generation, epoch, covers, parts)
+                await self._capture_slices(generation, epoch, covers, parts, phase)
             except BaseException:  # cancelled (a drain's timeout) or failed: nothing taken, capture again later
                 if state.ledger.pending_snapshot_seq is None:
-                    state.dirty = True
+                    self._release()
                 raise
 
-    async def _capture_slices(self, generation: int | None, epoch: int, covers: int, parts: list) -> None:
+    def _release(self) -> None:
+        """The capture in ``_parts`` will not be published: its channels go into the next one."""
+        for part in self._parts:
+            part.release()
+        self._parts = []
+        self.state.dirty = True
+
+    async def _capture_slices(self, generation: int | None, epoch: int, covers: int, parts: list,
+                              phase: int) -> None:
         """The slices of :meth:`capture`, each under the lock; records the snapshot once all are copied."""
         state = self.state
         assert state.lock is not None
@@ -107,11 +133,12 @@ class SnapshotPublisher:
         while True:
             async with state.lock:
                 if state.generation != generation or state.ledger.epoch != epoch or not self.is_current():
-                    state.dirty = True
+                    self._release()
                     return
                 stop = start + CAPTURE_SLICE_CHANNELS
-                encode = state.processor.snapshot_capture(state.gate.last_offsets, start, stop)
-                parts.append(encode)
+                parts.append(state.processor.snapshot_capture(state.gate.last_offsets, start, stop, changed_only=True,
+                                                              refresh_every=REFRESH_EVERY_CAPTURES,
+                                                              refresh_phase=phase))
                 if stop >= state.processor.channel_count:
                     state.ledger.snapshot_taken((generation, asyncio.ensure_future(_encoded(parts))), covers=covers)
                     return
@@ -134,6 +161,7 @@ class SnapshotPublisher:
             generation, encoding = ready
             if generation != state.generation or not self.is_current():
                 state.ledger.drop_snapshot()
+                self._release()
                 return
             epoch = state.ledger.epoch
             records = await encoding  # encoded in a thread since the capture; raises what the encoding raised
@@ -141,6 +169,7 @@ class SnapshotPublisher:
                              for name, blob, offs, part in records])
             if epoch != state.ledger.epoch or not self.is_current():
                 return  # a rebalance came in between: ack nothing of the old assignment
+            self._parts = []  # published: nothing to hand back
             for m in state.ledger.snapshot_saved():
                 self.ack(m)
                 state.acked_messages += 1
@@ -165,7 +194,7 @@ class SnapshotPublisher:
         except Exception as exc:  # Kafka refused the snapshot: nothing acked, tried again later
             log.warning("saving the state snapshot failed (%s: %s); will retry", type(exc).__name__, exc)
             self.state.ledger.drop_snapshot()
-            self.state.dirty = True  # capture a new one
+            self._release()  # capture its channels again
 
     async def tick(self) -> None:
         """The periodic timer: capture a snapshot and publish what is ready."""

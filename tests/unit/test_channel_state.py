@@ -188,3 +188,18 @@ def test_a_restart_holds_idle_channels_evicted_and_they_return_exactly() -> None
     assert [msgspec.to_builtins(v) for v in held_verdicts if v.channel == "a"] == [
         msgspec.to_builtins(v) for v in loaded_verdicts if v.channel == "a"]
     assert any(v.channel == "a" and v.metrics["baseline_samples"] == 720 for v in held_verdicts)
+
+
+def test_machine_dict_is_asdict_with_its_own_reasons_list() -> None:
+    """The snapshot's machine dict (:func:`pipeline.engine_state.machine_dict`) equals ``dataclasses.asdict``
+    and shares no list with the machine; every field is flat (what makes the shallow copy enough)."""
+    import dataclasses
+
+    from pipeline.engine_state import machine_dict
+    from pipeline.policy.state_machine import ChannelMachine
+
+    m = ChannelMachine(state="open", weight=0.25, entered_ms=7, penalty=1.5, reasons=["error_rate"], base_ms=3)
+    d = machine_dict(m)
+    assert d == dataclasses.asdict(m) and d["reasons"] == ["error_rate"] and d["reasons"] is not m.reasons
+    assert {type(v) for v in d.values()} <= {int, float, str, list, type(None)}
+    assert all(isinstance(r, str) for r in d["reasons"])

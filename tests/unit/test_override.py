@@ -148,12 +148,17 @@ def test_hook_republishes_with_next_seq_and_moves_engine_seq() -> None:
     class Eng:
         store = Store()
         seq = [4, 7]
+        changed = [False, False]
+
+        def mark_changed(self, rows):
+            for i in rows:
+                self.changed[i] = True
 
     hook = ControlHook()
     hook.apply([verdict(seq=7)])
     out = hook.changes_to_verdicts(hook.table.put(ov("open"), T0), Eng())
     assert [(v.channel, v.seq, v.state) for v in out] == [("c1", 8, "open")]
-    assert Eng.seq == [4, 8]
+    assert Eng.seq == [4, 8] and Eng.changed == [False, True]  # the next snapshot carries seq 8
     assert hook.pending_audit[0][:3] == ("channel:c1", "set", "open")
     bump_seq(Eng(), "unknown", 99)  # ignored
     assert Eng.seq == [4, 8]

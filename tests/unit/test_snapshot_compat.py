@@ -7,13 +7,15 @@ import json
 import zlib
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
 from pipeline.contracts import RequestEvent
 from pipeline.detectors import SIGNALS, Examples, Finding, Signal
 from pipeline.engine import Engine
-from pipeline.state.snapshot import SNAPSHOT_VERSION, SnapshotError, decode_snapshot, export_channel, import_channel
+from pipeline.state.snapshot import (COMPRESSED_MARK, SNAPSHOT_VERSION, SnapshotError, decode_snapshot,
+                                     export_channel, import_channel)
 from pipeline.windows.features import Counter, V1_COUNTER_NAMES
 from pipeline.windows.store import WindowStore
 
@@ -61,16 +63,49 @@ def test_version_1_snapshot_restores_exactly():
 def test_version_1_snapshot_rewritten_as_current_version_restores_the_same():
     raw = export_channel(_restored_v1(), 0)
     snap = decode_snapshot(raw)
-    assert snap.version == SNAPSHOT_VERSION == 2 and set(snap.counters) == set(V1_COUNTER_NAMES)
+    assert snap.version == SNAPSHOT_VERSION == 3 and set(snap.counters) == set(V1_COUNTER_NAMES)
+    assert raw[:1] == COMPRESSED_MARK
     eng = Engine()
     import_channel(eng, snap)
     _check_against_v1_expectation(eng)
 
 
+def test_version_2_snapshot_written_by_main_restores_exactly():
+    """A record as main f2b7a5d wrote it (per-array zlib; tests/data/make_snapshot_v2.py) restores the
+    same state, and so does its rewrite as version 3."""
+    raw = (DATA / "snapshot_v2.msgpack").read_bytes()
+    snap = decode_snapshot(raw)
+    assert snap.version == 2 and raw[:1] != COMPRESSED_MARK
+    eng = Engine()
+    import_channel(eng, snap)
+    _check_against_v1_expectation(eng)
+    again = Engine()
+    import_channel(again, decode_snapshot(export_channel(eng, 0)))
+    _check_against_v1_expectation(again)
+
+
+def test_a_version_3_record_without_compression_restores_too():
+    """Plain msgpack of a version-3 record (arrays raw), as a test or tool may write it, is read as well."""
+    snap = decode_snapshot(export_channel(_restored_v1(), 0))
+    eng = Engine()
+    import_channel(eng, decode_snapshot(msgspec.msgpack.encode(snap)))
+    _check_against_v1_expectation(eng)
+
+
+@pytest.mark.parametrize("cut", [b"\xc1", b"\xc1\xff\xff\xff\x7f", b"\xc1\x10\x00\x00\x00junk"])
+def test_corrupt_compressed_records_are_snapshot_errors(cut):
+    """A truncated, oversized or undecodable compressed record: :class:`SnapshotError`, never a crash or a
+    huge allocation."""
+    with pytest.raises(SnapshotError):
+        decode_snapshot(cut)
+    raw = export_channel(_restored_v1(), 0)
+    with pytest.raises(SnapshotError):
+        decode_snapshot(raw[:-20])
+
+
 def test_unknown_version_and_bad_counter_are_snapshot_errors():
     raw = export_channel(_restored_v1(), 0)
     snap = decode_snapshot(raw)
-    import msgspec
 
     with pytest.raises(SnapshotError, match="version 9"):
         decode_snapshot(msgspec.msgpack.encode(msgspec.structs.replace(snap, version=9)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -306,14 +306,14 @@ def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
     encoded_in: list[threading.Thread] = []
     capture = state.processor.snapshot_capture
 
-    def traced(offsets: Any, *slice_: Any) -> Any:
-        encode = capture(offsets, *slice_)
+    def traced(offsets: Any, *slice_: Any, **options: Any) -> Any:
+        taken = capture(offsets, *slice_, **options)
 
         def run() -> Any:
             encoded_in.append(threading.current_thread())
-            return encode()
+            return taken.encode()
 
-        return run
+        return replace(taken, encode=run)
 
     state.processor.snapshot_capture = traced  # type: ignore[method-assign]
     sent: list[list] = []
@@ -389,6 +389,42 @@ def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:
 
     asyncio.run(run())
     assert state.ledger.pending_snapshot_seq is None and state.dirty and state.acked_messages == 0
+
+
+def test_later_snapshots_hold_only_changed_channels_and_a_refused_one_hands_them_back() -> None:
+    """Capture k also re-publishes channel row ``k - 1`` (the refresh share, ``REFRESH_EVERY_CAPTURES`` > 5).
+    Snapshot 1: every channel (new). Snapshot 2, after a batch of m3 only: m3 and m1 (refresh), which acks
+    that batch. Snapshot 3 (m4 changed, m2 refresh) is refused: nothing acked, and snapshot 4 (after a batch
+    of m0; m3 refresh) holds m0, m2, m3 and m4."""
+    state, assignment, intake, writer, _ = _worker(FakeSink())
+    sent: list[list[bytes]] = []
+    refuse = [False]
+
+    async def send(records: list) -> None:
+        if refuse[0]:
+            raise RuntimeError("broker gone")
+        sent.append(sorted(key for key, _, _ in records))
+
+    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
+    batches = [_events([_raw(i, channel=f"p/m{i}@paid") for i in range(5)]),
+               _events([_raw(10, channel="p/m3@paid")], first=5),
+               _events([_raw(11, channel="p/m4@paid"), _raw(12, channel="p/m4@paid")], first=6),
+               _events([_raw(13, channel="p/m0@paid")], first=8)]
+
+    async def run() -> None:
+        for k, batch in enumerate(batches):
+            await intake.handle(batch)
+            refuse[0] = k == 2
+            await snapshots.capture()
+            assert await writer.flush_once()
+            await snapshots.try_save()
+            if k == 2:
+                assert state.ledger.unacked_messages == 2 and not any(e.message.acked for e in batch)
+
+    asyncio.run(run())
+    names = lambda *i: [f"p/m{j}@paid".encode() for j in i]  # noqa: E731
+    assert sent == [names(0, 1, 2, 3, 4), names(1, 3), names(0, 2, 3, 4)]
+    assert all(e.message.acked for b in batches for e in b) and state.ledger.unacked_messages == 0
 
 
 def test_drain_writes_saves_acks_and_commits() -> None:
