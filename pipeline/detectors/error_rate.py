@@ -3,12 +3,15 @@
 Sequential path (issue #19): a one-sided Bernoulli CUSUM on the channel's
 per-10 s counts of judged requests and upstream failures
 (:mod:`pipeline.windows.cusum`, Page 1954; Reynolds & Stoumbos 1999), in-control
-rate ``p0`` = the channel's own 24 h rate (at least 0.01 %), tuned to catch
+rate ``p0`` = the channel's own 24 h rate (at least 0.005 %), tuned to catch
 ``p1 = max(p0 + 0.45 %, 2 p0)`` (0.46 % for a clean channel: about the paid
 trip line), threshold ``h`` from an in-control average run length of 1000
-channel-days at the channel's traffic (Siegmund's approximation). Measured over
-seeded streams (``tests/unit/test_cusum.py``): a 0 -> 5 % creep over 20 min
-at 4 req/s alarms after ~240 s (median), when the rate is ~1 %.
+channel-days at the channel's traffic (Siegmund's approximation less the
+overshoot correction, exact ARL checked in ``tests/unit/test_cusum.py``).
+Measured over seeded streams (same test): a 0 -> 5 % creep over 20 min at
+4 req/s alarms after ~240 s (median), when the rate is ~1 %; 62 % of the
+streams alarm by the 8th 30 s round (52 % with the 0.01 % floor and
+Siegmund's plain ``h``): 4 min is the median, not a bound.
 
 Fast path (OR): a window trips when it holds at least ``error_min_requests`` judged requests
 (success or upstream failure; ``cancelled``/``filtered`` excluded), at least
@@ -39,8 +42,8 @@ from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.view import WindowView
 
-#: The CUSUM's design (module docstring): floor 0.01 %, shift 0.45 %, ARL0 1000 channel-days.
-ERROR_CUSUM = CusumDesign(p_floor=0.0001, shift=0.0045, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0)
+#: The CUSUM's design (module docstring): floor 0.005 %, shift 0.45 %, ARL0 1000 channel-days.
+ERROR_CUSUM = CusumDesign(p_floor=0.00005, shift=0.0045, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0)
 
 
 def error_windows(spec: WindowSpec) -> BernoulliCusum:
@@ -117,7 +120,7 @@ SIGNAL = Signal(
               {"judged_1m": 1_000, "failures_1m": 7, "judged_5m": 1_000, "failures_5m": 7},
               {"error_cusum": 9.0, "error_cusum_h": 14.0}),
         all_failures_fires=True),
-    rule="Bernoulli CUSUM of failures on 10 s counts against the channel's own 24 h rate (≥ 0.01 %), tuned to "
+    rule="Bernoulli CUSUM of failures on 10 s counts against the channel's own 24 h rate (≥ 0.005 %), tuned to "
          "+0.45 %, h for 1 false alarm per 1000 channel-days; or (jumps) the exact (Clopper-Pearson) lower bound (99.9999 % "
          "one-sided) over 1 min or 5 min above the tier line with ≥ 30 requests and ≥ 8 failures; "
          "`cancelled`/`filtered` are not failures",
