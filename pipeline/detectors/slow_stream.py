@@ -21,7 +21,7 @@ Three rules over the channel's streams (:mod:`pipeline.windows.streams`):
    ≥ ``stall_min_streams`` judged streams and ≥ ``stall_min_stalls`` stalls
    in it: a window at the line trips with probability <= 1e-4 at every count
    (``tests/unit/test_rate_bounds.py``). The lower bound (NaN where the 5 min
-   window is too thin) and the stalled cancels in the metrics are the 5 min
+   window is too thin or at or under the line) and the stalled cancels in the metrics are the 5 min
    window's.
 
 The finding fires when a rule with enough data trips; once fired it holds
@@ -115,7 +115,8 @@ class SlowStream:
             stalls = _at_line(view, "stream_stalls", th.stall_gap_ms, w) + cancels
             streams = getattr(view, f"streams_ok_{w}") + cancels
             judged = (streams >= th.stall_min_streams) & (stalls >= th.stall_min_stalls)
-            lo = exact_lower(np.nan_to_num(stalls), np.nan_to_num(streams), self.alpha, judged)
+            above = np.nan_to_num(stalls) > th.stall_share_trip * np.nan_to_num(streams)  # else the bound is too
+            lo = exact_lower(np.nan_to_num(stalls), np.nan_to_num(streams), self.alpha, judged & above)
             valid.append(judged)
             on.append(np.nan_to_num(lo) > th.stall_share_trip)
             share[w] = safe_ratio(stalls, streams)
