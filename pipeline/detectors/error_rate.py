@@ -1,24 +1,33 @@
-"""SPEC §4.1 error rate: a Bernoulli CUSUM for creeping faults, a Wilson bound for big jumps.
+"""SPEC §4.1 error rate: a Bernoulli CUSUM for creeping faults, an exact binomial bound for big jumps.
 
 Sequential path (issue #19): a one-sided Bernoulli CUSUM on the channel's
 per-10 s counts of judged requests and upstream failures
 (:mod:`pipeline.windows.cusum`, Page 1954; Reynolds & Stoumbos 1999), in-control
-rate ``p0`` = the channel's own 24 h rate (at least 0.01 %), tuned to catch
+rate ``p0`` = the channel's own 24 h rate (at least 0.005 %), tuned to catch
 ``p1 = max(p0 + 0.45 %, 2 p0)`` (0.46 % for a clean channel: about the paid
 trip line), threshold ``h`` from an in-control average run length of 1000
-channel-days at the channel's traffic (Siegmund's approximation). Measured over
-seeded streams (``tests/unit/test_cusum.py``): a 0 -> 5 % creep over 20 min
-at 4 req/s alarms after ~240 s (median), when the rate is ~1 %.
+channel-days at the channel's traffic (Siegmund's approximation less the
+overshoot correction, exact ARL checked in ``tests/unit/test_cusum.py``).
+Measured over seeded streams (same test): a 0 -> 5 % creep over 20 min at
+4 req/s alarms after ~240 s (median), when the rate is ~1 %; 62 % of the
+streams alarm by the 8th 30 s round (52 % with the 0.01 % floor and
+Siegmund's plain ``h``): 4 min is the median, not a bound.
 
 Fast path (OR): a window trips when it holds at least ``error_min_requests`` judged requests
 (success or upstream failure; ``cancelled``/``filtered`` excluded), at least
-``error_min_failures`` failures, and the
-Wilson lower bound of its failure rate at ``confidence`` (default 99.99 %
-one-sided) exceeds the tier's line (0.5 % paid, 0.35 % free). With the lower
-bound, "1 failure in 20 requests" (bound 0.31 %) does not trip a 0.5 % line,
-while 8 failures in 600 requests does. The fast path runs at 99.9999 %
-(one-sided) so that it only catches jumps: at 99.99 % it tripped once a
-clean day on a night-time 5 min window of a 0.3 % channel (docs/SCORECARD.md).
+``error_min_failures`` failures, and the exact (Clopper-Pearson 1934) lower
+bound of its failure rate at ``confidence`` (default 99.9999 % one-sided)
+exceeds the tier's line (0.5 % paid, 0.35 % free). Guarantee: a window whose
+true rate is at the line trips with probability <= 1e-6, at every count
+(``tests/unit/test_rate_bounds.py`` sums the exact binomial tail and draws
+seeded windows). The Wilson bound it replaces broke that at small counts: 10
+failures in ~691 requests (Wilson 0.36 %, exact 0.19 %) tripped a clean 0.2 %
+free channel in the slow-failure scorecard (seed 18); at the line itself
+P(X >= 10 | n = 700, p = 0.35 %) is 2.3e-4. 8 failures in 600 requests
+(exact bound 0.32 %) no longer trips the 0.5 % line; 30 in 600 does (2.6 %).
+The fast path runs at 99.9999 % so that it only catches jumps: at 99.99 % it
+tripped once a clean day on a night-time 5 min window of a 0.3 % channel
+(docs/SCORECARD.md).
 """
 
 from __future__ import annotations
@@ -27,14 +36,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, cusum_alarm, safe_ratio, wilson_bounds, z_for
+from pipeline.detectors.base import Finding, ThresholdArrays, cusum_alarm, exact_lower, safe_ratio, z_for
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.view import WindowView
 
-#: The CUSUM's design (module docstring): floor 0.01 %, shift 0.45 %, ARL0 1000 channel-days.
-ERROR_CUSUM = CusumDesign(p_floor=0.0001, shift=0.0045, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0)
+#: The CUSUM's design (module docstring): floor 0.005 %, shift 0.45 %, ARL0 1000 channel-days.
+ERROR_CUSUM = CusumDesign(p_floor=0.00005, shift=0.0045, arl0_days=1000.0, prior_rate=0.005, prior_trials=500.0)
 
 
 def error_windows(spec: WindowSpec) -> BernoulliCusum:
@@ -70,15 +79,22 @@ class ErrorRate:
     reason = "error_rate"
 
     def __init__(self, confidence: float = 0.999999):
-        self.z = z_for(confidence)
+        z_for(confidence)  # raises ValueError outside (0.5, 1)
+        self.alpha = 1.0 - confidence
 
     def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
-        """Fire where the CUSUM alarms (``S >= h``) or either window's lower bound exceeds ``th.error_rate_trip``."""
-        lo1, _ = wilson_bounds(view.failures_1m, view.judged_1m, self.z)
-        lo5, _ = wilson_bounds(view.failures_5m, view.judged_5m, self.z)
+        """Fire where the CUSUM alarms (``S >= h``) or either window's exact lower bound exceeds
+        ``th.error_rate_trip``; the bounds (metric ``error_rate_lower_5m``) are NaN where a window is
+        too thin to be judged (fewer requests or failures than the minimums) or its rate is at or under
+        the line (so is the bound)."""
         trip = th.error_rate_trip
         enough1 = (view.judged_1m >= th.error_min_requests) & (view.failures_1m >= th.error_min_failures)
         enough5 = (view.judged_5m >= th.error_min_requests) & (view.failures_5m >= th.error_min_failures)
+        # the bound is under the point estimate: only windows above the line need it (~1 µs each)
+        lo1 = exact_lower(view.failures_1m, view.judged_1m, self.alpha,
+                          enough1 & (view.failures_1m > trip * view.judged_1m))
+        lo5 = exact_lower(view.failures_5m, view.judged_5m, self.alpha,
+                          enough5 & (view.failures_5m > trip * view.judged_5m))
         fired = (enough1 & (np.nan_to_num(lo1) > trip)) | (enough5 & (np.nan_to_num(lo5) > trip))
         s, h = view.error_cusum, view.error_cusum_h
         fired |= cusum_alarm(s, h)
@@ -108,8 +124,8 @@ SIGNAL = Signal(
               {"judged_1m": 1_000, "failures_1m": 7, "judged_5m": 1_000, "failures_5m": 7},
               {"error_cusum": 9.0, "error_cusum_h": 14.0}),
         all_failures_fires=True),
-    rule="Bernoulli CUSUM of failures on 10 s counts against the channel's own 24 h rate (≥ 0.01 %), tuned to "
-         "+0.45 %, h for 1 false alarm per 1000 channel-days; or (jumps) the Wilson lower bound (99.9999 % "
+    rule="Bernoulli CUSUM of failures on 10 s counts against the channel's own 24 h rate (≥ 0.005 %), tuned to "
+         "+0.45 %, h for 1 false alarm per 1000 channel-days; or (jumps) the exact (Clopper-Pearson) lower bound (99.9999 % "
          "one-sided) over 1 min or 5 min above the tier line with ≥ 30 requests and ≥ 8 failures; "
          "`cancelled`/`filtered` are not failures",
     default="paid 0.5 %, free 0.35 %",

@@ -16,8 +16,11 @@ Fires (soft, reason ``quota``) on a judged channel when
 - the forecast is within ``quota_horizon_s`` (30 min), or
 - the newest minute's share left is below ``quota_low_share`` (5 %), or
 - *pre-rate-limit*: the share left is below ``quota_pre_rl_level`` (20 %)
-  and the 429 share of the last 5 min is rising: its Wilson lower bound
-  (99 %) is above the Wilson upper bound of the 25 min before.
+  and the 429 share of the last 5 min is rising: its exact (Clopper-Pearson
+  1934) lower bound (99 %) is above the exact upper bound (99 %) of the 25 min
+  before; at an unchanged share each bound misses with probability <= 1 %
+  at every count, so a steady share rises falsely on <= 1 % of the judged
+  rounds whatever the traffic (the Wilson bounds did not hold that at small counts).
 
 Once fired it holds while the channel is judged and the forecast is within
 1.5 × the horizon or the share left below 2 × ``quota_low_share``
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio, wilson_bounds, z_for
+from pipeline.detectors.base import Finding, ThresholdArrays, exact_lower, exact_upper, safe_ratio, z_for
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.quota import FEATURES, QuotaWindows
 from pipeline.windows.view import WindowView
@@ -68,7 +71,8 @@ class QuotaDrain:
     reason = "quota"
 
     def __init__(self, confidence: float = 0.99):
-        self.z = z_for(confidence)
+        z_for(confidence)  # raises ValueError outside (0.5, 1)
+        self.alpha = 1.0 - confidence
 
     def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
         """Forecast, low-share and pre-rate-limit rules over arrays (C,); NaN features never fire."""
@@ -87,10 +91,11 @@ class QuotaDrain:
         left = np.where(judged, view.quota_remaining, np.nan)
         rl_before = view.quota_rl_30m - view.quota_rl_5m
         req_before = view.quota_req_30m - view.quota_req_5m
-        lo_now, _ = wilson_bounds(view.quota_rl_5m, view.quota_req_5m, self.z)
-        _, hi_before = wilson_bounds(rl_before, req_before, self.z)
+        near = judged & (np.nan_to_num(left, nan=1.0) < th.quota_pre_rl_level)  # only these need the bounds
+        lo_now = exact_lower(view.quota_rl_5m, view.quota_req_5m, self.alpha, near)
+        hi_before = exact_upper(rl_before, req_before, self.alpha, near)
         rising = np.nan_to_num(lo_now) > np.nan_to_num(hi_before, nan=1.0)
-        pre_rl = judged & (np.nan_to_num(left, nan=1.0) < th.quota_pre_rl_level) & rising
+        pre_rl = near & rising
         soon = np.nan_to_num(exh_s, nan=np.inf) <= th.quota_horizon_s
         low = np.nan_to_num(left, nan=1.0) < th.quota_low_share
         keep = active & judged & ((np.nan_to_num(exh_s, nan=np.inf) <= 1.5 * th.quota_horizon_s)

@@ -16,11 +16,13 @@ Three rules over the channel's streams (:mod:`pipeline.windows.streams`):
    stalled ``cancelled`` ones: a cancel that followed a stall counts against
    the channel (the client gave up on a stalled upstream), a cancel without
    one is neutral (an impatient client says nothing about the upstream).
-   Trips when the Wilson lower bound (Wilson 1927; 99.99 % one-sided, as
-   ``error_rate``) of either window exceeds ``stall_share_trip`` with
+   Trips when the exact (Clopper-Pearson 1934) lower bound (99.99 %
+   one-sided) of either window exceeds ``stall_share_trip`` with
    ≥ ``stall_min_streams`` judged streams and ≥ ``stall_min_stalls`` stalls
-   in it. The lower bound and the stalled cancels in the metrics are the
-   5 min window's.
+   in it: a window at the line trips with probability <= 1e-4 at every count
+   (``tests/unit/test_rate_bounds.py``). The lower bound (NaN where the 5 min
+   window is too thin or at or under the line) and the stalled cancels in the metrics are the 5 min
+   window's.
 
 The finding fires when a rule with enough data trips; once fired it holds
 while a rule with enough data still holds (ratio above the clear line, or
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio, wilson_bounds, z_for
+from pipeline.detectors.base import Finding, ThresholdArrays, exact_lower, safe_ratio, z_for
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.view import WindowView
 from pipeline.windows.streams import STALL_LADDER_MS, StreamWindows, stall_label, window_features
@@ -58,7 +60,7 @@ class SlowStreamParams:
     stream_baseline_min_hours: int = 1
     #: SPEC §4.6: a stream that went this long (ms) without a chunk stalled; one of 4000, 8000, 12000.
     stall_gap_ms: float = 8_000.0
-    #: Share in (0, 1) of judged streams stalled over 1 or 5 min that degrades (Wilson lower bound above it).
+    #: Share in (0, 1) of judged streams stalled over 1 or 5 min that degrades (exact lower bound above it).
     stall_share_trip: float = 0.02
     #: Minimum judged streams in a window before its stall share is tested (>= 1).
     stall_min_streams: int = 50
@@ -93,7 +95,8 @@ class SlowStream:
     reason = "slow_stream"
 
     def __init__(self, confidence: float = 0.9999):
-        self.z = z_for(confidence)
+        z_for(confidence)  # raises ValueError outside (0.5, 1)
+        self.alpha = 1.0 - confidence
 
     def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
         """Apply the three rules with their hysteresis to every channel."""
@@ -111,8 +114,10 @@ class SlowStream:
             cancels = _at_line(view, "stream_cancel_stalls", th.stall_gap_ms, w)
             stalls = _at_line(view, "stream_stalls", th.stall_gap_ms, w) + cancels
             streams = getattr(view, f"streams_ok_{w}") + cancels
-            lo, _ = wilson_bounds(np.nan_to_num(stalls), np.nan_to_num(streams), self.z)
-            valid.append((streams >= th.stall_min_streams) & (stalls >= th.stall_min_stalls))
+            judged = (streams >= th.stall_min_streams) & (stalls >= th.stall_min_stalls)
+            above = np.nan_to_num(stalls) > th.stall_share_trip * np.nan_to_num(streams)  # else the bound is too
+            lo = exact_lower(np.nan_to_num(stalls), np.nan_to_num(streams), self.alpha, judged & above)
+            valid.append(judged)
             on.append(np.nan_to_num(lo) > th.stall_share_trip)
             share[w] = safe_ratio(stalls, streams)
         v, o = np.array(valid), np.array(on)
@@ -149,7 +154,7 @@ SIGNAL = Signal(
               {**_THIN_RATIO, "ttft_base_n": 499},
               {**_THIN_RATIO, "stream_base_hours": 0})),
     rule="P95 of `ttft_ms` and of `max_stream_gap_ms` (`ok` streams) over 5 min ÷ their P95 over the 24 "
-         "complete hours before the current hour; Wilson lower bound (99.99 % one-sided) of streams with a "
+         "complete hours before the current hour; exact lower bound (99.99 % one-sided) of streams with a "
          "pause ≥ `stall_gap_ms` over 1 min and 5 min (a `cancelled` stream counts only when it stalled first), with "
          "≥ 50 streams and ≥ 5 stalls",
     default="degrade at ratio ≥ 1.8, clear ≤ 1.2; stall line 8 s, share 2 %",

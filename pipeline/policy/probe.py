@@ -77,7 +77,11 @@ def probe_passes(failures: float, requests: float, fixed_rate: float, base_upper
     (a thin probe with no failure passes the fixed line anyway; the
     recovering channel is then judged by the error-rate detector on its
     traffic since it left ``open``). At 2 % (4x the baseline) a 900-request
-    probe passes 9 % of the time.
+    probe passes 9 % of the time. The bounds stay Wilson's, unlike the
+    detectors' exact ones (:func:`pipeline.detectors.base.exact_lower`): here
+    the probe's lower bound only blocks recovery, and Wilson's lower bound is
+    above the exact one at small counts, so it errs toward staying
+    ``half_open``; the error rates above are exact sums for this rule.
     """
     if not requests > 0:
         return False

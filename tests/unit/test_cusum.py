@@ -1,8 +1,10 @@
 """The Bernoulli CUSUM (pipeline.windows.cusum): its stated guarantees over seeded streams, and its windows.
 
 Guarantees (module docstrings of pipeline.windows.cusum, pipeline.detectors.error_rate / structure):
-* in control (rate = p0), at most 1 false alarm per 1000 channel-days (Siegmund's h); checked here as
-  <= 3 alarms in 1000 simulated channel-days (default) or <= 12 in 10 000 (slow), at 4 req/s;
+* in control (rate = p0), at most 1 false alarm per 1000 channel-days (Siegmund's h less the overshoot
+  correction); checked here as <= 3 alarms in 1000 simulated channel-days (default) or <= 12 in 10 000
+  (slow), at 4 req/s, and by the exact ARL of the per-trial chart (Markov chain, Brook & Evans 1972) >= the
+  stated one for p0 from 5e-5 to 3 %;
 * error creep 0 -> 5 % over 20 min at 4 req/s: median alarm <= 255 s after the start (rate ~1 %);
 * 3 % hollow answers at 4 req/s: median alarm <= 60 s, 95 % of the streams within 120 s.
 """
@@ -14,7 +16,7 @@ import pytest
 
 from pipeline.detectors.error_rate import ERROR_CUSUM, error_windows
 from pipeline.detectors.structure import MISSING_CUSUM
-from pipeline.windows.cusum import DAY_S, CusumDesign, kl_bernoulli, llr_weights, threshold_h
+from pipeline.windows.cusum import DAY_S, CusumDesign, design_h, kl_bernoulli, llr_weights, threshold_h
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
 
@@ -27,7 +29,7 @@ def _chart(design: CusumDesign, p0_true: float, rate_rps: float, p_of_t, n_slots
     Binomial(n, p_of_t(t)) events, designed from a learned rate of ``p0_true`` (the windows' rule)."""
     rng = np.random.default_rng(seed)
     p0, p1 = design.rates(np.array(1e9), np.array(1e9 * p0_true))
-    h = float(threshold_h(design.arl0_days * DAY_S * rate_rps, p0, p1))
+    h = float(design_h(design, np.array(rate_rps), p0, p1))
     a, b = (float(x) for x in llr_weights(p0, p1))
     s = np.zeros(streams)
     alarm = np.full(streams, np.inf)
@@ -49,7 +51,7 @@ def test_threshold_solves_siegmund():
 def test_design_rates_follow_the_channel_and_the_floor():
     p0, p1 = ERROR_CUSUM.rates(np.array([0.0, 1e6, 1e6]), np.array([0.0, 0.0, 3000.0]))
     assert p0[0] == pytest.approx(0.005)  # no history: the prior
-    assert p0[1] == 0.0001 and p1[1] == pytest.approx(0.0046)  # clean: the floor, + 0.45 %
+    assert p0[1] == 0.00005 and p1[1] == pytest.approx(0.00455)  # clean: the floor, + 0.45 %
     assert p0[2] == pytest.approx(0.003, rel=0.01) and p1[2] == pytest.approx(0.0075, rel=0.01)
     with pytest.raises(ValueError, match="shift"):
         CusumDesign(p_floor=0.001, shift=0.0)
@@ -70,6 +72,32 @@ def test_in_control_false_alarms_per_channel_day_long(design, p0_true):
     days, streams = 10, 1000  # 10 000 channel-days: ARL0 1000 days -> ~10 expected at most
     alarm = _chart(design, p0_true, 4.0, lambda t: p0_true, int(days * DAY_S / SLOT_S), streams, seed=2)
     assert np.isfinite(alarm).sum() <= 12
+
+
+def _exact_arl_trials(p0: float, a: float, b: float, h: float) -> float:
+    """In-control ARL (trials) of the per-trial chart from 0: a Markov chain on the lattice of the non-event
+    step ``b`` (< 0), the event step ``a`` rounded to whole lattice steps (Brook & Evans 1972)."""
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as sla
+
+    m, n = int(round(a / -b)), int(np.ceil(h / -b))
+    i = np.arange(n)
+    up = i + m < n
+    rows = np.r_[i, i, i[up]]
+    cols = np.r_[i, np.maximum(i - 1, 0), (i + m)[up]]
+    vals = np.r_[np.ones(n), np.full(n, -(1.0 - p0)), np.full(up.sum(), -p0)]
+    return float(sla.spsolve(sp.csc_matrix((vals, (rows, cols)), shape=(n, n)), np.ones(n))[0])
+
+
+@pytest.mark.parametrize("design", [ERROR_CUSUM, MISSING_CUSUM])
+def test_exact_in_control_arl_meets_the_stated_one(design):
+    for p0_true in (0.00005, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03):
+        if p0_true < design.p_floor:
+            continue
+        p0, p1 = design.rates(np.array(1e9), np.array(1e9 * p0_true))
+        h = float(design_h(design, np.array(4.0), p0, p1))
+        a, b = (float(x) for x in llr_weights(p0, p1))
+        assert _exact_arl_trials(float(p0), a, b, h) >= design.arl0_days * DAY_S * 4.0
 
 
 def test_error_creep_detected_within_four_minutes():
@@ -109,7 +137,7 @@ def test_windows_fold_each_complete_slot_once_and_match_the_recursion():
     got = w.features(np.array([0, 1]), now, None)
     p0, p1 = ERROR_CUSUM.rates(np.zeros(2), np.zeros(2))  # nothing learned before the first fold
     a, b = llr_weights(p0, p1)
-    h = threshold_h(ERROR_CUSUM.arl0_days * DAY_S * ERROR_CUSUM.min_rate_per_s, p0, p1)
+    h = design_h(ERROR_CUSUM, np.array(0.0), p0, p1)
     for c in (0, 1):
         s = 0.0
         for slot in range(12):  # the ring keeps the last 12 slots: 0..11 before now

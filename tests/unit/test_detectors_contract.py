@@ -12,7 +12,7 @@ from scipy.stats import binomtest, norm
 
 from pipeline.contracts import RequestEvent
 from pipeline.detectors import ADVISORY_DETECTORS, HARD_DETECTORS, SIGNALS, SOFT_DETECTORS, ErrorRate, LatencyRatio, MissingFields, Signal
-from pipeline.detectors.base import ThresholdArrays, safe_ratio, wilson_bounds, z_for
+from pipeline.detectors.base import ThresholdArrays, exact_lower, safe_ratio, wilson_bounds, z_for
 from pipeline.detectors.consecutive import ConsecutiveFailures
 from pipeline.engine import Engine
 from pipeline.ingest.structure import resolve_onto
@@ -320,11 +320,10 @@ def _err(judged, failures, tier=PAID_TIER, window="both"):
 
 def test_one_failure_in_twenty_does_not_trip_paid():
     assert not _err(20, 1).fired[0]
-    # not even with the sample minimums lowered: the Wilson lower bound (0.31 %) is under 0.5 %
+    # not even with the sample minimums lowered: the exact lower bound (5e-8 at 1e-6) is under 0.5 %
     loose = dataclasses.replace(PAID_TIER, error_min_requests=1, error_min_failures=1)
     assert not _err(20, 1, loose).fired[0]
-    lo, _ = wilson_bounds(np.array([1.0]), np.array([20.0]), z_for(0.9999))
-    assert 0.003 < lo[0] < 0.005
+    assert _err(20, 1, loose).metrics["error_rate_lower_5m"][0] == pytest.approx(1 - (1 - 1e-6) ** (1 / 20))
 
 
 @pytest.mark.parametrize("window", ["1m", "5m", "both"])
@@ -340,14 +339,15 @@ def test_metrics_values():
     f = _err(600, 30)
     assert f.metrics["error_rate_1m"][0] == pytest.approx(0.05)
     assert f.metrics["error_rate_trip"][0] == 0.005
-    lo, _ = wilson_bounds(np.array([30.0]), np.array([600.0]), ErrorRate().z)
+    lo = exact_lower(np.array([30.0]), np.array([600.0]), ErrorRate().alpha)
     assert f.metrics["error_rate_lower_5m"][0] == pytest.approx(lo[0])
+    assert ErrorRate().alpha == pytest.approx(1e-6)
 
 
 def test_free_line_is_lower_than_paid():
     assert PAID_TIER.error_rate_trip == 0.005 and FREE_TIER.error_rate_trip == 0.0035
-    n, k = 100_000, 550  # 0.55 %: lower bound between 0.35 % and 0.5 %
-    ci = binomtest(k, n).proportion_ci(confidence_level=1 - 2 * (1 - 0.9999), method="wilson")
+    n, k = 100_000, 550  # 0.55 %: exact lower bound (1e-6) between 0.35 % and 0.5 %
+    ci = binomtest(k, n).proportion_ci(confidence_level=1 - 2e-6, method="exact")
     assert 0.0035 < ci.low < 0.005
     assert _err(n, k, FREE_TIER).fired[0]
     assert not _err(n, k, PAID_TIER).fired[0]
