@@ -59,10 +59,11 @@ def test_a_stricter_policy_changes_the_expectation():
     assert [s.delay_ms for s in steps[1:4]] == [60_000, 90_000, 60_000]
 
 
-def test_share_detection_bound_from_the_wilson_test():
-    # 8 % missing at 3 checks/s against the 1 % line: the Wilson lower bound (z 3.72) of the expected count
-    # over a 5 min window (900 checks) first exceeds 1 % 99 s after the fault starts (k = 0.08 x 3 x 84 = 20.2 of 900)
-    assert share_detection_ms(0.08, 0.01, 3.0, POLICY) == 99_000
+def test_share_detection_bound_from_the_exact_test():
+    # 8 % missing at 3 checks/s against the 1 % line: the Clopper-Pearson lower bound (one-sided 99.99 %, as the
+    # detector) of the expected count over a 5 min window (900 checks) first exceeds 1 % 109 s after the fault
+    # starts (30 s ramp: k = 0.08 x 3 x 94 = 22.56 of 900, bound 1.005 %; at 108 s 22.32, bound 0.989 %)
+    assert share_detection_ms(0.08, 0.01, 3.0, POLICY) == 109_000
     with pytest.raises(ValueError, match="can never trip"):
         share_detection_ms(0.005, 0.01, 3.0, POLICY)
 

@@ -24,7 +24,7 @@ shift every later difference). How the delays follow from
   (:data:`~.kinds.RAMP_S`) plus the time the 5 min window (``window_ms``)
   needs to hold enough faulty samples to cross the line — 5 % of the window
   for a P95 (latency: every request slower); for a share (missing fields)
-  the first second the Wilson lower bound of the expected faulty count
+  the first second the exact (Clopper-Pearson) lower bound of the expected faulty count
   exceeds the line (:func:`share_detection_ms`) — plus two rounds for the statistical test's
   margin and the round boundary. Kinds without a simple closed form
   (stream stall, quota, quality) use the bound of their SPEC §5 scenario.
@@ -185,19 +185,20 @@ def _detection_bound_ms(kind: DrillKind, policy: PolicyConfig) -> int:
 def share_detection_ms(rate: float, trip: float, checked_per_s: float, policy: PolicyConfig) -> float:
     """When a share detector (SPEC §4.4) can first trip, ms after a fault that ramps linearly over
     :data:`~.kinds.RAMP_S` to ``rate`` (in (0, 1]) on a clean channel checking ``checked_per_s`` answers/s:
-    the first second at which the Wilson lower bound (``rate_confidence``, as the detector) of the expected
-    faulty count over the ``window_ms`` window exceeds ``trip``. ``ValueError`` when it never can."""
+    the first second at which the exact Clopper-Pearson lower bound (one-sided ``rate_confidence``, as the
+    detector: :func:`~pipeline.detectors.base.exact_lower`) of the expected faulty count over the
+    ``window_ms`` window exceeds ``trip``. ``ValueError`` when it never can."""
     import numpy as np
 
-    from pipeline.detectors.base import wilson_bounds, z_for
+    from pipeline.detectors.base import exact_lower
 
-    z = z_for(policy.rate_confidence)
+    alpha = 1.0 - policy.rate_confidence
     win_s = policy.window_ms / 1000
     n = checked_per_s * win_s
     for t in range(1, int(win_s + RAMP_S) + 1):
         faulty_s = t * t / (2 * RAMP_S) if t < RAMP_S else t - RAMP_S / 2  # integral of the linear ramp
         k = rate * checked_per_s * min(faulty_s, win_s)
-        lo, _ = wilson_bounds(np.array([k]), np.array([n]), z)
+        lo = exact_lower(np.array([k]), np.array([n]), alpha)
         if lo[0] > trip:
             return t * 1000.0
     raise ValueError(f"a {rate:.1%} share at {checked_per_s:g} checks/s can never trip a {trip:.1%} line")
@@ -205,7 +206,7 @@ def share_detection_ms(rate: float, trip: float, checked_per_s: float, policy: P
 
 def _detection_rule(kind: DrillKind) -> str:
     return {"latency": "ramp + 5 % of window_ms (P95) + 2 rounds",
-            "hollow": "Wilson bound of the window share > trip + 2 rounds",
+            "hollow": "exact (Clopper-Pearson) bound of the window share > trip + 2 rounds",
             "quota_drain": "SPEC §5.7: forecast within 30 min (scenario bound 20 min)",
             "stream_stall": "issue #18 (SPEC §5.6): degraded within 2 min of the stalls starting"}.get(
         kind.name, "SPEC §5 scenario bound: 5 min")
