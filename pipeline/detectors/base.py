@@ -85,6 +85,18 @@ def z_for(confidence: float) -> float:
     return float(ndtri(confidence))
 
 
+def alpha_for(confidence: float) -> float:
+    """One-sided error level ``1 - confidence`` for the exact bounds, ``confidence`` in (0.5, 1)
+    (``ValueError`` outside, as :func:`z_for`).
+
+    >>> alpha_for(0.9999) == 1.0 - 0.9999
+    True
+    """
+    if not 0.5 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0.5, 1), got {confidence}")
+    return 1.0 - confidence
+
+
 def wilson_bounds(successes: np.ndarray, n: np.ndarray, z: float) -> tuple[np.ndarray, np.ndarray]:
     """Wilson score interval (Wilson 1927) for a binomial proportion, vectorised.
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, exact_lower, exact_upper, safe_ratio, z_for
+from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, exact_lower, exact_upper, safe_ratio
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.quota import FEATURES, QuotaWindows
 from pipeline.windows.view import WindowView
@@ -71,8 +71,7 @@ class QuotaDrain:
     reason = "quota"
 
     def __init__(self, confidence: float = 0.99):
-        z_for(confidence)  # raises ValueError outside (0.5, 1)
-        self.alpha = 1.0 - confidence
+        self.alpha = alpha_for(confidence)
 
     def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
         """Forecast, low-share and pre-rate-limit rules over arrays (C,); NaN features never fire."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, exact_lower, safe_ratio, z_for
+from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, exact_lower, safe_ratio
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.view import WindowView
 from pipeline.windows.streams import STALL_LADDER_MS, StreamWindows, stall_label, window_features
@@ -95,8 +95,7 @@ class SlowStream:
     reason = "slow_stream"
 
     def __init__(self, confidence: float = 0.9999):
-        z_for(confidence)  # raises ValueError outside (0.5, 1)
-        self.alpha = 1.0 - confidence
+        self.alpha = alpha_for(confidence)
 
     def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
         """Apply the three rules with their hysteresis to every channel."""

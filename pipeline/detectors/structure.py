@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, cusum_alarm, exact_lower, safe_ratio, z_for
+from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower, safe_ratio
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
@@ -66,8 +66,7 @@ class MissingFields:
     reason = "missing_fields"
 
     def __init__(self, confidence: float = 0.9999):
-        z_for(confidence)  # raises ValueError outside (0.5, 1)
-        self.alpha = 1.0 - confidence
+        self.alpha = alpha_for(confidence)
 
     def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
         """Trip on the CUSUM or the exact lower bound (NaN below ``missing_min_checked`` or where the rate

@@ -190,9 +190,9 @@ def share_detection_ms(rate: float, trip: float, checked_per_s: float, policy: P
     ``window_ms`` window exceeds ``trip``. ``ValueError`` when it never can."""
     import numpy as np
 
-    from pipeline.detectors.base import exact_lower
+    from pipeline.detectors.base import alpha_for, exact_lower
 
-    alpha = 1.0 - policy.rate_confidence
+    alpha = alpha_for(policy.rate_confidence)
     win_s = policy.window_ms / 1000
     n = checked_per_s * win_s
     for t in range(1, int(win_s + RAMP_S) + 1):
