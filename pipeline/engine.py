@@ -36,7 +36,7 @@ from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
-from pipeline.engine_metrics import _clean, _published
+from pipeline.engine_metrics import clean_value, published_values
 from pipeline.engine_columns import channel_keys, event_arrays, make_columns, resolve_structure, structure_flags
 from pipeline.engine_routes import RouteShares
 from pipeline.engine_state import EngineStateIO
@@ -438,7 +438,7 @@ class Engine(EngineStateIO, RouteShares):
         out = []
         keys = [k for f in (*hard, *soft, *advisory) for k in f.metrics]
         # per channel, its metric values already rounded (None where not finite): one pass per metric
-        values = list(zip(*(_published(v) for f in (*hard, *soft, *advisory) for v in f.metrics.values())))
+        values = list(zip(*(published_values(v) for f in (*hard, *soft, *advisory) for v in f.metrics.values())))
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
             if m.state == NO_DATA and not changed[j] and not self._heartbeat_due(m, now_ms):
@@ -464,11 +464,11 @@ class Engine(EngineStateIO, RouteShares):
     def _verdict(self, i: int, now_ms: int, metrics: dict, hard_now: Sequence[str] = (),
                  soft_now: Sequence[str] = (), cleaned: bool = False) -> Verdict:
         """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`. ``cleaned``:
-        ``metrics`` values are published numbers already (:func:`_published`)."""
+        ``metrics`` values are published numbers already (:func:`published_values`)."""
         m = self.machines[i]
         self.seq[i] += 1
         self.changed[i] = True
-        clean = metrics if cleaned else {k: _clean(v) for k, v in metrics.items()}
+        clean = metrics if cleaned else {k: clean_value(v) for k, v in metrics.items()}
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
                        weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),
                        metrics=clean, ts_ms=now_ms, seq=self.seq[i])

@@ -1,7 +1,7 @@
 """A round's metric values as published in verdicts: floats rounded to 4 places, None where not finite.
 
-JSON has no NaN or infinity, and 4 decimal places are what a consumer reads; :func:`_published` cleans a
-whole metric array of a round, :func:`_clean` one value (a pre-trip verdict's), with the same result.
+JSON has no NaN or infinity, and 4 decimal places are what a consumer reads; :func:`published_values` cleans a
+whole metric array of a round, :func:`clean_value` one value (a pre-trip verdict's), with the same result.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from math import isfinite
 import numpy as np
 
 
-def _published(values: object) -> list:
+def published_values(values: object) -> list:
     """A round's metric array (n,) as published numbers: floats rounded to 4 places, None where not
     finite (JSON has no NaN), exactly as :meth:`Engine._verdict` cleans one value."""
     a = np.asarray(values)
     if a.dtype.kind not in "fiub":
-        return [_clean(v) for v in a.tolist()]
+        return [clean_value(v) for v in a.tolist()]
     f = a.astype(np.float64)
     out = f.tolist()
     if a.dtype.kind != "f":  # ints and bools: whole and finite
@@ -40,8 +40,8 @@ def _published(values: object) -> list:
     return out
 
 
-def _clean(v: object) -> object:
-    """One metric value as published (see :func:`_published`)."""
+def clean_value(v: object) -> object:
+    """One metric value as published (see :func:`published_values`)."""
     if type(v) is float:
         return round(v, 4) if isfinite(v) else None
     v = float(v) if isinstance(v, (np.floating, np.integer, float, int)) else v

@@ -1,4 +1,4 @@
-"""``_published`` (a round's metric array as published numbers) equals the per-value rule it replaced.
+"""``published_values`` (a round's metric array as published numbers) equals the per-value rule it replaced.
 
 The reference is the implementation before the fast path (commit 11a95bd): ``round(v, 4)`` for every
 finite value, None for NaN and infinities. The fast path skips ``round`` for integral floats and rounds a
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.engine_metrics import _published
+from pipeline.engine_metrics import published_values
 
 
 def reference(values) -> list:
@@ -44,7 +44,7 @@ def _mixed(rng: np.random.Generator, n: int) -> np.ndarray:
 def test_published_equals_reference_on_mixed_arrays(seed):
     rng = np.random.default_rng(seed)
     a = _mixed(rng, int(rng.choice([0, 1, 7, 1000])))
-    assert _key(_published(a)) == _key(reference(a))
+    assert _key(published_values(a)) == _key(reference(a))
 
 
 @pytest.mark.parametrize("values", [
@@ -53,4 +53,4 @@ def test_published_equals_reference_on_mixed_arrays(seed):
     np.array([1e300, -1e300, 2.0 ** 60 + 0.0, 123456789.00005]),
 ])
 def test_published_equals_reference_on_special_arrays(values):
-    assert _key(_published(values)) == _key(reference(values))
+    assert _key(published_values(values)) == _key(reference(values))
