@@ -81,7 +81,8 @@ from pipeline.stream.quality_agent import install_quality
 from pipeline.stream.runtime import (
     CHUNK_BYTES,
     STREAM_BUFFER_MAX,
-    TAKE_MAX,
+    TAKE,
+    TAKE_LINGER_LAG,
     BoundedStopWorker,
     cap_fetch_wait,
     disable_read_offset_filter,
@@ -99,6 +100,12 @@ MAX_UNACKED_MESSAGES = 100_000
 
 __all__ = ["build_app", "run_worker", "FLUSH_INTERVAL_S", "FLUSH_BACKOFF_MIN_S", "FLUSH_BACKOFF_MAX_S",
            "IDLE_ADVANCE_AFTER_S", "SNAPSHOT_INTERVAL_S", "DRAIN_TIMEOUT_S", "MAX_UNACKED_MESSAGES"]
+
+
+def _value_bytes(event: Any) -> int:
+    """Bytes of a faust event's raw value (the linger's measure in :func:`~pipeline.stream.take.batches`)."""
+    value = event.value
+    return len(value) if isinstance(value, (bytes, bytearray)) else 0
 
 
 class FaustConsumer:
@@ -202,12 +209,16 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
     intake = Intake(state, assignment, publish, writer, CHUNK_BYTES, control=control, metrics=metrics)
     snapshots = SnapshotPublisher(state, send_state, lambda m: m.ack(app.consumer), assignment.current)
 
+    def backlog() -> bool:
+        """The input is behind its log end by a batch or more: small batches may linger (see take)."""
+        return intake.lag_messages >= TAKE_LINGER_LAG
+
     @app.agent(requests)
     async def process(stream: faust.StreamT) -> None:
         state.init_sync()
         try:
             ended = None
-            async for events in batches(stream.noack().events(), TAKE_MAX):  # not noack_take: see take
+            async for events in batches(stream.noack().events(), TAKE, _value_bytes, backlog):  # not noack_take
                 if ended is not None:
                     state.wall_s["between"] += time.perf_counter() - ended
                 await intake.handle(events)

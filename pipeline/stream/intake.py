@@ -142,6 +142,9 @@ class Intake:
         self.chunk_bytes = chunk_bytes
         self.control = control
         self.metrics = metrics
+        #: Messages between the last processed offset and the log end, over the assigned input
+        #: partitions, as of the last batch (fetched highwater marks; 0 before the first batch).
+        self.lag_messages = 0
 
     async def emit(self, out: ProcessedBatch) -> None:
         """Publish ``out``: the overrides in force applied to its verdicts first (``out.verdicts`` is
@@ -228,13 +231,15 @@ class Intake:
         await self.consumer.seek(partition, offset)
 
     def _update_partition_status(self) -> None:
-        """Tell the processor which input partitions are consumed to their end (each batch: it is cheap)."""
+        """Tell the processor which input partitions are consumed to their end, and note the lag (each batch:
+        it is cheap)."""
         parts = self.consumer.assigned_partitions()
         if not parts:
             return
         last = self.state.gate.last_offsets
-        self.state.processor.set_partition_status({
-            p: last.get(p, -1) + 1 >= (self.consumer.highwater(p) or 0) for p in parts})
+        lag = {p: (self.consumer.highwater(p) or 0) - last.get(p, -1) - 1 for p in parts}
+        self.lag_messages = sum(n for n in lag.values() if n > 0)
+        self.state.processor.set_partition_status({p: n <= 0 for p, n in lag.items()})
 
     async def advance_idle(self, now_ms: int) -> None:
         """The idle timer: after ``IDLE_ADVANCE_AFTER_S`` without input, advance event time by

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional
 import faust
 
 from pipeline.config import Settings
+from pipeline.stream.take import TakeLimits
 
 log = logging.getLogger("channel_health.worker")
 
@@ -26,13 +27,18 @@ log = logging.getLogger("channel_health.worker")
 #: per round in ``channel-health bench``. 256 KiB holds a round's verdicts of a partition at 4 partitions (~180 KB
 #: each); below the producer's 1 MB request limit.
 PRODUCER_BATCH_BYTES = 256 * 1024
-#: Most messages in one batch of the agent (:func:`pipeline.stream.take.batches`), and most messages
-#: it holds fetched beyond the batch being processed.
-TAKE_MAX = 256
+#: How the agent takes its input (:class:`~pipeline.stream.take.TakeLimits`): at most 2,048 messages
+#: or 32 MiB per batch and pending beyond it (32 MiB: about the 256 batch envelopes of ~140 KB a take held
+#: before). Under a backlog (:data:`TAKE_LINGER_LAG`) a batch under 512 KiB waits up to 0.25 s for more:
+#: ~1,500 single-event messages, where a call of the processor costs a sixth of the per-event time
+#: of a 100-message call (docs/THROUGHPUT.md, "Single-event messages").
+TAKE = TakeLimits(max_n=2_048, max_bytes=32 * 1024 * 1024, min_bytes=512 * 1024, linger_s=0.25)
+#: Messages the input must be behind its log end (over the assigned partitions) for a batch to linger.
+TAKE_LINGER_LAG = 2_048
 #: Fetched messages faust buffers per agent before it pauses fetching (faust ``stream_buffer_maxsize``,
 #: default 4,096: 4,096 batch envelopes of 500 events are ~570 MB held in memory).
 STREAM_BUFFER_MAX = 256
-#: Raw input bytes decoded at once: a take of 256 batch envelopes (~35 MB) is processed in
+#: Raw input bytes decoded at once: a take of up to 32 MiB of batch envelopes is processed in
 #: chunks, so at most this much is held as decoded events at a time.
 CHUNK_BYTES = 4 * 1024 * 1024
 #: Collector thresholds of the worker process (gen0 allocations, gen1, gen2 ratios); CPython default (700, 10, 10).

@@ -159,6 +159,19 @@ def test_intake_processes_a_first_batch_and_records_it_for_acking() -> None:
     assert state.ledger.unacked_messages == 3 and state.dirty
     assert all(e.value is None and e.message.value is None for e in events)  # the bytes are freed
     assert state.processor.caught_up == {0: False}  # offset 2 + 1 < log end 100
+    assert intake.lag_messages == 97  # offsets 3..99 not yet processed: the take may linger (stream.take)
+
+
+def test_lag_counts_every_assigned_partition_and_never_below_zero() -> None:
+    """Two partitions with log end 100: 0 processed to offset 2 (97 behind), 1 not at all (100 behind);
+    then with log ends of 50, partition 0 (read up to 99) counts 0, not -50, and partition 1 counts 50."""
+    consumer = Consumer(partitions=[0, 1])
+    state, _, intake, _, _ = _worker(FakeSink(), consumer)
+    asyncio.run(intake.handle(_events([_raw(1), _raw(2), _raw(3)])))
+    assert intake.lag_messages == 97 + 100
+    consumer.end = 50
+    asyncio.run(intake.handle(_events([_raw(k) for k in range(4, 101)], first=3)))
+    assert intake.lag_messages == 50 and state.processor.caught_up == {0: True, 1: False}
 
 
 def test_intake_drops_old_generations_duplicates_and_seeks_back_over_a_gap() -> None:
