@@ -174,7 +174,7 @@ def test_without_a_backlog_a_small_batch_goes_at_once():
 
 def test_a_linger_ends_after_linger_s():
     batch, waited = _first_batch(TakeLimits(64, min_bytes=10_000, linger_s=0.05), lambda: True)
-    assert batch == [7] and waited >= 0.05
+    assert batch == [7] and waited >= 0.049  # the timer may fire within the clock resolution
 
 
 def test_the_feeder_stops_at_max_bytes():
