@@ -103,18 +103,23 @@ def _envelopes(events: list[dict], span_ms: int = 10_000) -> list[bytes]:
     return msgs
 
 
-def _run(bp: BatchProcessor, msgs: list[bytes], lo: int, hi: int, rng: random.Random) -> list:
+def run_batches(bp: BatchProcessor, msgs: list[bytes], lo: int, hi: int, rng: random.Random,
+                sizes: tuple[int, ...] = (1, 7, 60, 400), on_batch=None) -> list:
+    """The verdicts of ``msgs[lo:hi]`` fed to ``bp`` (partition 0, offset = index) in batches of sizes drawn
+    from ``sizes``; ``on_batch(next offset, verdicts so far)`` after each batch."""
     out = []
     pos = lo
     while pos < hi:
-        n = min(rng.choice([1, 7, 60, 400]), hi - pos)
+        n = min(rng.choice(sizes), hi - pos)
         bp.set_partition_status({0: pos + n >= len(msgs)})
         out += bp.process(msgs[pos:pos + n], [0] * n, list(range(pos, pos + n))).verdicts
         pos += n
+        if on_batch is not None:
+            on_batch(pos, len(out))
     return out
 
 
-def _key(v):
+def key(v):
     return (v.channel, v.seq)
 
 
@@ -131,23 +136,23 @@ def test_restart_from_snapshot_resumes_exactly(seed, eager):
     cut = int(len(msgs) * rng.uniform(0.985, 0.995))       # the last saved snapshot (near the fault)
     died = min(len(msgs), cut + rng.randrange(1, 200))     # processed (and published) after it, then killed
     committed = cut - rng.randrange(0, 300)                # consumer resumes here: before the snapshot's offsets
-    got = _run(before, msgs, 0, cut, rng)
+    got = run_batches(before, msgs, 0, cut, rng)
     records = {name: (blob, offs, part) if eager else (blob, offs)
                for name, blob, offs, part in before.snapshot_records({0: cut - 1})}
     assert [part for *_, part in before.snapshot_records({0: cut - 1})] == [0, 0]  # both came from partition 0
-    got += _run(before, msgs, cut, died, rng)
+    got += run_batches(before, msgs, cut, died, rng)
 
     after = BatchProcessor(Engine(), clock_ms=clock)
     assert after.load_snapshots(records, assigned=[0]) == (2 if eager else 0)
     assert after.cover_limit == {0: cut - 1}
-    got += _run(after, msgs, committed, len(msgs), rng)
+    got += run_batches(after, msgs, committed, len(msgs), rng)
     assert after.restored == 2 and after.skipped_covered > 0
     assert after.cover_limit == {}  # input passed every covered offset: no per-event check any more
 
     by_key: dict = {}
     for v in got:  # re-sent verdicts carry the same seq and the same content
-        assert by_key.setdefault(_key(v), v) == v, f"seq {_key(v)} published with different content"
-    ref = {_key(v): v for v in reference}
+        assert by_key.setdefault(key(v), v) == v, f"seq {key(v)} published with different content"
+    ref = {key(v): v for v in reference}
     assert sorted(by_key) == sorted(ref)
     assert by_key == ref
     states = [v.state for v in sorted(reference, key=lambda v: v.seq) if v.channel == "b/m@paid"]
@@ -163,13 +168,13 @@ def test_restart_without_offsets_in_the_snapshot_would_double_count():
     rng = random.Random(5)
     before = BatchProcessor(Engine(), clock_ms=lambda: START_MS + 4 * 3_600_000)
     cut = int(len(msgs) * 0.97)
-    _run(before, msgs, 0, cut, rng)
+    run_batches(before, msgs, 0, cut, rng)
     records = {name: (blob, {}) for name, blob, _, _ in before.snapshot_records({0: cut - 1})}
     after = BatchProcessor(Engine(), clock_ms=lambda: START_MS + 4 * 3_600_000)
     after.load_snapshots(records)
-    got = _run(after, msgs, cut - 300, len(msgs), rng)
-    ref = {_key(v): v for v in reference}
-    assert any(ref.get(_key(v)) != v for v in got)
+    got = run_batches(after, msgs, cut - 300, len(msgs), rng)
+    ref = {key(v): v for v in reference}
+    assert any(ref.get(key(v)) != v for v in got)
 
 
 def test_a_channel_silent_across_a_restart_is_still_reported_no_data():

@@ -26,6 +26,7 @@ from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
 from pipeline.stream.processor import BatchProcessor
+from tests.unit.test_stream_delivery import key, run_batches
 
 _enc = msgspec.json.Encoder()
 HOUR = 3_600_000
@@ -68,22 +69,8 @@ def _processor() -> BatchProcessor:
     return BatchProcessor(Engine(limits=_limits()), clock_ms=lambda: START_MS + 4 * HOUR)
 
 
-def _key(v):
-    return (v.channel, v.seq)
-
-
-def _run(bp: BatchProcessor, msgs: list[bytes], lo: int, hi: int, rng: random.Random,
-         on_batch=None) -> list:
-    out = []
-    pos = lo
-    while pos < hi:
-        n = min(rng.choice([1, 3, 8, 20]), hi - pos)
-        bp.set_partition_status({0: pos + n >= len(msgs)})
-        out += bp.process(msgs[pos:pos + n], [0] * n, list(range(pos, pos + n))).verdicts
-        pos += n
-        if on_batch is not None:
-            on_batch(pos, len(out))
-    return out
+#: Batch sizes the worker is fed in (small: snapshots fall between many batches).
+SIZES = (1, 3, 8, 20)
 
 
 def _without_share(v):
@@ -98,8 +85,8 @@ def _restarted(msgs: list[bytes], reference: list, state_topic: dict, committed:
     after = _processor()
     after.load_snapshots(state_topic, assigned=[0])
     by_key: dict = {}
-    for v in reference[:resent] + _run(after, msgs, committed, len(msgs), rng):
-        assert _without_share(by_key.setdefault(_key(v), v)) == _without_share(v), f"{_key(v)} re-sent differently"
+    for v in reference[:resent] + run_batches(after, msgs, committed, len(msgs), rng, SIZES):
+        assert _without_share(by_key.setdefault(key(v), v)) == _without_share(v), f"{key(v)} re-sent differently"
     return by_key
 
 
@@ -124,8 +111,8 @@ def test_restarts_from_records_of_changed_channels_only_are_exact(seed: int, ref
         captures.append((pos, n_verdicts, dict(topic), full))
         due[0] = pos + rng.randint(3, 40)
 
-    reference = _run(worker, msgs, 0, len(msgs), rng, maybe_capture)
-    ref = {_key(v): _without_share(v) for v in reference}
+    reference = run_batches(worker, msgs, 0, len(msgs), rng, SIZES, maybe_capture)
+    ref = {key(v): _without_share(v) for v in reference}
     assert len(ref) == len(reference) > 500
     assert {"no_data", "open", "half_open", "healthy"} <= {v.state for v in reference}
     assert worker.engine.evictions >= 2 and worker.engine.returns >= 1
@@ -143,7 +130,7 @@ def test_restarts_from_records_of_changed_channels_only_are_exact(seed: int, ref
         got = _restarted(msgs, reference, state_topic, committed, resent, random.Random(seed * 100 + k))
         want = _restarted(msgs, reference, full, committed, resent, random.Random(seed * 100 + k))
         assert got == want, f"restart at capture {k} (input {pos}): not what full snapshots give"
-        assert {key: _without_share(v) for key, v in got.items()} == ref, f"restart at capture {k} (input {pos})"
+        assert {k2: _without_share(v) for k2, v in got.items()} == ref, f"restart at capture {k} (input {pos})"
 
 
 def test_changed_flags_follow_events_rounds_and_verdicts() -> None:
