@@ -37,7 +37,8 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine_metrics import clean_value, published_values
-from pipeline.engine_columns import channel_keys, event_arrays, make_columns, resolve_structure, structure_flags
+from pipeline.engine_columns import (EventFields, channel_keys, event_arrays, make_columns, picker,
+                                     resolve_structure, structure_flags)
 from pipeline.engine_routes import RouteShares
 from pipeline.engine_state import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
@@ -138,10 +139,13 @@ class Engine(EngineStateIO, RouteShares):
         return self._chunk_columns(events, ts, code, latency, checked, missing)
 
     def _chunk_columns(self, events: Sequence[RequestEvent], ts: np.ndarray, code: np.ndarray,
-                       latency: np.ndarray, checked: np.ndarray, missing: np.ndarray) -> EventColumns:
-        channel = self.store.channel_indices(*channel_keys(events))
+                       latency: np.ndarray, checked: np.ndarray, missing: np.ndarray,
+                       fields: EventFields | None = None) -> EventColumns:
+        keys = channel_keys(events) if fields is None else (fields.channel, fields.route, fields.tier)
+        channel = self.store.channel_indices(*keys)
         self._grow(self.store.n_channels)
-        return make_columns(channel, events, ts, code, latency, checked, missing)
+        return make_columns(channel, events, ts, code, latency, checked, missing,
+                            None if fields is None else fields.optional)
 
     def _grow(self, n: int) -> None:
         while len(self.machines) < n:
@@ -171,7 +175,7 @@ class Engine(EngineStateIO, RouteShares):
 
     def process(self, events: Sequence[RequestEvent],
                 structure: Sequence[tuple[bool | None, list[str] | None]] | None = None,
-                low_watermark_ms: int | None = None) -> BatchResult:
+                low_watermark_ms: int | None = None, fields: EventFields | None = None) -> BatchResult:
         """Ingest a batch of validated events (any order); return verdicts and late events.
 
         ``structure`` optionally gives ``(parse_ok, missing_fields)`` per
@@ -193,41 +197,57 @@ class Engine(EngineStateIO, RouteShares):
         0 means not known yet (channels advance only with their own events).
         None means the batches form one stream in event-time order, so each
         chunk's start is itself the low watermark.
+
+        ``fields``: the events' fields already read (:meth:`read_fields`, same
+        order and length as ``events``): the same result, without reading the
+        events again. Raises ``ValueError`` when its length differs.
         """
         result = BatchResult()
         if not events:
             return result
+        if fields is not None and len(fields) != len(events):
+            raise ValueError(f"fields hold {len(fields)} events, the batch {len(events)}")
         if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
-            events, structure = residency.admit(self, events, structure, result.refused)
+            events, structure, fields = residency.admit(self, events, structure, result.refused, fields)
             if not events:
                 return result
         n = len(events)
         if structure is None:
-            structure, checked, missing = resolve_structure(events)
+            structure, checked, missing = resolve_structure(events, None if fields is None else fields.parse_ok)
         else:
             checked, missing = structure_flags(structure)
         step = self.policy.eval_interval_ms
-        ts, code, latency = event_arrays(events)
+        ts, code, latency = event_arrays(events) if fields is None else (fields.ts_ms, fields.code, fields.latency_ms)
         bucket = ts // step
         if bucket.min() != bucket.max():
             order = np.argsort(ts, kind="stable")
             ts, code, latency, checked, missing, bucket = (a[order] for a in (ts, code, latency, checked, missing,
                                                                                bucket))
-            pick = order.tolist()
-            events = [events[i] for i in pick]
-            structure = [structure[i] for i in pick]
+            get = picker(order)
+            events = get(events)
+            if checked.any():  # else every entry is the same "not checked"
+                structure = get(structure)
+            fields = None if fields is None else fields.take(order)
             bounds = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), n]
         else:
-            events, structure, bounds = list(events), list(structure), [0, n]
+            bounds = [0, n]  # the slices below copy; a list is only read
+            events = events if isinstance(events, list) else list(events)
+            structure = structure if isinstance(structure, list) else list(structure)
         for start, end in zip(bounds[:-1], bounds[1:]):
             if low_watermark_ms is None:
                 result.verdicts.extend(self.advance(int(bucket[start]) * step))
             cols = self._chunk_columns(events[start:end], ts[start:end], code[start:end], latency[start:end],
-                                       checked[start:end], missing[start:end])
+                                       checked[start:end], missing[start:end],
+                                       None if fields is None else fields.part(start, end))
             self._process_chunk(events[start:end], structure[start:end], result, cols)
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
+
+    def read_fields(self, events: Sequence[RequestEvent]) -> EventFields:
+        """:class:`EventFields` of ``events`` for :meth:`process` (with the optional columns this engine's
+        windows read, :attr:`WindowStore.optional_columns`)."""
+        return EventFields.read(events, self.store.optional_columns)
 
     n_resident = property(lambda self: int(self.resident[: self.store.n_channels].sum()),
                           doc="Channels whose windows are in memory.")

@@ -28,6 +28,7 @@ from pipeline.contracts import RequestEvent
 
 if TYPE_CHECKING:
     from pipeline.engine import Engine
+    from pipeline.engine_columns import EventFields
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +40,30 @@ EVICT_PER_CALL = 64
 
 
 def admit(engine: "Engine", events: Sequence[RequestEvent], structure: Sequence | None,
-          refused: list[RequestEvent]) -> tuple[Sequence[RequestEvent], Sequence | None]:
+          refused: list[RequestEvent], fields: EventFields | None = None
+          ) -> tuple[Sequence[RequestEvent], Sequence | None, EventFields | None]:
     """Restore the evicted channels of ``events``; refuse new channels over the limit.
 
-    Returns ``(events, structure)`` without the refused events (``structure``,
-    per event, may be None); the refused ones are appended to ``refused`` and
-    counted in ``engine.refused_count``.
+    Returns ``(events, structure, fields)`` without the refused events
+    (``structure``, per event, and ``fields``, the events' fields already read,
+    may be None); the refused ones are appended to ``refused`` and counted in
+    ``engine.refused_count``.
     """
-    names = set(map(_CHANNEL, events))
+    names = set(map(_CHANNEL, events) if fields is None else fields.channel)
     if engine.evicted and not names.isdisjoint(engine.evicted):
         restore(engine, names.intersection(engine.evicted))
     new = names.difference(engine.store._index)
     room = max(engine.limits.max_channels - engine.store.n_channels, 0)
     if len(new) <= room:
-        return events, structure
+        return events, structure, fields
     order = [c for c in dict.fromkeys(map(_CHANNEL, events)) if c in new]
     out = set(order[room:])
     keep = [e.channel not in out for e in events]
     before = len(refused)
     refused.extend(compress(events, [not k for k in keep]))
     engine.refused_count += len(refused) - before
-    return list(compress(events, keep)), (list(compress(structure, keep)) if structure is not None else None)
+    return (list(compress(events, keep)), (list(compress(structure, keep)) if structure is not None else None),
+            None if fields is None else fields.take(np.flatnonzero(keep)))
 
 
 def restore(engine: "Engine", names: set[str]) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from itertools import compress, repeat
 from operator import attrgetter
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import msgspec
 
@@ -43,7 +43,7 @@ from pipeline.ingest.structure import resolve_onto
 _TS = attrgetter("ts_ms")
 _ID = attrgetter("event_id")
 
-__all__ = ["Decoder", "DecodeResult", "DeadLetter", "DecodeCounters"]
+__all__ = ["Decoder", "Decoded", "DecodeResult", "DeadLetter", "DecodeCounters"]
 
 _MAX_ID_CHARS = 512
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number",
@@ -63,6 +63,25 @@ class DecodeResult(msgspec.Struct):
     events: list[RequestEvent]
     dead_letters: list[DeadLetter]
     envelope: bytes | None = None
+
+
+class Decoded(NamedTuple):
+    """What :meth:`Decoder.decode_many` made of several messages.
+
+    ``events``: accepted events in message order; ``owner[i]``: the index of
+    the message ``events[i]`` came from; ``dead_letters``: in message order;
+    ``envelopes``: ``(message index, bytes, events)`` of the messages whose
+    bytes stand for their events as they are (:attr:`DecodeResult.envelope`);
+    ``fields``: what ``read`` returned for each message's events, in message
+    order (``read`` is called right after a message is decoded, while its
+    events are in the CPU's cache), or None (no ``read`` given, or no events).
+    """
+
+    events: list[RequestEvent]
+    owner: list[int]
+    dead_letters: list[DeadLetter]
+    envelopes: list[tuple[int, bytes, int]]
+    fields: list[Any] | None = None
 
 
 class _IdProbe(msgspec.Struct):
@@ -151,26 +170,32 @@ class Decoder(EventLimits):
             counters.add_dead_letter(dead.reason)
         return result
 
-    def decode_many(self, raws: Sequence[Any], now_ms: int) -> tuple[list[RequestEvent], list[int], list[DeadLetter],
-                                                                     list[tuple[int, bytes, int]]]:
-        """Decode several message values, in order: ``(events, owner, dead_letters, envelopes)``.
+    def decode_many(self, raws: Sequence[Any], now_ms: int,
+                    read: Callable[[list[RequestEvent]], Any] | None = None) -> Decoded:
+        """Decode several message values, in order (see :class:`Decoded`).
 
-        ``envelopes``: ``(message index, bytes, events)`` of the messages whose
-        bytes stand for their events as they are (:attr:`DecodeResult.envelope`),
-        in message order.
+        The results and counters are exactly those of :meth:`decode` called
+        per message (tests pin it): one-event messages that decode cleanly
+        take a lean path (one msgspec call each, the time window checked on
+        the batch's min/max), everything else (batch envelopes, anything that
+        fails a check) goes through :meth:`decode`. Never raises on bad input.
 
-        ``owner[i]`` is the index in ``raws`` of the message ``events[i]`` came
-        from; events and dead letters are in message order. The results and
-        counters are exactly those of :meth:`decode` called per message (tests
-        pin it): one-event messages that decode cleanly take a lean path (one
-        msgspec call each, the time window checked on the batch's min/max),
-        everything else (batch envelopes, anything that fails a check) goes
-        through :meth:`decode`. Never raises on bad input.
+        ``read``: called with the accepted events of each message that has
+        some, right after it is decoded (the lean path's events in one call);
+        its results are :attr:`Decoded.fields`. When some messages take the
+        lean path and others not, ``fields`` is None (the order would need
+        merging; such batches hold bad messages and are rare). An exception
+        of ``read`` propagates.
         """
         fast, fast_at, full = self._lean_singles(raws, now_ms)
         if not full:
-            return fast, fast_at, [], []
-        results = {k: self.decode(raws[k], now_ms) for k in full}
+            return Decoded(fast, fast_at, [], [], [read(fast)] if read is not None and fast else None)
+        parts: list[Any] | None = [] if read is not None and not fast else None
+        results: dict[int, DecodeResult] = {}
+        for k in full:
+            res = results[k] = self.decode(raws[k], now_ms)
+            if parts is not None and res.events:
+                parts.append(read(res.events))  # type: ignore[misc]
         envelopes = [(k, res.envelope, len(res.events)) for k, res in results.items() if res.envelope is not None]
         events: list[RequestEvent] = []
         owner: list[int] = []
@@ -187,7 +212,7 @@ class Decoder(EventLimits):
             events.extend(res.events)
             owner.extend(repeat(k, len(res.events)))
             dead.extend(res.dead_letters)
-        return events, owner, dead, envelopes
+        return Decoded(events, owner, dead, envelopes, parts or None)
 
     def _lean_singles(self, raws: Sequence[Any], now_ms: int) -> tuple[list[RequestEvent], list[int], list[int]]:
         """The lean path of :meth:`decode_many`: ``(events, their message indices, indices of the messages

@@ -51,21 +51,25 @@ class EventIdDedup:
         """Ids held (both generations)."""
         return len(self.current) + len(self.previous)
 
-    def filter(self, events: Sequence[RequestEvent], event_time_ms: int | None) -> list[int] | None:
+    def filter(self, events: Sequence[RequestEvent], event_time_ms: int | None,
+               ids: Sequence[str] | None = None) -> list[int] | None:
         """Remember the ids of ``events``; return the positions of duplicates (None: there are none).
 
         A duplicate is an event whose id was seen before (an earlier batch
         within the horizon, or earlier in ``events``); the first copy is
         kept. ``event_time_ms``: the worker's newest event time (None:
-        unknown), used to retire generations.
+        unknown), used to retire generations. ``ids``: the events' ``event_id``
+        values when already read (same order).
         """
         if not events:
             return None
-        batch = set(map(hash, map(_EVENT_ID, events)))
+        if ids is None:
+            ids = list(map(_EVENT_ID, events))
+        batch = set(map(hash, ids))
         if len(batch) == len(events) and batch.isdisjoint(self.current) and batch.isdisjoint(self.previous):
             self._remember(batch, event_time_ms)
             return None
-        keys = list(map(hash, map(_EVENT_ID, events)))
+        keys = list(map(hash, ids))
         seen_before = (batch & self.current) | (batch & self.previous)
         dup: list[int] = []
         first: set[int] = set()

@@ -21,13 +21,14 @@ import time
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import TYPE_CHECKING, Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict, encode
 from pipeline.engine import Engine
+from pipeline.engine_columns import EventFields
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
@@ -213,34 +214,41 @@ class BatchProcessor:
         track = given and self._may_be_covered(partitions, offsets)  # type: ignore[arg-type]
         if self.event_clock:
             self.decoder.age_clock_ms = self.event_time_ms
-        events, owner, out.dead_letters, envelopes = self.decoder.decode_many(raws, now)
+        # each message's fields are read right after its decode, while its events are in the CPU's cache
+        events, owner, out.dead_letters, envelopes, read = self.decoder.decode_many(raws, now, self.engine.read_fields)
+        fields = EventFields.concat(read) if read else None
         if self.event_clock and events:
-            self.event_time_ms = max(self.event_time_ms, max(map(_TS, events)))
+            newest = max(map(_TS, events)) if fields is None else int(fields.ts_ms.max())
+            self.event_time_ms = max(self.event_time_ms, newest)
         self.events_in += len(events)  # decoded, duplicates included
-        dup = self.dedup.filter(events, self.engine.store.watermark_ms) if events else None
+        dup = (self.dedup.filter(events, self.engine.store.watermark_ms, None if fields is None else fields.event_id)
+               if events else None)
         if dup:
-            events, owner, envelopes = self._drop_duplicates(events, owner, envelopes, dup)
+            events, owner, envelopes, fields = self._drop_duplicates(events, owner, envelopes, dup, fields)
         if track:  # events a snapshot covers go to ``stored`` on their own (below): keep their messages as rows
             envelopes = []
         origin: list[tuple[int, int]] = []
         if partitions is not None and events:
             parts = list(map(partitions.__getitem__, owner))
-            self._note_partitions(events, parts)
+            self._note_partitions(events, parts, fields)
             if track:
                 origin = list(zip(parts, map(offsets.__getitem__, owner)))  # type: ignore[union-attr]
         for d in out.dead_letters:
             self.counters.add_dead_letter(d.reason)
         if self.pending_snapshots:
-            self._restore_channels(events)
+            self._restore_channels(map(_CHANNEL, events) if fields is None else fields.channel)
         if track and self.covered and events:
+            before = len(events)
             events = self._drop_covered(events, origin, out)
+            if len(events) != before:
+                fields = None  # a restart's replay: the engine reads the remaining events itself
         if given and self.cover_limit:
             self._pass_cover_limit(partitions, offsets)  # type: ignore[arg-type]
         late: list[RequestEvent] = []
         if partitions is None:
-            result = self.engine.process(events)
+            result = self.engine.process(events, fields=fields)
         else:  # 0: not known yet — channels advance only with their own events
-            result = self.engine.process(events, low_watermark_ms=self.low_watermark_ms() or 0)
+            result = self.engine.process(events, low_watermark_ms=self.low_watermark_ms() or 0, fields=fields)
         out.verdicts.extend(result.verdicts)
         late.extend(result.late)
         if result.refused:
@@ -260,10 +268,10 @@ class BatchProcessor:
         self.verdicts_out += len(out.verdicts)
         return out
 
-    def _drop_duplicates(self, events: list[RequestEvent], owner: list[int], envelopes: list,
-                         dup: list[int]) -> tuple[list[RequestEvent], list[int], list]:
-        """Events and owners without the positions ``dup``; envelopes without the messages that held one
-        (their other events are then stored as rows)."""
+    def _drop_duplicates(self, events: list[RequestEvent], owner: list[int], envelopes: list, dup: list[int],
+                         fields: EventFields | None) -> tuple[list[RequestEvent], list[int], list, EventFields | None]:
+        """Events, owners and fields without the positions ``dup``; envelopes without the messages that held
+        one (their other events are then stored as rows)."""
         gone = set(dup)
         keep = [i not in gone for i in range(len(events))]
         if envelopes:
@@ -271,7 +279,9 @@ class BatchProcessor:
             envelopes = [env for env in envelopes if env[0] not in bad]
         self.duplicates += len(dup)
         self._log_bounded()
-        return list(compress(events, keep)), list(compress(owner, keep)), envelopes
+        if fields is not None:
+            fields = fields.take(np.flatnonzero(keep))
+        return list(compress(events, keep)), list(compress(owner, keep)), envelopes, fields
 
     def _refuse(self, refused: list[RequestEvent], out: ProcessedBatch) -> None:
         """Dead-letter events of channels over the engine's channel limit."""
@@ -297,21 +307,22 @@ class BatchProcessor:
                     self.duplicates - dups, self.refused - refused, self.duplicates, self.refused)
         self._logged_at = (wall, self.duplicates, self.refused)
 
-    def _note_partitions(self, events: list[RequestEvent], parts: list[int]) -> None:
+    def _note_partitions(self, events: list[RequestEvent], parts: list[int], fields: EventFields | None) -> None:
         """Per input partition, the newest event time delivered (for the low watermark), and per channel
-        the partition its events come from (saved with its snapshot)."""
+        the partition its events come from (saved with its snapshot). ``fields``: the events' fields
+        when already read."""
         wall = time.monotonic()
         distinct = set(parts)
         if len(distinct) == 1:
-            newest = {parts[0]: max(map(_TS, events))}
+            newest = {parts[0]: max(map(_TS, events)) if fields is None else int(fields.ts_ms.max())}
         else:
-            ts = np.fromiter(map(_TS, events), np.int64, len(events))
+            ts = np.fromiter(map(_TS, events), np.int64, len(events)) if fields is None else fields.ts_ms
             part = np.asarray(parts)
             newest = {p: int(ts[part == p].max()) for p in distinct}
         for p, hi in newest.items():
             prev = self.partition_wm.get(p)
             self.partition_wm[p] = (max(hi, prev[0]) if prev else hi, wall)
-        self.input_partition.update(zip(map(_CHANNEL, events), parts))
+        self.input_partition.update(zip(map(_CHANNEL, events) if fields is None else fields.channel, parts))
 
     def _may_be_covered(self, partitions: Sequence[int], offsets: Sequence[int]) -> bool:
         """Whether a message of this batch is at or below a snapshot's covered offset on its partition
@@ -340,9 +351,10 @@ class BatchProcessor:
                 keep.append(e)
         return keep
 
-    def _restore_channels(self, events: Sequence[RequestEvent]) -> None:
+    def _restore_channels(self, names: Iterable[str]) -> None:
+        """Restore the pending snapshots of the channels ``names`` the engine does not hold yet."""
         known = self.engine.channel_rows
-        self._restore({e.channel for e in events if e.channel not in known})
+        self._restore({c for c in set(names) if c not in known})
 
     def _restore(self, names: Collection[str], hold_idle: bool = False) -> None:
         """Load the pending snapshots of ``names`` into the engine (a bad one: the channel starts fresh).

@@ -101,6 +101,7 @@ class CostWindows(RingWindows):
     """Per-channel cost sums of the ``cost`` signal (see the module docstring for layout and memory)."""
 
     name = "cost"
+    columns = ("cost_usd", "output_tokens")
 
     def __init__(self, spec: WindowSpec):
         self.baseline_hours = int(spec.baseline_hours)

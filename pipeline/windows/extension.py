@@ -47,9 +47,16 @@ class SignalWindows(ABC):
     ``name``: the signal's name (unique in a store; the key of its rows in
     snapshots). Every array a subclass exposes through :meth:`export_row`
     must have a fixed shape and dtype given the :class:`WindowSpec`.
+
+    ``columns``: the optional event columns :meth:`add` reads
+    (:meth:`EventColumns.column`). They are read with the batch's other
+    fields, while the decoder still has the events in cache
+    (:class:`pipeline.engine_columns.EventFields`); a column not declared
+    here is read from the events when asked for (same values, one more pass).
     """
 
     name: str
+    columns: tuple[str, ...] = ()
 
     @abstractmethod
     def ensure_capacity(self, n_channels: int) -> None:

@@ -79,7 +79,7 @@ class EventColumns:
         elif name == "cancelled":
             got = np.fromiter((e.status == "cancelled" for e in self.events), bool, len(self))
         else:
-            got = _float_column(self.events, attrgetter(name), len(self))
+            got = float_column(self.events, attrgetter(name), len(self))
         self._cache[name] = got
         return got
 
@@ -87,7 +87,7 @@ class EventColumns:
         return int(self.channel.shape[0])
 
 
-def _float_column(events: Sequence[Any], get: Callable[[Any], Any], n: int) -> np.ndarray:
+def float_column(events: Sequence[Any], get: Callable[[Any], Any], n: int) -> np.ndarray:
     """``get(e)`` of the ``n`` events as float64, NaN where it is None.
 
     When the first event has the field, the values are read straight into

@@ -115,6 +115,7 @@ class QuotaWindows(RingWindows):
     """Per-minute quota samples and 429 counts of every channel (see the module docstring)."""
 
     name = "quota"
+    columns = ("quota_remaining",)
 
     def __init__(self, spec: WindowSpec):
         self.rings = {"minute": IntervalRing(QUOTA_SLOT_MS, QUOTA_SLOTS, 5, 0)}

@@ -201,6 +201,11 @@ class WindowStore:
         return np.fromiter(idx, np.int64, len(idx))
 
     @property
+    def optional_columns(self) -> tuple[str, ...]:
+        """The optional event columns the signals' windows read (:attr:`SignalWindows.columns`), each once."""
+        return tuple(dict.fromkeys(c for ext in self.extensions.values() for c in ext.columns))
+
+    @property
     def n_channels(self) -> int:
         """Channels registered so far."""
         return len(self.names)

@@ -96,6 +96,7 @@ class StreamWindows(RingWindows):
     """
 
     name = "slow_stream"
+    columns = ("ttft_ms", "max_stream_gap_ms")
 
     def __init__(self, spec: WindowSpec):
         self.k = STREAM_BUCKETS.n_buckets

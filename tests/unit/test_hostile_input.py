@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent, Verdict
 from pipeline.engine import Engine
 from pipeline.ingest import reasons as R
-from pipeline.ingest.decode import DecodeResult, Decoder
+from pipeline.ingest.decode import Decoded, DecodeResult, Decoder
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.stream.processor import BatchProcessor
 from pipeline.windows.store import BASE_SLOT_MS, FAILURES, JUDGED, NEUTRAL, OK, RATE_LIMITED, SHORT_SLOT_MS
@@ -387,8 +387,8 @@ class RecordingDecoder(Decoder):
         self.results: list[DecodeResult] = []
         self.reference = Decoder()
 
-    def decode_many(self, raws, now_ms):
-        got_events, owner, got_dead, envelopes = super().decode_many(raws, now_ms)
+    def decode_many(self, raws, now_ms, read=None):
+        got_events, owner, got_dead, envelopes, fields = super().decode_many(raws, now_ms, read)
         ref = [self.reference.decode(raw, now_ms) for raw in raws]
         assert got_events == [e for r in ref for e in r.events]
         assert owner == [k for k, r in enumerate(ref) for _ in r.events]
@@ -399,7 +399,7 @@ class RecordingDecoder(Decoder):
             self.results.append(DecodeResult([e for e, o in zip(got_events, owner) if o == k],
                                              [next(dead) for _ in r.dead_letters], r.envelope))
         assert self.counters.snapshot() == self.reference.counters.snapshot()
-        return got_events, owner, got_dead, envelopes
+        return Decoded(got_events, owner, got_dead, envelopes, fields)
 
 
 STATS: Counter[str] = Counter()

@@ -371,7 +371,7 @@ def test_decoder_resolves_the_structure_flags_onto_every_event() -> None:
     not_ok = event(2, status="error", missing_fields=["x"], parse_ok=False)  # only ok events are judged
     unchecked = event(3, parse_ok=True)                                    # nothing to judge
     decoder = Decoder()
-    events, _, dead, _ = decoder.decode_many([dumps(gateway_checked), dumps(not_ok), dumps(unchecked)], NOW)
+    events, _, dead, _, _ = decoder.decode_many([dumps(gateway_checked), dumps(not_ok), dumps(unchecked)], NOW)
     assert not dead
     assert [(e.parse_ok, e.missing_fields) for e in events] == [(True, ["x"]), (None, None), (None, None)]
     as_data = decoder.decode(dumps({"events": [gateway_checked, event(4)]}), NOW)
@@ -542,7 +542,7 @@ def test_decode_many_equals_decode_per_message() -> None:
     ref = Decoder()
     per = [ref.decode(r, NOW) for r in raws]
     many = Decoder()
-    events, owner, dead, envelopes = many.decode_many(raws, NOW)
+    events, owner, dead, envelopes, fields = many.decode_many(raws, NOW)
     assert events == [e for r in per for e in r.events]
     assert [e.event_id for e in events] == ["e1", "e2", "e4", "e6", "e7", "e8", "e10", "e11"]
     assert owner == [0, 1, 1, 4, 5, 7, 9, 9]
@@ -553,6 +553,32 @@ def test_decode_many_equals_decode_per_message() -> None:
     assert len(events[3].response_text) == 8_000 and events[3].parse_ok is False
     assert many.counters.snapshot() == ref.counters.snapshot()
     assert many.counters.snapshot()["texts_truncated"] == 1
+    assert fields is None  # nothing asked to read them
+
+
+def test_decode_many_reads_each_message_s_events_right_after_its_decode() -> None:
+    """``read`` sees each message's accepted events once, in message order, after the decoder resolved
+    and cut them; singles all on the lean path are read in one call; a mix of lean singles and
+    full-path messages yields no fields (their order would need merging)."""
+    seen: list[list[str]] = []
+
+    def read(events):
+        seen.append([(e.event_id, e.parse_ok, len(e.response_text or "")) for e in events])
+        return len(seen)
+
+    long = event(3, expected_fields=["a"], response_text='{"a": 1, "pad": "' + "x" * 9_000 + '"}')
+    raws = [dumps({"events": [event(1), event(2)]}), dumps({"events": [event(-1, ts_ms=0)]}),
+            dumps({"events": [long, event(4, ts_ms=0)]})]
+    got = Decoder().decode_many(raws, NOW, read)
+    assert [e.event_id for e in got.events] == ["e1", "e2", "e3"]
+    assert got.fields == [1, 2]  # the second message has no accepted event: not read
+    assert seen == [[("e1", None, 0), ("e2", None, 0)], [("e3", True, 8_000)]]
+    seen.clear()
+    got = Decoder().decode_many([dumps(event(i)) for i in range(5)], NOW, read)
+    assert got.fields == [1] and [s[0] for s in seen[0]] == ["e0", "e1", "e2", "e3", "e4"]
+    seen.clear()
+    got = Decoder().decode_many([dumps(event(1)), dumps({"events": [event(2)]})], NOW, read)
+    assert got.fields is None and [e.event_id for e in got.events] == ["e1", "e2"]
 
 
 def test_decode_many_of_clean_single_events_takes_no_per_message_call() -> None:
@@ -564,7 +590,7 @@ def test_decode_many_of_clean_single_events_takes_no_per_message_call() -> None:
             return super().decode(raw, now_ms)
 
     d = Counting()
-    events, owner, dead, envelopes = d.decode_many([dumps(event(i)) for i in range(50)], NOW)
+    events, owner, dead, envelopes, fields = d.decode_many([dumps(event(i)) for i in range(50)], NOW)
     assert (len(events), owner[-1], dead, envelopes, Counting.calls) == (50, 49, [], [], 0)
     assert d.counters.snapshot()["messages"] == 50
 
@@ -578,7 +604,7 @@ def test_decode_many_turns_an_internal_error_into_a_dead_letter(monkeypatch) -> 
     monkeypatch.setattr(D, "check_structure", broken)
     raws = [dumps(event(1)), dumps(event(2, response_text="q" * 9_000, expected_fields=["a"])), dumps(event(3))]
     d = Decoder()
-    events, owner, dead, envelopes = d.decode_many(raws, NOW)
+    events, owner, dead, envelopes, _ = d.decode_many(raws, NOW)
     assert ([e.event_id for e in events], owner, envelopes) == (["e1", "e3"], [0, 2], [])
     assert [(x.reason, x.detail) for x in dead] == [("internal_error", "decoder error RuntimeError: structure checker bug")]
     assert d.counters.snapshot()["messages"] == 3

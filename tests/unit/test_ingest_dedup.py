@@ -49,6 +49,8 @@ def test_only_later_copies_are_dropped_and_the_first_is_kept() -> None:
     assert d.filter(events, None) == [2, 4, 5]
     assert d.filter(events[:1], None) == [0] and d.filter(events[3:4], None) == [0]
     assert len(d) == 3
+    given = EventIdDedup()  # the ids already read (the processor's EventFields) give the same answer
+    assert given.filter(events, None, [e.event_id for e in events]) == [2, 4, 5] and len(given) == 3
 
 
 def test_the_memory_is_bounded_by_ids_and_by_event_time() -> None:
