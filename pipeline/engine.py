@@ -140,12 +140,13 @@ class Engine(EngineStateIO, RouteShares):
 
     def _chunk_columns(self, events: Sequence[RequestEvent], ts: np.ndarray, code: np.ndarray,
                        latency: np.ndarray, checked: np.ndarray, missing: np.ndarray,
-                       fields: EventFields | None = None) -> EventColumns:
-        keys = channel_keys(events) if fields is None else (fields.channel, fields.route, fields.tier)
-        channel = self.store.channel_indices(*keys)
+                       keys: tuple[list, list, list] | None = None,
+                       optional: dict[str, np.ndarray] | None = None) -> EventColumns:
+        """``keys``: the chunk's ``(channel, route, tier)`` lists and ``optional`` its optional columns,
+        when already read (:class:`EventFields`); else they are read from ``events``."""
+        channel = self.store.channel_indices(*(channel_keys(events) if keys is None else keys))
         self._grow(self.store.n_channels)
-        return make_columns(channel, events, ts, code, latency, checked, missing,
-                            None if fields is None else fields.optional)
+        return make_columns(channel, events, ts, code, latency, checked, missing, optional)
 
     def _grow(self, n: int) -> None:
         while len(self.machines) < n:
@@ -217,7 +218,12 @@ class Engine(EngineStateIO, RouteShares):
         else:
             checked, missing = structure_flags(structure)
         step = self.policy.eval_interval_ms
-        ts, code, latency = event_arrays(events) if fields is None else (fields.ts_ms, fields.code, fields.latency_ms)
+        if fields is None:
+            ts, code, latency = event_arrays(events)
+            keys, optional = None, None
+        else:  # from here on only these columns of the fields are read
+            ts, code, latency = fields.ts_ms, fields.code, fields.latency_ms
+            keys, optional = (fields.channel, fields.route, fields.tier), fields.optional
         bucket = ts // step
         if bucket.min() != bucket.max():
             order = np.argsort(ts, kind="stable")
@@ -227,7 +233,9 @@ class Engine(EngineStateIO, RouteShares):
             events = get(events)
             if checked.any():  # else every entry is the same "not checked"
                 structure = get(structure)
-            fields = None if fields is None else fields.take(order)
+            if keys is not None:
+                keys = tuple(map(get, keys))  # type: ignore[assignment]
+                optional = {k: v[order] for k, v in optional.items()}  # type: ignore[union-attr]
             bounds = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), n]
         else:
             bounds = [0, n]  # the slices below copy; a list is only read
@@ -238,7 +246,8 @@ class Engine(EngineStateIO, RouteShares):
                 result.verdicts.extend(self.advance(int(bucket[start]) * step))
             cols = self._chunk_columns(events[start:end], ts[start:end], code[start:end], latency[start:end],
                                        checked[start:end], missing[start:end],
-                                       None if fields is None else fields.part(start, end))
+                                       None if keys is None else tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
+                                       None if optional is None else {k: v[start:end] for k, v in optional.items()})
             self._process_chunk(events[start:end], structure[start:end], result, cols)
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))

@@ -178,12 +178,6 @@ class EventFields:
                            *(get(getattr(self, f)) for f in _LIST_FIELDS),
                            {k: v[index] for k, v in self.optional.items()})
 
-    def part(self, start: int, end: int) -> "EventFields":
-        """The events at positions ``start .. end - 1`` (arrays are views)."""
-        return EventFields(self.ts_ms[start:end], self.code[start:end], self.latency_ms[start:end],
-                           *(getattr(self, f)[start:end] for f in _LIST_FIELDS),
-                           {k: v[start:end] for k, v in self.optional.items()})
-
 
 _LIST_FIELDS = ("event_id", "channel", "route", "tier", "parse_ok")
 

@@ -90,13 +90,13 @@ def test_fields_read_once_give_the_same_verdicts_and_state(seed):
         [export_channel(eng_p, i) for i in range(eng_p.store.n_channels)]
 
 
-def test_fields_concat_take_and_part_keep_every_column_aligned():
+def test_fields_concat_and_take_keep_every_column_aligned():
     events = _events(5)[:50]
     whole = EventFields.read(events, ("cost_usd", "quota_remaining"))
     parts = EventFields.concat([EventFields.read(events[:20], ("cost_usd", "quota_remaining")),
                                 EventFields.read(events[20:], ("cost_usd", "quota_remaining"))])
     index = np.array([7, 3, 49, 0])
-    for got in (parts, whole.take(np.arange(50)), whole.part(0, 50)):
+    for got in (parts, whole.take(np.arange(50))):
         for name in ("ts_ms", "code", "latency_ms"):
             assert np.array_equal(getattr(got, name), getattr(whole, name))
         assert (got.event_id, got.channel, got.route, got.tier, got.parse_ok) == \
@@ -110,7 +110,9 @@ def test_fields_concat_take_and_part_keep_every_column_aligned():
     assert np.array_equal(picked.optional["cost_usd"],
                           np.array([np.nan if events[i].cost_usd is None else events[i].cost_usd
                                     for i in index.tolist()]), equal_nan=True)
-    assert whole.part(10, 13).channel == [e.channel for e in events[10:13]] and len(whole.part(10, 13)) == 3
+    one = whole.take(np.array([12]))
+    assert (one.channel, one.event_id, len(one)) == ([events[12].channel], [events[12].event_id], 1)
+    assert len(whole.take(np.array([], np.int64))) == 0 and whole.take(np.array([], np.int64)).route == []
 
 
 def test_fields_refuse_unknown_columns_mismatched_parts_and_lengths():
