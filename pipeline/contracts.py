@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from itertools import repeat
 from operator import attrgetter, ne
-from typing import Annotated, Iterable, Iterator, Literal, Union
+from typing import Annotated, Iterable, Iterator, Literal, Sequence, Union
 
 import msgspec
 
@@ -159,6 +159,22 @@ def carries_texts(events: Iterable[RequestEvent]) -> Iterator[bool]:
     [False, True]
     """
     return map(ne, map(_TEXTS, events), repeat((None, None)))
+
+
+_RESPONSE = attrgetter("response_text")
+_PROMPT = attrgetter("prompt_text")
+
+
+def any_texts(events: Sequence[RequestEvent]) -> bool:
+    """Whether any of ``events`` carries a ``response_text`` or a ``prompt_text`` (:func:`carries_texts`
+    for the whole batch: one C-level scan per field and a count, no tuple per event).
+
+    >>> e = RequestEvent(event_id="e", ts_ms=0, channel="c", route="r", status="ok", latency_ms=1.0)
+    >>> any_texts([e]), any_texts([e, msgspec.structs.replace(e, prompt_text="p")])
+    (False, True)
+    """
+    n = len(events)
+    return list(map(_RESPONSE, events)).count(None) != n or list(map(_PROMPT, events)).count(None) != n
 
 
 def encode(obj: object) -> bytes:

@@ -391,7 +391,7 @@ class Decoder(EventLimits):
         ``elements`` (each element's bytes) is decoded lazily on the fast path,
         only when an element must be dead-lettered.
         """
-        fast = self._all_clean(items, now_ms)
+        fast = self._all_clean(items, now_ms, typed=elements is None)
         if fast is not None:
             return fast
         events: list[RequestEvent] = []
@@ -416,10 +416,11 @@ class Decoder(EventLimits):
             dead.append(DeadLetter(problem[0], problem[1], element, item.event_id, index))
         return DecodeResult(events, dead)
 
-    def _all_clean(self, items: list[Any], now_ms: int) -> DecodeResult | None:
+    def _all_clean(self, items: list[Any], now_ms: int, typed: bool = False) -> DecodeResult | None:
         """The common case in one pass of C-level maps: every item decoded, inside the time window, ids
-        unique in the batch. Returns the result (long texts truncated), or None to take the per-event path."""
-        if set(map(type, items)) != {RequestEvent}:  # a dead letter among them (C-level maps from here on)
+        unique in the batch. Returns the result (long texts truncated), or None to take the per-event path.
+        ``typed``: the items come from the typed batch decode (all events: their types are not checked)."""
+        if not typed and set(map(type, items)) != {RequestEvent}:  # a dead letter among them
             return None
         if not self._all_in_window(list(map(_TS, items)), now_ms):
             return None

@@ -9,7 +9,7 @@ structure check would judge is checked on its full text first).
 
 from __future__ import annotations
 
-from pipeline.contracts import RequestEvent, carries_texts
+from pipeline.contracts import RequestEvent, any_texts
 from pipeline.ingest import reasons as R
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.structure import check_structure
@@ -53,7 +53,7 @@ class EventLimits:
         An exception of the structure check propagates; with ``failed`` given, the event's index is
         appended to it instead and the other events are still cut.
         """
-        if not any(carries_texts(events)):
+        if not any_texts(events):
             return
         for i, event in enumerate(events):
             if event.response_text is not None or event.prompt_text is not None:
