@@ -131,13 +131,6 @@ class Engine(EngineStateIO, RouteShares):
         self.dropped_state: dict[str, int] = {}
 
     # -- ingestion ----------------------------------------------------------
-    def _columns(self, events: Sequence[RequestEvent],
-                 structure: Sequence[tuple[bool | None, list[str] | None]]) -> EventColumns:
-        """Columns of one chunk (registers new channels in order of first sight)."""
-        ts, code, latency = event_arrays(events)
-        checked, missing = structure_flags(structure)
-        return self._chunk_columns(events, ts, code, latency, checked, missing)
-
     def _chunk_columns(self, events: Sequence[RequestEvent], ts: np.ndarray, code: np.ndarray,
                        latency: np.ndarray, checked: np.ndarray, missing: np.ndarray,
                        keys: tuple[list, list, list] | None = None,
@@ -262,9 +255,7 @@ class Engine(EngineStateIO, RouteShares):
                           doc="Channels whose windows are in memory.")
 
     def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult,
-                       cols: EventColumns | None = None) -> None:
-        if cols is None:
-            cols = self._columns(events, structure)
+                       cols: EventColumns) -> None:
         newest = self.store.last_ts_ms[cols.channel]
         late_mask = cols.ts_ms < newest - self.policy.allowed_lateness_ms
         if late_mask.any():

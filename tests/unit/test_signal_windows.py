@@ -11,6 +11,7 @@ import pytest
 from pipeline.contracts import RequestEvent
 from pipeline.detectors import SIGNALS, Examples, Finding, Signal
 from pipeline.engine import Engine
+from pipeline.engine_columns import event_arrays, make_columns, structure_flags
 from pipeline.state.snapshot import SnapshotError, decode_snapshot, export_channel, import_channel
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
@@ -151,8 +152,7 @@ def test_optional_columns_read_on_demand_nan_where_absent_and_survive_take():
     events = [RequestEvent(event_id=str(i), ts_ms=T0 + i, channel="c", route="r", status=s, latency_ms=1.0,
                            cost_usd=c, quota_remaining=q)
               for i, (s, c, q) in enumerate([("ok", 0.5, None), ("cancelled", None, 0.25), ("ok", 2.0, 1.0)])]
-    eng = Engine()
-    cols = eng._columns(events, [(None, None)] * 3)
+    cols = make_columns(np.zeros(3, np.int64), events, *event_arrays(events), *structure_flags([(None, None)] * 3))
     assert cols.column("cancelled").tolist() == [False, True, False]
     np.testing.assert_array_equal(cols.column("cost_usd"), [0.5, np.nan, 2.0])
     kept = cols.take(np.array([False, True, True]))
