@@ -39,6 +39,7 @@ from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachi
 from pipeline.engine_metrics import clean_value, published_values
 from pipeline.engine_columns import (EventFields, channel_keys, event_arrays, make_columns, picker,
                                      resolve_structure, structure_flags)
+from pipeline.engine_quality import QualityScores
 from pipeline.engine_routes import RouteShares
 from pipeline.engine_state import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
@@ -67,7 +68,7 @@ class BatchResult:
     refused: list[RequestEvent] = field(default_factory=list)
 
 
-class Engine(EngineStateIO, RouteShares):
+class Engine(EngineStateIO, RouteShares, QualityScores):
     """Windows + detectors + policy for all channels of one worker.
 
     ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
@@ -316,49 +317,6 @@ class Engine(EngineStateIO, RouteShares):
                                                   "consecutive_failures_threshold": float(threshold[c])},
                                          soft_now=self._soft_active(c)))
         return out
-
-    # -- quality scores (SPEC §4.5) -------------------------------------------
-    def add_quality_scores(self, channels: Sequence[str], ts_ms: Sequence[int], scores: Sequence[float],
-                           model_version: str | None = None) -> int:
-        """File sampled answers' quality scores (P(good) in [0, 1]) at their events' time.
-
-        The engine holds no model: scoring happens elsewhere (the worker's quality
-        agent, :mod:`pipeline.stream.quality_agent`, or :func:`replay` with a
-        scorer); this only adds the numbers to the per-channel quality windows that
-        the ``quality`` detector reads. A score counts in every later round whose
-        5 min window covers its event time. ``channels`` are channel names the
-        engine has seen; scores are clipped to [0, 1].
-
-        ``model_version``: when a channel's windows hold scores of another version,
-        they are cleared first (scores of two model versions are not comparable,
-        so that channel's quality baseline restarts).
-
-        Not counted, by reason in :attr:`quality_dropped`: ``unknown_channel``,
-        ``not_finite``, ``too_old`` (older than the 5 min ring; still in the
-        baseline when its hour is held). Returns the number counted.
-        """
-        n = len(scores)
-        if not (len(channels) == len(ts_ms) == n):
-            raise ValueError(f"{len(channels)} channels, {len(ts_ms)} times and {n} scores")
-        if n == 0:
-            return 0
-        index = self.store.index
-        idx = np.fromiter((index.get(c, -1) for c in channels), np.int64, n)
-        s = np.asarray(scores, dtype=np.float64).reshape(n)
-        keep = (idx >= 0) & np.isfinite(s)
-        drops = {"unknown_channel": int((idx < 0).sum()), "not_finite": int(((idx >= 0) & ~np.isfinite(s)).sum())}
-        if keep.any():
-            self.changed[idx[keep]] = True
-            too_old, reset = self.store.quality.add(idx[keep], np.asarray(ts_ms, dtype=np.int64).reshape(n)[keep],
-                                                    np.clip(s[keep], 0.0, 1.0), model_version)
-            drops["too_old"] = int(too_old.sum())
-            self.quality_resets += len(reset)
-        for k, v in drops.items():
-            if v:
-                self.quality_dropped[k] = self.quality_dropped.get(k, 0) + v
-        added = int(keep.sum()) - drops.get("too_old", 0)
-        self.quality_added += added
-        return added
 
     # -- evaluation ---------------------------------------------------------
     def advance(self, now_ms: int) -> list[Verdict]:
