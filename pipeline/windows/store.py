@@ -91,6 +91,9 @@ class WindowStore:
                 raise ValueError(f"signal windows {w.name!r} are declared twice")
             w.ensure_capacity(16)
             self.extensions[w.name] = w
+        #: The optional event columns the signals' windows read (:attr:`SignalWindows.columns`), each once.
+        self.optional_columns: tuple[str, ...] = tuple(dict.fromkeys(c for ext in self.extensions.values()
+                                                                     for c in ext.columns))
         self.names: list[str] = []
         self.routes: list[str] = []
         self.tiers: list[str | None] = []
@@ -199,11 +202,6 @@ class WindowStore:
                 if self.tiers[i] != tier:
                     self.tiers[i] = tier
         return np.fromiter(idx, np.int64, len(idx))
-
-    @property
-    def optional_columns(self) -> tuple[str, ...]:
-        """The optional event columns the signals' windows read (:attr:`SignalWindows.columns`), each once."""
-        return tuple(dict.fromkeys(c for ext in self.extensions.values() for c in ext.columns))
 
     @property
     def n_channels(self) -> int:
