@@ -36,6 +36,7 @@ from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
+from pipeline.state.channel_state import RouteShareRecord
 from pipeline.engine_metrics import clean_value, published_values
 from pipeline.engine_columns import (EventFields, channel_keys, event_arrays, make_columns, picker,
                                      resolve_structure, structure_flags)
@@ -110,6 +111,9 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         self._share_round: dict[str, tuple[int, np.ndarray | None]] = {}
         #: route -> (weights, start shares, shares, shares as floats) of its last computation.
         self._share_cache: dict[str, tuple[tuple[float, ...], np.ndarray | None, np.ndarray, list[float]]] = {}
+        #: route -> version of its shares; route -> restored record (see :class:`RouteShares`).
+        self._share_version: dict[str, int] = {}
+        self._restored_routes: dict[str, RouteShareRecord] = {}
         #: Per channel: the next round boundary (event time, ms; 0 = not yet scheduled).
         self.next_eval = np.zeros(0, np.int64)
         self.low_watermark_ms: int | None = None
@@ -118,8 +122,7 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         self.fail_since_eval = np.zeros(0, np.float64)
         #: Judged requests (success or upstream failure) since the channel's last round: with
         #: ``fail_since_eval`` what :meth:`ChannelMachine.learn` adds to the pre-incident
-        #: baseline rate of the half-open probe (issue #18 item 4). Not in snapshots: a restart
-        #: loses at most one round of it.
+        #: baseline rate of the half-open probe (issue #18 item 4). In snapshots with it.
         self.judged_since_eval = np.zeros(0, np.float64)
         self.late_count = 0
         #: Quality scores (SPEC §4.5) counted in the windows, and the ones not counted by reason

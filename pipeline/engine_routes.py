@@ -3,6 +3,16 @@
 :class:`RouteShares` is the engine's part that turns channel weights into
 bounded traffic shares per route (:func:`~pipeline.policy.routes.bounded_shares`),
 once per round boundary and cached while a route is settled.
+
+A route's shares and the round in progress go into the snapshot of each of
+its channels (:meth:`RouteShares.export_route_shares`, a
+:class:`~pipeline.state.channel_state.RouteShareRecord` with a version raised
+at every change, which also flags the route's channels changed so their next
+capture carries it), and come back on restore
+(:meth:`RouteShares.restore_route_shares`): the route's next round then starts
+its growth bound where the stopped worker was, instead of afresh. Routes of
+more than :data:`MAX_SAVED_ROUTE` channels are not saved (each record would
+hold them all): they start their bound afresh after a restart.
 """
 
 from __future__ import annotations
@@ -12,14 +22,22 @@ import numpy as np
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares
 from pipeline.policy.state_machine import ChannelMachine
+from pipeline.state.channel_state import RouteShareRecord
 from pipeline.windows.store import WindowStore
+
+
+#: Most channels of a route whose shares go into its channels' snapshots (a record holds them all, so a
+#: route's records grow with the square of its size; routes are groups of interchangeable providers).
+MAX_SAVED_ROUTE = 64
 
 
 class RouteShares:
     """Mixin of :class:`~pipeline.engine.Engine`: route shares from the channels' weights.
 
     Reads ``store``, ``machines`` and ``policy``; keeps ``prev_shares``,
-    ``shares_by_route``, ``_share_round`` and ``_share_cache`` (set by the engine).
+    ``shares_by_route``, ``_share_round``, ``_share_cache``, ``_share_version`` and
+    ``_restored_routes`` (set by the engine); flags ``changed`` the channels of a
+    route whose shares changed.
     """
 
     store: WindowStore
@@ -29,6 +47,56 @@ class RouteShares:
     shares_by_route: dict[str, dict[str, float]]
     _share_round: dict[str, tuple[int, np.ndarray | None]]
     _share_cache: dict[str, tuple[tuple[float, ...], np.ndarray | None, np.ndarray, list[float]]]
+    #: route -> version of its shares (raised at every change; continued from restored records).
+    _share_version: dict[str, int]
+    #: route -> the newest record restored for it, until the route's next round in this engine.
+    _restored_routes: dict[str, RouteShareRecord]
+    changed: np.ndarray
+
+    def export_route_shares(self, i: int) -> RouteShareRecord | None:
+        """The shares of channel ``i``'s route, for its snapshot: None before the route's first round,
+        while a channel that joined the route since has not been through a round (the growth bound
+        would not use those shares either) and for a route of more than :data:`MAX_SAVED_ROUTE`
+        channels. A route restored and not yet through a round here gives back the record it was
+        restored with."""
+        r = self.store.routes[i]
+        prev = self.prev_shares.get(r)
+        if prev is None:
+            return self._restored_routes.get(r)
+        members = self.store.route_members()[r]
+        if len(prev) != len(members) or len(members) > MAX_SAVED_ROUTE:
+            return None
+        names = [self.store.names[j] for j in members]
+        round_ms, start = self._share_round[r]
+        return RouteShareRecord(
+            version=self._share_version.get(r, 0), shares=dict(zip(names, prev.tolist())), round_ms=round_ms,
+            round_start=dict(zip(names, start.tolist())) if start is not None and len(start) == len(names) else None)
+
+    def restore_route_shares(self, route: str, record: RouteShareRecord | None) -> None:
+        """Take back a route's shares from one of its channels' snapshots (any number of calls per route:
+        the newest record wins). Used at the route's next round when its channels are then exactly the
+        record's (else that round starts without a growth bound, as a route's first round does); ignored
+        when the route has had a round in this engine already (its shares are live)."""
+        if record is None:
+            return
+        self._share_version[route] = max(self._share_version.get(route, 0), record.version)
+        if route in self.prev_shares:
+            return
+        held = self._restored_routes.get(route)
+        if held is None or (record.version, record.round_ms) > (held.version, held.round_ms):
+            self._restored_routes[route] = record
+
+    def _adopt_restored(self, r: str, idx: list[int]) -> None:
+        """Route ``r``'s shares and round from its restored record, when it names exactly the route's
+        channels ``idx``; the record is dropped either way."""
+        record = self._restored_routes.pop(r, None)
+        names = [self.store.names[i] for i in idx]
+        if record is None or record.shares.keys() != set(names):
+            return
+        self.prev_shares[r] = np.array([record.shares[n] for n in names], np.float64)
+        start = record.round_start
+        self._share_round[r] = (record.round_ms, np.array([start[n] for n in names], np.float64)
+                                if start is not None and start.keys() == record.shares.keys() else None)
 
     def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.
@@ -47,6 +115,8 @@ class RouteShares:
         out: dict[int, float] = {}
         for r in {routes[i] for i in rows.tolist()}:
             idx = members[r]
+            if self._restored_routes and r not in self.prev_shares:
+                self._adopt_restored(r, idx)
             start = self._share_round.get(r)
             if start is None or start[0] != now_ms:
                 start = (now_ms, self.prev_shares.get(r))
@@ -60,6 +130,10 @@ class RouteShares:
                 if start[1] is not None and s.shape == start[1].shape and np.array_equal(s, start[1]):
                     s = start[1]  # unchanged (settled): keep the object, so the next round finds it cached
                 values = s.tolist()
+                last = self.prev_shares.get(r)
+                if last is None or last.shape != s.shape or not np.array_equal(last, s):
+                    self._share_version[r] = self._share_version.get(r, 0) + 1  # the channels' snapshots
+                    self.changed[idx] = True                                    # carry the new version
                 self._share_cache[r] = (w, start[1], s, values)
                 self.shares_by_route[r] = {names[i]: x for i, x in zip(idx, values)}
             self.prev_shares[r] = s

@@ -26,7 +26,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from pipeline.policy.state_machine import ChannelMachine
-from pipeline.state.channel_state import ChannelState
+from pipeline.state.channel_state import ChannelState, RouteShareRecord
 from pipeline.windows.store import WindowStore
 
 #: :class:`ChannelMachine`'s fields, in order (its dict form in :class:`ChannelState`).
@@ -52,10 +52,14 @@ class EngineStateIO:
     active: dict[str, np.ndarray]
     next_eval: np.ndarray
     fail_since_eval: np.ndarray
+    judged_since_eval: np.ndarray
     dropped_state: dict[str, int]
     changed: np.ndarray
     #: Make room for ``n`` channels in the per-channel arrays (:meth:`pipeline.engine.Engine._grow`).
     _grow: Callable[[int], None]
+    #: Route shares in and out of snapshots (:class:`pipeline.engine_routes.RouteShares`).
+    export_route_shares: Callable[[int], RouteShareRecord | None]
+    restore_route_shares: Callable[[str, RouteShareRecord | None], None]
 
     @property
     def channel_rows(self) -> Mapping[str, int]:
@@ -69,7 +73,9 @@ class EngineStateIO:
                             windows=st.export_channel(i), watermark_ms=st.watermark_ms,
                             next_eval_ms=int(self.next_eval[i]), fail_since_eval=float(self.fail_since_eval[i]),
                             seq=int(self.seq[i]), active={k: bool(v[i]) for k, v in self.active.items()},
-                            machine=machine_dict(self.machines[i]))
+                            machine=machine_dict(self.machines[i]),
+                            judged_since_eval=float(self.judged_since_eval[i]),
+                            route_shares=self.export_route_shares(i))
 
     def mark_changed(self, rows) -> None:
         """Flag channel rows ``rows`` (ints or a bool mask over the registered channels) as changed since
@@ -103,8 +109,10 @@ class EngineStateIO:
 
         Window counters and soft findings are matched by name: one the state
         lacks starts empty/inactive, one the engine no longer has is dropped
-        (counted in :attr:`dropped_state`). Raises ``ValueError`` when the
-        bucket layout or ring sizes differ from the engine's configuration.
+        (counted in :attr:`dropped_state`). The route's shares are handed to
+        :meth:`~pipeline.engine_routes.RouteShares.restore_route_shares`. Raises
+        ``ValueError`` when the bucket layout or ring sizes differ from the
+        engine's configuration.
         """
         st = self.store
         i = st.channel_index(state.channel, state.route, state.tier)
@@ -114,6 +122,8 @@ class EngineStateIO:
             st.watermark_ms = max(st.watermark_ms or state.watermark_ms, state.watermark_ms)
         self.next_eval[i] = state.next_eval_ms or 0
         self.fail_since_eval[i] = state.fail_since_eval
+        self.judged_since_eval[i] = state.judged_since_eval
+        self.restore_route_shares(state.route, state.route_shares)
         self.seq[i] = max(self.seq[i], state.seq)
         for name, on in state.active.items():
             if name in self.active:

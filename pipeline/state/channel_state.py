@@ -11,6 +11,25 @@ from dataclasses import dataclass
 from pipeline.windows.view import ChannelWindows
 
 
+@dataclass(frozen=True)
+class RouteShareRecord:
+    """A route's traffic shares (:mod:`pipeline.engine_routes`), as saved with each of its channels.
+
+    ``version``: >= 1, raised with every change of the shares, so that the
+    newest of the records a route's channels carry wins on restore (an idle or
+    evicted channel keeps an older one); ``shares``: channel -> share after the
+    route's last round (0..1, summing to 1 or all 0); ``round_ms``: the round
+    boundary (event time, ms) the route was last computed at; ``round_start``:
+    channel -> share before that boundary, where the growth bound of a later
+    computation at the same boundary starts (None: no bound for that round).
+    """
+
+    version: int
+    shares: dict[str, float]
+    round_ms: int
+    round_start: dict[str, float] | None
+
+
 @dataclass
 class ChannelState:
     """One channel's complete detector state.
@@ -22,7 +41,13 @@ class ChannelState:
     ``fail_since_eval``: failures since its last round; ``seq``: its last
     verdict ``seq``; ``active``: soft signal name → whether its finding was
     in force (a signal missing here starts inactive); ``machine``: the
-    :class:`~pipeline.policy.state_machine.ChannelMachine` fields.
+    :class:`~pipeline.policy.state_machine.ChannelMachine` fields;
+    ``judged_since_eval``: judged requests (success or upstream failure) since
+    its last round, which the round adds with ``fail_since_eval`` to the
+    probe's pre-incident baseline (:meth:`ChannelMachine.learn`);
+    ``route_shares``: its route's traffic shares as the engine held them
+    (None: no round of the route yet). States written before the last two
+    existed restore with 0.0 and None.
     """
 
     channel: str
@@ -35,3 +60,5 @@ class ChannelState:
     seq: int
     active: dict[str, bool]
     machine: dict[str, object]
+    judged_since_eval: float = 0.0
+    route_shares: RouteShareRecord | None = None

@@ -6,7 +6,8 @@ channel's rows of its rings (30 × 10 s counters, 10 × 30 s latency
 histograms, 25 × 1 h baseline histograms), its quality-score rings (30 × 10 s and
 25 × 1 h of count / sum / sum of squares, with the model version they came
 from; SPEC §4.5), its failure run, newest event time, soft-finding flags,
-circuit-breaker machine and verdict ``seq``. Histograms are mostly zeros, so
+circuit-breaker machine, verdict ``seq``, judged requests since its last round
+and its route's traffic shares. Histograms are mostly zeros, so
 the record is compressed: a busy channel's snapshot is a few KB (raw ≈ 80 KB).
 
 Versions: 3 (written now) holds the arrays raw (``ndarray.tobytes``) and
@@ -35,14 +36,14 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Sequence
+from typing import Annotated, Sequence
 
 import lz4.block
 import msgspec
 import numpy as np
 
 from pipeline.policy.state_machine import ChannelMachine
-from pipeline.state.channel_state import ChannelState
+from pipeline.state.channel_state import ChannelState, RouteShareRecord
 from pipeline.windows.features import V1_COUNTER_NAMES
 from pipeline.windows.view import ChannelWindows
 
@@ -61,6 +62,15 @@ MAX_RECORD_BYTES = 64 << 20
 
 class SnapshotError(ValueError):
     """A snapshot cannot be read or does not fit the configured windows."""
+
+
+class RouteSharesWire(msgspec.Struct):
+    """Wire form of a :class:`~pipeline.state.channel_state.RouteShareRecord` (shares in 0..1)."""
+
+    version: Annotated[int, msgspec.Meta(ge=1)]
+    shares: dict[str, Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]]
+    round_ms: int
+    round_start: dict[str, Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]] | None = None
 
 
 class ChannelSnapshot(msgspec.Struct):
@@ -98,6 +108,10 @@ class ChannelSnapshot(msgspec.Struct):
     #: Signal name → array name → (dtype, shape, packed bytes): the signals' own windows
     #: (:mod:`pipeline.windows.extension`); absent in snapshots written before them.
     extensions: dict[str, dict[str, tuple[str, list[int], bytes]]] = {}
+    #: Judged requests since the channel's last round (absent before 2026-12-02: restores as 0).
+    judged_since_eval: float = 0.0
+    #: Its route's shares (absent before 2026-12-02, or no round of the route yet).
+    route_shares: RouteSharesWire | None = None
 
 #: dtypes a snapshot's signal windows may hold (anything else is refused as corrupt).
 _EXTENSION_DTYPES = frozenset({"<f4", "<f8", "<i8", "<i4", "|b1"})
@@ -151,6 +165,8 @@ def encode_state(state: ChannelState) -> bytes:
         quality_model=w.quality_model,
         extensions={name: {key: (a.dtype.str, list(a.shape), _pack(a)) for key, a in arrays.items()}
                     for name, arrays in w.extensions.items()},
+        judged_since_eval=state.judged_since_eval,
+        route_shares=None if state.route_shares is None else RouteSharesWire(**dataclasses.asdict(state.route_shares)),
     )
     return COMPRESSED_MARK + lz4.block.compress(msgspec.msgpack.encode(snap), store_size=True)
 
@@ -228,7 +244,17 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
     return ChannelState(channel=snap.channel, route=snap.route, tier=snap.tier, windows=windows,
                         watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms,
                         fail_since_eval=snap.fail_since_eval, seq=snap.seq, active=dict(snap.active),
-                        machine=dict(snap.machine))
+                        machine=dict(snap.machine), judged_since_eval=snap.judged_since_eval,
+                        route_shares=_route_shares(snap))
+
+
+def _route_shares(snap: ChannelSnapshot) -> RouteShareRecord | None:
+    """The route shares a snapshot holds, if any."""
+    w = snap.route_shares
+    if w is None:
+        return None
+    return RouteShareRecord(version=w.version, shares=dict(w.shares), round_ms=w.round_ms,
+                            round_start=None if w.round_start is None else dict(w.round_start))
 
 
 def import_channel(engine, snap: ChannelSnapshot) -> int:
@@ -273,5 +299,6 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
     engine.next_eval[i] = snap.next_eval_ms or 0
     engine.seq[i] = max(engine.seq[i], snap.seq)
     engine.machines[i] = _machine(snap)
+    engine.restore_route_shares(snap.route, _route_shares(snap))
     engine.changed[i] = True
     return i

@@ -84,6 +84,34 @@ def test_version_2_snapshot_written_by_main_restores_exactly():
     _check_against_v1_expectation(again)
 
 
+def test_records_written_before_the_round_counts_and_route_shares_restore_them_empty():
+    """Version 1 and 2 records (and version 3 ones written before 2026-12-02) have neither the judged
+    requests since the last round nor the route's shares: they restore as 0 and none (the route's next
+    round then starts without a growth bound, as before), and a rewrite carries them from then on."""
+    for raw in ((DATA / "snapshot_v1.msgpack").read_bytes(), (DATA / "snapshot_v2.msgpack").read_bytes()):
+        snap = decode_snapshot(raw)
+        assert snap.judged_since_eval == 0.0 and snap.route_shares is None
+        eng = Engine()
+        i = import_channel(eng, snap)
+        assert eng.judged_since_eval[i] == 0.0 and eng.export_route_shares(i) is None
+    eng = _restored_v1()
+    eng.judged_since_eval[0] = 7.0
+    share = eng._route_shares(np.array([0]), T0)[0]  # the route's first round (its one channel is open: 0)
+    snap = decode_snapshot(export_channel(eng, 0))
+    assert snap.judged_since_eval == 7.0 and eng.machines[0].weight == share == 0.0
+    assert (snap.route_shares.version, snap.route_shares.shares) == (1, {"snap/model@free": 0.0})
+    assert (snap.route_shares.round_ms, snap.route_shares.round_start) == (T0, None)
+
+
+def test_corrupt_route_shares_are_snapshot_errors():
+    snap = decode_snapshot(export_channel(_restored_v1(), 0))
+    for wire in ({"version": 0, "shares": {}, "round_ms": 0}, {"version": 1, "shares": {"a": 1.5}, "round_ms": 0},
+                 {"version": 1, "shares": {"a": float("nan")}, "round_ms": 0}):
+        record = msgspec.structs.asdict(snap) | {"route_shares": wire}
+        with pytest.raises(SnapshotError):
+            decode_snapshot(msgspec.msgpack.encode(record))
+
+
 def test_a_version_3_record_without_compression_restores_too():
     """Plain msgpack of a version-3 record (arrays raw), as a test or tool may write it, is read as well."""
     snap = decode_snapshot(export_channel(_restored_v1(), 0))

@@ -9,9 +9,12 @@ set, same content), on seeded streams where channels go idle for hours (``no_dat
 eviction), return, and trip, with restarts at 3 points per stream and captures every 3-40 input
 messages. Source of the argument: :mod:`pipeline.stream.capture`.
 
-One exception, older than change tracking and the same with full snapshots: ``route_share`` may differ
-after a restart (a route's previous shares, the start of its growth bound, are in no snapshot), so it is
-left out of the comparison with the unstopped worker (not of the one between the two restarts).
+One exception: ``route_share`` depends on where the worker's batches are cut (a channel's share at a
+round boundary is computed with the weights of the route's channels that have reached that boundary in
+the same or an earlier call), and the restarted worker is fed in other batches than the one that never
+stopped; so it is left out of that comparison (not of the one between the two restarts).
+:func:`test_restarts_continue_route_shares_and_probe_baselines_exactly` feeds both the same batches and
+compares everything, ``route_share`` and each channel's final state included.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pytest
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
+from pipeline.engine_state import machine_dict
 from pipeline.stream.processor import BatchProcessor
 from tests.unit.test_stream_delivery import key, run_batches
 
@@ -131,6 +135,80 @@ def test_restarts_from_records_of_changed_channels_only_are_exact(seed: int, ref
         want = _restarted(msgs, reference, full, committed, resent, random.Random(seed * 100 + k))
         assert got == want, f"restart at capture {k} (input {pos}): not what full snapshots give"
         assert {k2: _without_share(v) for k2, v in got.items()} == ref, f"restart at capture {k} (input {pos})"
+
+
+def _batches(n_msgs: int, rng: random.Random) -> list[int]:
+    """Batch boundaries over ``n_msgs`` input messages: 0, then sizes drawn from :data:`SIZES`, ending at n."""
+    cuts = [0]
+    while cuts[-1] < n_msgs:
+        cuts.append(min(n_msgs, cuts[-1] + rng.choice(SIZES)))
+    return cuts
+
+
+def _feed(bp: BatchProcessor, msgs: list[bytes], cuts: list[int], lo: int, hi: int, on_batch=None) -> list:
+    """The verdicts of ``msgs[lo:hi]`` (``lo``, ``hi`` in ``cuts``) fed to ``bp`` batch by batch (partition 0,
+    offset = index); ``on_batch(next offset, verdicts so far)`` after each batch."""
+    out: list = []
+    for a, b in zip(cuts, cuts[1:]):
+        if lo <= a and b <= hi:
+            bp.set_partition_status({0: b >= len(msgs)})
+            out += bp.process(msgs[a:b], [0] * (b - a), list(range(a, b))).verdicts
+            if on_batch is not None:
+                on_batch(b, len(out))
+    return out
+
+
+def _final_state(bp: BatchProcessor) -> dict:
+    """Per channel: its machine (the probe's baseline included), round counts and route shares."""
+    eng = bp.engine
+    out = {}
+    for name, i in eng.channel_rows.items():
+        shares = eng.export_route_shares(i)
+        out[name] = (machine_dict(eng.machines[i]), eng.seq[i], float(eng.fail_since_eval[i]),
+                     float(eng.judged_since_eval[i]),
+                     None if shares is None else (shares.shares, shares.round_ms, shares.round_start))
+    return out
+
+
+def test_restarts_continue_route_shares_and_probe_baselines_exactly(seed: int = 2) -> None:
+    """Guarantee: fed the same batches after the restart as the worker that never stopped, a worker restored
+    from changed-only records publishes exactly its verdicts (``route_share`` included: a route's shares and
+    the round in progress are in its channels' records, the newest version winning) and ends with every
+    channel's state machine (the half-open probe's pre-incident baseline, fed by the judged requests since
+    the last round) and route shares identical; restarts at 2 captures in the second half of a seeded stream, resuming at
+    the capture or up to 2 captures earlier (covered input replayed; idle channels restored as evicted).
+    Finer cuts across a recovery ramp: ``tests/unit/test_restart_shares.py``."""
+    msgs = _messages(seed)
+    rng = random.Random(seed)
+    cuts = _batches(len(msgs), rng)
+    worker = _processor()
+    topic: dict = {}
+    captures: list[tuple[int, int, dict]] = []  # (input covered, verdicts so far, state topic)
+
+    def capture(pos: int, n_verdicts: int) -> None:
+        if rng.random() < 0.2:
+            records = worker.snapshot_capture({0: pos - 1}, changed_only=True)()
+            topic.update({name: (blob, offs, part) for name, blob, offs, part in records})
+            captures.append((pos, n_verdicts, dict(topic)))
+
+    reference = _feed(worker, msgs, cuts, 0, len(msgs), capture)
+    final = _final_state(worker)
+    shares = {v.metrics.get("route_share") for v in reference if v.route == "chat"}
+    assert len(shares) > 5 and {"open", "half_open", "recovering"} <= {v.state for v in reference}
+    assert any(m["base_requests"] > 0 for m, *_ in final.values())
+    held = 0
+    for k in sorted(rng.sample(range(len(captures) // 2, len(captures)), 2)):
+        pos, n_verdicts, state_topic = captures[k]
+        committed = captures[max(0, k - rng.randrange(0, 3))][0]
+        after = _processor()
+        after.load_snapshots(state_topic, assigned=[0])
+        held += len(after.engine.evicted)  # idle channels restored as evicted: their route shares too
+        got = {key(v): v for v in _feed(after, msgs, cuts, committed, len(msgs))}
+        ref = {key(v): v for v in reference}
+        assert all(ref[k2] == v for k2, v in got.items()), f"restart at capture {k} (input {pos})"
+        assert {key(v) for v in reference[n_verdicts:]} <= got.keys()
+        assert _final_state(after) == final, f"restart at capture {k} (input {pos})"
+    assert held >= 2
 
 
 def test_changed_flags_follow_events_rounds_and_verdicts() -> None:
