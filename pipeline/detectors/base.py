@@ -164,6 +164,29 @@ def exact_upper(successes: np.ndarray, n: np.ndarray, alpha: float, only: np.nda
     return 1.0 - lo
 
 
+def exact_lower_gate(successes: np.ndarray, n: np.ndarray, line: np.ndarray | float, alpha: float,
+                     judged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(above, lower)``: where ``judged`` and the :func:`exact_lower` bound of ``successes / n`` is above
+    ``line`` (bool (C,)), and that bound (float64 (C,), NaN where it was not needed).
+
+    ``successes``, ``n``: float arrays (C,) (0 <= successes <= n); ``line``: the rate to beat, per
+    channel (C,) or one float, in [0, 1); ``alpha`` as in :func:`exact_lower`; ``judged``: bool (C,),
+    the channels with enough data to judge. The bound is at most the point estimate, so it is computed
+    only where the estimate itself is above the line (the Beta quantile is the costly part); ``above``
+    is False where ``n == 0``. With a true rate at most ``line``, a channel is above with probability
+    <= ``alpha`` (Clopper & Pearson 1934, see :func:`exact_lower`).
+
+    >>> above, lower = exact_lower_gate(np.array([10.0, 10.0, 1.0]), np.array([691.0, 600.0, 1000.0]),
+    ...                                 0.001, 1e-6, np.array([True, False, True]))
+    >>> above.tolist(), round(float(lower[0]), 4), np.isnan(lower[1:]).tolist()
+    ([True, False, False], 0.0019, [True, True])
+    """
+    k = np.asarray(successes, np.float64)
+    n = np.asarray(n, np.float64)
+    lower = exact_lower(k, n, alpha, judged & (k > line * n))
+    return judged & (np.nan_to_num(lower) > line), lower
+
+
 def cusum_alarm(s: np.ndarray, h: np.ndarray) -> np.ndarray:
     """bool (C,): a CUSUM chart ``s`` at or above its threshold ``h`` (> 0); False where either is NaN
     or ``h`` is 0 (no chart yet). See :mod:`pipeline.windows.cusum`."""

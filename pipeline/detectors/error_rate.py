@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower, safe_ratio
+from pipeline.detectors.base import (Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower_gate,
+                                     safe_ratio)
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
@@ -89,12 +90,9 @@ class ErrorRate:
         trip = th.error_rate_trip
         enough1 = (view.judged_1m >= th.error_min_requests) & (view.failures_1m >= th.error_min_failures)
         enough5 = (view.judged_5m >= th.error_min_requests) & (view.failures_5m >= th.error_min_failures)
-        # the bound is under the point estimate: only windows above the line need it (~1 µs each)
-        lo1 = exact_lower(view.failures_1m, view.judged_1m, self.alpha,
-                          enough1 & (view.failures_1m > trip * view.judged_1m))
-        lo5 = exact_lower(view.failures_5m, view.judged_5m, self.alpha,
-                          enough5 & (view.failures_5m > trip * view.judged_5m))
-        fired = (enough1 & (np.nan_to_num(lo1) > trip)) | (enough5 & (np.nan_to_num(lo5) > trip))
+        above1, _ = exact_lower_gate(view.failures_1m, view.judged_1m, trip, self.alpha, enough1)
+        above5, lo5 = exact_lower_gate(view.failures_5m, view.judged_5m, trip, self.alpha, enough5)
+        fired = above1 | above5
         s, h = view.error_cusum, view.error_cusum_h
         fired |= cusum_alarm(s, h)
         return Finding(self.reason, fired, {

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, exact_lower, safe_ratio
+from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, exact_lower_gate, safe_ratio
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.view import WindowView
 from pipeline.windows.streams import STALL_LADDER_MS, StreamWindows, stall_label, window_features
@@ -114,10 +114,10 @@ class SlowStream:
             stalls = _at_line(view, "stream_stalls", th.stall_gap_ms, w) + cancels
             streams = getattr(view, f"streams_ok_{w}") + cancels
             judged = (streams >= th.stall_min_streams) & (stalls >= th.stall_min_stalls)
-            above = np.nan_to_num(stalls) > th.stall_share_trip * np.nan_to_num(streams)  # else the bound is too
-            lo = exact_lower(np.nan_to_num(stalls), np.nan_to_num(streams), self.alpha, judged & above)
             valid.append(judged)
-            on.append(np.nan_to_num(lo) > th.stall_share_trip)
+            above, lo = exact_lower_gate(np.nan_to_num(stalls), np.nan_to_num(streams), th.stall_share_trip,
+                                         self.alpha, judged)
+            on.append(above)
             share[w] = safe_ratio(stalls, streams)
         v, o = np.array(valid), np.array(on)
         fired = np.where(v.any(axis=0), (v & o).any(axis=0), active)

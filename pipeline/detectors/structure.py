@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower, safe_ratio
+from pipeline.detectors.base import (Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower_gate,
+                                     safe_ratio)
 from pipeline.detectors.signal import Examples, Signal
 from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
@@ -73,11 +74,8 @@ class MissingFields:
         is at or under the line, so the bound is too), clear on the point estimate."""
         rate = safe_ratio(view.missing_5m, view.checked_5m)
         enough = view.checked_5m >= th.missing_min_checked
-        # the bound is under the point estimate: only windows above the line need it (~1 µs each)
-        lo = exact_lower(view.missing_5m, view.checked_5m, self.alpha,
-                         enough & (np.nan_to_num(rate) > th.missing_rate_trip))
-        trip = (enough & (np.nan_to_num(lo) > th.missing_rate_trip)) | cusum_alarm(view.missing_cusum,
-                                                                                   view.missing_cusum_h)
+        above, lo = exact_lower_gate(view.missing_5m, view.checked_5m, th.missing_rate_trip, self.alpha, enough)
+        trip = above | cusum_alarm(view.missing_cusum, view.missing_cusum_h)
         keep = active & ~(enough & (np.nan_to_num(rate) <= 0.5 * th.missing_rate_trip))
         return Finding(self.reason, trip | keep, {
             "missing_rate_5m": rate,
