@@ -22,13 +22,8 @@ import numpy as np
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares
 from pipeline.policy.state_machine import ChannelMachine
-from pipeline.state.channel_state import RouteShareRecord
+from pipeline.state.channel_state import MAX_SAVED_ROUTE, RouteShareRecord
 from pipeline.windows.store import WindowStore
-
-
-#: Most channels of a route whose shares go into its channels' snapshots (a record holds them all, so a
-#: route's records grow with the square of its size; routes are groups of interchangeable providers).
-MAX_SAVED_ROUTE = 64
 
 
 class RouteShares:

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 from pipeline.windows.view import ChannelWindows
 
 
+#: Most channels of a route whose shares go into its channels' snapshots (a record holds them all, so a
+#: route's records grow with the square of its size; routes are groups of interchangeable providers).
+#: Larger routes are not saved and start their growth bound afresh after a restart.
+MAX_SAVED_ROUTE = 64
+
+
 @dataclass(frozen=True)
 class RouteShareRecord:
     """A route's traffic shares (:mod:`pipeline.engine_routes`), as saved with each of its channels.
@@ -18,7 +24,7 @@ class RouteShareRecord:
     ``version``: >= 1, raised with every change of the shares, so that the
     newest of the records a route's channels carry wins on restore (an idle or
     evicted channel keeps an older one); ``shares``: channel -> share after the
-    route's last round (0..1, summing to 1 or all 0); ``round_ms``: the round
+    route's last round (at most :data:`MAX_SAVED_ROUTE` channels) (0..1, summing to 1 or all 0); ``round_ms``: the round
     boundary (event time, ms) the route was last computed at; ``round_start``:
     channel -> share before that boundary, where the growth bound of a later
     computation at the same boundary starts (None: no bound for that round).

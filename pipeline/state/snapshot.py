@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 
 from pipeline.policy.state_machine import ChannelMachine
-from pipeline.state.channel_state import ChannelState, RouteShareRecord
+from pipeline.state.channel_state import MAX_SAVED_ROUTE, ChannelState, RouteShareRecord
 from pipeline.windows.features import V1_COUNTER_NAMES
 from pipeline.windows.view import ChannelWindows
 
@@ -64,13 +64,18 @@ class SnapshotError(ValueError):
     """A snapshot cannot be read or does not fit the configured windows."""
 
 
+_Share = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+_Shares = Annotated[dict[str, _Share], msgspec.Meta(max_length=MAX_SAVED_ROUTE)]
+
+
 class RouteSharesWire(msgspec.Struct):
-    """Wire form of a :class:`~pipeline.state.channel_state.RouteShareRecord` (shares in 0..1)."""
+    """Wire form of a :class:`~pipeline.state.channel_state.RouteShareRecord` (shares in 0..1, at most
+    :data:`~pipeline.state.channel_state.MAX_SAVED_ROUTE` channels: a larger record is refused as corrupt)."""
 
     version: Annotated[int, msgspec.Meta(ge=1)]
-    shares: dict[str, Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]]
+    shares: _Shares
     round_ms: int
-    round_start: dict[str, Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]] | None = None
+    round_start: _Shares | None = None
 
 
 class ChannelSnapshot(msgspec.Struct):

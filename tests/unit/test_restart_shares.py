@@ -20,7 +20,7 @@ from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
 from pipeline.engine_state import machine_dict
 from pipeline.ingest.structure import resolve_onto
-from pipeline.engine_routes import MAX_SAVED_ROUTE
+from pipeline.state.channel_state import MAX_SAVED_ROUTE
 from pipeline.policy.routes import MIN_GROWTH_ABS
 from pipeline.state.snapshot import decode_snapshot, export_channel, import_channel
 

@@ -14,6 +14,7 @@ import pytest
 from pipeline.contracts import RequestEvent
 from pipeline.detectors import SIGNALS, Examples, Finding, Signal
 from pipeline.engine import Engine
+from pipeline.state.channel_state import MAX_SAVED_ROUTE
 from pipeline.state.snapshot import (COMPRESSED_MARK, SNAPSHOT_VERSION, SnapshotError, decode_snapshot,
                                      export_channel, import_channel)
 from pipeline.windows.features import Counter, V1_COUNTER_NAMES
@@ -106,7 +107,8 @@ def test_records_written_before_the_round_counts_and_route_shares_restore_them_e
 def test_corrupt_route_shares_are_snapshot_errors():
     snap = decode_snapshot(export_channel(_restored_v1(), 0))
     for wire in ({"version": 0, "shares": {}, "round_ms": 0}, {"version": 1, "shares": {"a": 1.5}, "round_ms": 0},
-                 {"version": 1, "shares": {"a": float("nan")}, "round_ms": 0}):
+                 {"version": 1, "shares": {"a": float("nan")}, "round_ms": 0},
+                 {"version": 1, "shares": {f"c{k}": 0.0 for k in range(MAX_SAVED_ROUTE + 1)}, "round_ms": 0}):
         record = msgspec.structs.asdict(snap) | {"route_shares": wire}
         with pytest.raises(SnapshotError):
             decode_snapshot(msgspec.msgpack.encode(record))
