@@ -48,7 +48,9 @@ def _calls(seed: int = 5, minutes: int = 26) -> list[list[RequestEvent]]:
     return calls
 
 
-def _final(eng: Engine) -> dict:
+def final_state(eng: Engine) -> dict:
+    """Per channel: its machine (the probe's baseline included), ``seq``, the round's judged and failed
+    requests, and its route's shares (without the version, which counts changes, not state)."""
     out = {}
     for name, i in eng.channel_rows.items():
         shares = eng.export_route_shares(i)
@@ -66,7 +68,7 @@ def reference():
     for events in calls:
         out.append([_enc.encode(v) for v in eng.process(events, low_watermark_ms=0).verdicts])
         states.append([export_channel(eng, i) for i in range(eng.store.n_channels)])
-    return calls, out, states, _final(eng)
+    return calls, out, states, final_state(eng)
 
 
 def test_the_stream_ramps_x_back_under_the_growth_bound(reference):
@@ -96,7 +98,7 @@ def test_a_restart_between_any_two_calls_of_the_ramp_changes_nothing(reference):
             import_channel(restored, decode_snapshot(blob))
         got = [[_enc.encode(v) for v in restored.process(events, low_watermark_ms=0).verdicts] for events in calls[cut:]]
         assert got == out[cut:], f"restart after call {cut}"
-        assert _final(restored) == final, f"restart after call {cut}"
+        assert final_state(restored) == final, f"restart after call {cut}"
 
 
 def test_a_change_of_the_shares_flags_every_channel_of_the_route_for_its_snapshot():

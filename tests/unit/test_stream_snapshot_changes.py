@@ -28,8 +28,8 @@ import pytest
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
-from pipeline.engine_state import machine_dict
 from pipeline.stream.processor import BatchProcessor
+from tests.unit.test_restart_shares import final_state
 from tests.unit.test_stream_delivery import key, run_batches
 
 _enc = msgspec.json.Encoder()
@@ -158,18 +158,6 @@ def _feed(bp: BatchProcessor, msgs: list[bytes], cuts: list[int], lo: int, hi: i
     return out
 
 
-def _final_state(bp: BatchProcessor) -> dict:
-    """Per channel: its machine (the probe's baseline included), round counts and route shares."""
-    eng = bp.engine
-    out = {}
-    for name, i in eng.channel_rows.items():
-        shares = eng.export_route_shares(i)
-        out[name] = (machine_dict(eng.machines[i]), eng.seq[i], float(eng.fail_since_eval[i]),
-                     float(eng.judged_since_eval[i]),
-                     None if shares is None else (shares.shares, shares.round_ms, shares.round_start))
-    return out
-
-
 def test_restarts_continue_route_shares_and_probe_baselines_exactly(seed: int = 2) -> None:
     """Guarantee: fed the same batches after the restart as the worker that never stopped, a worker restored
     from changed-only records publishes exactly its verdicts (``route_share`` included: a route's shares and
@@ -192,7 +180,7 @@ def test_restarts_continue_route_shares_and_probe_baselines_exactly(seed: int = 
             captures.append((pos, n_verdicts, dict(topic)))
 
     reference = _feed(worker, msgs, cuts, 0, len(msgs), capture)
-    final = _final_state(worker)
+    final = final_state(worker.engine)
     shares = {v.metrics.get("route_share") for v in reference if v.route == "chat"}
     assert len(shares) > 5 and {"open", "half_open", "recovering"} <= {v.state for v in reference}
     assert any(m["base_requests"] > 0 for m, *_ in final.values())
@@ -207,7 +195,7 @@ def test_restarts_continue_route_shares_and_probe_baselines_exactly(seed: int = 
         ref = {key(v): v for v in reference}
         assert all(ref[k2] == v for k2, v in got.items()), f"restart at capture {k} (input {pos})"
         assert {key(v) for v in reference[n_verdicts:]} <= got.keys()
-        assert _final_state(after) == final, f"restart at capture {k} (input {pos})"
+        assert final_state(after.engine) == final, f"restart at capture {k} (input {pos})"
     assert held >= 2
 
 
