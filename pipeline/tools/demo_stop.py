@@ -27,6 +27,9 @@ from pipeline.stream.runtime import STOP_LIMIT_S
 WORKER_STOP_S = STOP_LIMIT_S + 0.5
 #: Longest wait for the worker's children (the sink process) once the worker ended (s); then they are killed.
 CHILDREN_STOP_S = 1.0
+#: Longest wait for the worker when the broker is already gone (s): its drain can still write the buffered
+#: rows, but no snapshot or commit can reach a broker, so waiting out ``STOP_LIMIT_S`` would gain nothing.
+BROKER_GONE_STOP_S = 3.0
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -55,7 +58,9 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
 
     ``worker``: the worker process or None; ``broker``: an object with ``stop()`` (an
     :class:`~pipeline.tools.embedded.broker.EmbeddedBroker`) or None; ``say``: prints a progress line.
-    Takes at most ``WORKER_STOP_S + CHILDREN_STOP_S`` plus the broker's stop (SIGINT: milliseconds). A
+    Takes at most ``WORKER_STOP_S + CHILDREN_STOP_S`` plus the broker's stop (SIGINT: milliseconds), or
+    ``BROKER_GONE_STOP_S + CHILDREN_STOP_S`` when the broker has already exited (``broker.running``
+    False: the worker's drain cannot snapshot or commit, so its full stop limit would only be waited out). A
     Ctrl-C or SIGTERM meanwhile (the second of the demo) kills the worker and its children at once; later
     ones are ignored until the broker is stopped. Returns when none of them runs; call from the main thread.
     """
@@ -64,12 +69,16 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
     try:
         try:
             if worker is not None and worker.poll() is None:
+                wait_s = WORKER_STOP_S
+                if broker is not None and not getattr(broker, "running", True):
+                    wait_s = BROKER_GONE_STOP_S
+                    say("The broker is gone: the worker can write its rows but not commit.")
                 say("Stopping the worker (flushes and commits)…")
                 worker.send_signal(signal.SIGTERM)
                 try:
-                    worker.wait(WORKER_STOP_S)
+                    worker.wait(wait_s)
                 except subprocess.TimeoutExpired:
-                    say(f"The worker did not stop within {WORKER_STOP_S:g} s; killing it.")
+                    say(f"The worker did not stop within {wait_s:g} s; killing it.")
             children = wait_ended(children, CHILDREN_STOP_S if worker is not None else 0)
         except KeyboardInterrupt:
             say("Interrupted again: killing the worker and its sink process.")
