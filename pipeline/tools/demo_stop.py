@@ -100,15 +100,14 @@ def _wait_worker(worker: subprocess.Popen, broker: Any, say: Any) -> float | Non
     broker is seen gone (``broker.running`` False). Returns None once it ended, else the wait in seconds."""
     deadline = time.monotonic() + WORKER_STOP_S
     limit_s = WORKER_STOP_S
-    gone = False
     while True:
         try:
             worker.wait(max(0.0, min(_POLL_S, deadline - time.monotonic())))
             return None
         except subprocess.TimeoutExpired:
             pass
-        if not gone and broker is not None and not getattr(broker, "running", True):
-            gone, limit_s = True, BROKER_GONE_STOP_S
+        if limit_s == WORKER_STOP_S and broker is not None and not getattr(broker, "running", True):
+            limit_s = BROKER_GONE_STOP_S
             deadline = min(deadline, time.monotonic() + BROKER_GONE_STOP_S)
             say("The broker is gone: the worker can write its rows but not commit.")
         if time.monotonic() >= deadline:
