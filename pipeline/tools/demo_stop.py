@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -28,11 +27,6 @@ from pipeline.stream.runtime import STOP_LIMIT_S
 WORKER_STOP_S = STOP_LIMIT_S + 0.5
 #: Longest wait for the worker's children (the sink process) once the worker ended (s); then they are killed.
 CHILDREN_STOP_S = 1.0
-#: Longest wait for the worker when the broker is already gone (s): its drain can still write the buffered
-#: rows, but no snapshot or commit can reach a broker, so waiting out ``STOP_LIMIT_S`` would gain nothing.
-BROKER_GONE_STOP_S = 3.0
-#: How often the worker's stop checks whether the broker is still there (s).
-_POLL_S = 0.1
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -61,9 +55,7 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
 
     ``worker``: the worker process or None; ``broker``: an object with ``stop()`` (an
     :class:`~pipeline.tools.embedded.broker.EmbeddedBroker`) or None; ``say``: prints a progress line.
-    Takes at most ``WORKER_STOP_S + CHILDREN_STOP_S`` plus the broker's stop (SIGINT: milliseconds), or
-    ``BROKER_GONE_STOP_S + CHILDREN_STOP_S`` from the moment the broker is seen gone (``broker.running``
-    False: the worker's drain cannot snapshot or commit, so its full stop limit would only be waited out). A
+    Takes at most ``WORKER_STOP_S + CHILDREN_STOP_S`` plus the broker's stop (SIGINT: milliseconds). A
     Ctrl-C or SIGTERM meanwhile (the second of the demo) kills the worker and its children at once; later
     ones are ignored until the broker is stopped. Returns when none of them runs; call from the main thread.
     """
@@ -74,9 +66,10 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
             if worker is not None and worker.poll() is None:
                 say("Stopping the worker (flushes and commits)…")
                 worker.send_signal(signal.SIGTERM)
-                waited_s = _wait_worker(worker, broker, say)
-                if waited_s is not None:
-                    say(f"The worker did not stop within {waited_s:g} s; killing it.")
+                try:
+                    worker.wait(WORKER_STOP_S)
+                except subprocess.TimeoutExpired:
+                    say(f"The worker did not stop within {WORKER_STOP_S:g} s; killing it.")
             children = wait_ended(children, CHILDREN_STOP_S if worker is not None else 0)
         except KeyboardInterrupt:
             say("Interrupted again: killing the worker and its sink process.")
@@ -93,25 +86,6 @@ def stop_in_order(worker: subprocess.Popen | None, broker: Any, say: Any = print
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _wait_worker(worker: subprocess.Popen, broker: Any, say: Any) -> float | None:
-    """Wait for the stopping ``worker``: ``WORKER_STOP_S``, or ``BROKER_GONE_STOP_S`` from the moment the
-    broker is seen gone (``broker.running`` False). Returns None once it ended, else the wait in seconds."""
-    deadline = time.monotonic() + WORKER_STOP_S
-    limit_s = WORKER_STOP_S
-    while True:
-        try:
-            worker.wait(max(0.0, min(_POLL_S, deadline - time.monotonic())))
-            return None
-        except subprocess.TimeoutExpired:
-            pass
-        if limit_s == WORKER_STOP_S and broker is not None and not getattr(broker, "running", True):
-            limit_s = BROKER_GONE_STOP_S
-            deadline = min(deadline, time.monotonic() + BROKER_GONE_STOP_S)
-            say("The broker is gone: the worker can write its rows but not commit.")
-        if time.monotonic() >= deadline:
-            return limit_s
 
 
 def _children(worker: subprocess.Popen | None) -> list[psutil.Process]:
