@@ -125,11 +125,6 @@ def test_kill9_of_channel_health_broker_takes_tansu_with_it(tmp_path):
             proc.wait()
 
 
-#: Out of `make test` (run by `make test-all`) since 2026-12-02: in all four full runs of that day (both
-#: xdist workers busy) the embedded broker stopped listening at the Ctrl-C, so the worker's drain could not
-#: commit and the demo took 10.5-11 s; alone (8 of 8) and beside CPU hogs it passes in ~2 s. Cause not
-#: found yet (the broker runs in its own session); see the closing note of that session.
-@pytest.mark.slow
 def test_ctrl_c_stops_the_demo_and_leaves_no_process_and_no_lock(tmp_path):
     """Issue #17: SIGINT to the demo's process group (a terminal's Ctrl-C) while the worker processes events:
     10 s later no descendant of the demo runs, and a new process can open the chDB directory."""
@@ -145,7 +140,7 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process_and_no_lock(tmp_path):
     with open(tmp_path / "demo.out", "wb") as out:
         demo = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "demo", "--data-dir", str(data)], cwd=REPO,
                                 env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_foreground_signals)
     try:
         deadline = time.monotonic() + 180
         while not _processing(data / "worker.log"):  # the worker has taken events: a drain with data to write
@@ -163,6 +158,16 @@ def test_ctrl_c_stops_the_demo_and_leaves_no_process_and_no_lock(tmp_path):
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait()
+
+
+def _foreground_signals() -> None:
+    """In the demo's child before exec: SIGINT at its default, as for a terminal's foreground job.
+
+    A shell's background job (a suite started with ``&`` from a script) starts with SIGINT ignored, and
+    Python then installs no ``KeyboardInterrupt`` handler: the demo would ignore the test's Ctrl-C and be
+    killed after the 10 s (this failed four full runs on 2026-12-02 before it was understood).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _processing(log_path) -> bool:
