@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import signal
+import threading
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -85,6 +87,31 @@ def _score(handle: int, prompts: Sequence[Any] | None, responses: Sequence[Any])
 
 # -- the worker's side ----------------------------------------------------------------------------
 
+#: How often a load waiting for the scoring process looks at its ``cancel`` event (s).
+CANCEL_POLL_S = 0.1
+
+
+class LoadCancelled(RuntimeError):
+    """:meth:`ProcessScorer.start` gave up the load because its ``cancel`` event was set."""
+
+
+def _wait(future: Future, cancel: threading.Event | None, child_pid: int | None) -> Any:
+    """``future.result()``, polled every ``CANCEL_POLL_S`` for ``cancel``; once it is set, SIGKILL the
+    scoring process ``child_pid`` (our own child, not yet reaped: its pid cannot have been reused) when
+    known, and raise :class:`LoadCancelled`."""
+    while True:
+        if cancel is not None and cancel.is_set():
+            if child_pid is not None:
+                try:
+                    os.kill(child_pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise LoadCancelled("the quality model load was cancelled (the worker is stopping)")
+        try:
+            return future.result(timeout=CANCEL_POLL_S if cancel is not None else None)
+        except TimeoutError:
+            continue
+
 
 class ProcessScorer:
     """A quality model served by a child process; see the module doc.
@@ -103,11 +130,14 @@ class ProcessScorer:
 
     @classmethod
     def start(cls, version: str | None = None, *, threads: int = 1, nice: int = DEFAULT_NICE, batch: int = 32,
-              models_dir: str | Path | None = None) -> "ProcessScorer":
+              models_dir: str | Path | None = None, cancel: threading.Event | None = None) -> "ProcessScorer":
         """Start the scoring process and load ``version`` (None: promoted).
 
-        Raises what loading raises (e.g. ``ModelMismatchError``,
-        ``FileNotFoundError``), after stopping the process.
+        ``cancel``: set from another thread to give up the load (the worker is stopping): the scoring
+        process is killed within ``CANCEL_POLL_S`` and :class:`LoadCancelled` raised. Without it a stopping
+        worker would wait at exit for the load to finish (the pool's threads are joined at interpreter exit).
+        Raises what loading raises (e.g. ``ModelMismatchError``, ``FileNotFoundError``), after stopping the
+        process.
         """
         if not 0 <= int(nice) <= 19:
             raise ValueError(f"nice must be in 0..19, got {nice!r}")
@@ -116,7 +146,8 @@ class ProcessScorer:
                                    initargs=(int(threads), int(nice), int(batch),
                                              None if models_dir is None else str(models_dir), os.getpid()))
         try:
-            handle, loaded = pool.submit(_load, version).result()
+            child_pid = _wait(pool.submit(os.getpid), cancel, None)
+            handle, loaded = _wait(pool.submit(_load, version), cancel, child_pid)
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise

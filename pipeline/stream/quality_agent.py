@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -86,24 +87,38 @@ class QualityScore(msgspec.Struct, omit_defaults=False):
     schema_version: int = QUALITY_SCHEMA_VERSION
 
 
-def default_scorer_factory(settings: QualitySettings) -> Callable[[str | None, Any], Any]:
+class ProcessScorerFactory:
     """``factory(version, previous) -> scorer``: the real model, with caches, in its own process.
 
     The first call starts the scoring process (:mod:`pipeline.quality.process`:
     nice ``nice``, torch threads capped at ``torch_threads``) and loads the
     embedding model (seconds); later calls (model rolls) load only the
     versioned head in the same process, verified against the embedder.
+    :meth:`cancel_load` (from any thread) ends a first load in progress: the
+    call then raises :class:`~pipeline.quality.process.LoadCancelled`.
     """
 
-    def factory(version: str | None, previous: Any) -> Any:
+    def __init__(self, settings: QualitySettings) -> None:
+        self.settings = settings
+        self._cancel = threading.Event()
+
+    def __call__(self, version: str | None, previous: Any) -> Any:
         from pipeline.quality.process import ProcessScorer
 
         if previous is not None:
             return previous.reload(version)
-        return ProcessScorer.start(version, threads=settings.torch_threads, nice=settings.nice,
-                                   batch=settings.batch_max, models_dir=settings.models_dir)
+        s = self.settings
+        return ProcessScorer.start(version, threads=s.torch_threads, nice=s.nice, batch=s.batch_max,
+                                   models_dir=s.models_dir, cancel=self._cancel)
 
-    return factory
+    def cancel_load(self) -> None:
+        """Give up a first load in progress (the worker is stopping); later first loads fail at once."""
+        self._cancel.set()
+
+
+def default_scorer_factory(settings: QualitySettings) -> ProcessScorerFactory:
+    """The worker's scorer factory: :class:`ProcessScorerFactory` of ``settings``."""
+    return ProcessScorerFactory(settings)
 
 
 class QualityAgent:
@@ -115,7 +130,8 @@ class QualityAgent:
     ``[(key, value)]`` to the quality topic (None: do not publish); ``sink``:
     an object with ``add_quality_scores(rows)`` (or None); ``scorer_factory``:
     ``(version, previous) -> scorer`` with ``version``, ``score_async`` and
-    ``close`` (default: :func:`default_scorer_factory`).
+    ``close`` (default: :func:`default_scorer_factory`), and optionally
+    ``cancel_load()``, called when the agent is cancelled during a load.
     """
 
     def __init__(self, settings: QualitySettings, *, get_engine: Callable[[], Any],
@@ -195,6 +211,11 @@ class QualityAgent:
         started = time.monotonic()
         try:
             self.scorer = await asyncio.to_thread(self.factory, version, None)
+        except asyncio.CancelledError:  # the worker stops mid-load: end the load too, or exit would wait for it
+            cancel_load = getattr(self.factory, "cancel_load", None)
+            if cancel_load is not None:
+                cancel_load()
+            raise
         except Exception as exc:
             self.disable(f"cannot load the quality model ({type(exc).__name__}: {exc})")
             return False

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("sentence_transformers")
 
 from pipeline.quality.artifact import current_version  # noqa: E402
-from pipeline.quality.process import ProcessScorer, _init_child  # noqa: E402
+from pipeline.quality.process import LoadCancelled, ProcessScorer, _init_child, _wait  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -50,6 +50,50 @@ def test_child_scores_equal_in_process_scores_and_a_roll_keeps_both_versions_unt
 def test_a_missing_model_version_fails_loudly_and_stops_the_child():
     with pytest.raises(Exception, match="v999"):
         ProcessScorer.start("v999", threads=1)
+
+
+def test_a_cancelled_load_kills_the_scoring_process_and_leaves_no_child():
+    """The worker stops during the first load (torch import and model: seconds): ``cancel`` set as soon as
+    the scoring process exists ends the load with ``LoadCancelled`` and leaves no child process."""
+    import threading
+
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    cancel = threading.Event()
+
+    def cancel_once_the_child_runs() -> None:
+        while not {p.pid for p in me.children(recursive=True)} - before:
+            cancel.wait(0.01)  # polls the process table; returns early only if the test already cancelled
+        cancel.set()
+
+    watcher = threading.Thread(target=cancel_once_the_child_runs, daemon=True)
+    watcher.start()
+    with pytest.raises(LoadCancelled, match="cancelled"):
+        ProcessScorer.start(threads=1, cancel=cancel)
+    watcher.join(30)
+    left = [p for p in me.children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(left, timeout=10)
+    assert alive == []
+
+
+def test_wait_kills_the_child_it_waits_for_once_cancelled():
+    """``_wait`` with the child's pid known: SIGKILL to that child, then ``LoadCancelled``."""
+    import subprocess
+    import threading
+    from concurrent.futures import Future
+
+    child = subprocess.Popen(["sleep", "30"])
+    cancel = threading.Event()
+    cancel.set()
+    try:
+        with pytest.raises(LoadCancelled):
+            _wait(Future(), cancel, child.pid)  # a future that never completes: only the cancel ends the wait
+        assert child.wait(10) == -9
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_nice_out_of_range_is_refused():

@@ -231,6 +231,48 @@ def test_load_failure_disables_with_one_line(caplog):
         "quality scoring disabled: cannot load the quality model (FileNotFoundError: no model)"]
 
 
+class BlockingFactory:
+    """A scorer factory whose first load blocks until ``cancel_load`` (as the scoring process's model load
+    does until it is killed); it records the calls."""
+
+    def __init__(self):
+        import threading
+
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        self.cancels = 0
+        self.returned = None
+
+    def __call__(self, version, previous):
+        self.entered.set()
+        self.released.wait(30)
+        self.returned = "cancelled" if self.cancels else "timed out"
+        raise RuntimeError(self.returned)
+
+    def cancel_load(self):
+        self.cancels += 1
+        self.released.set()
+
+
+def test_cancelling_the_agent_during_a_load_cancels_the_load():
+    """A worker stopping while the model loads cancels the scoring task: the load is given up at once
+    (``cancel_load``), so the thread running it ends and the worker's exit does not wait for the load."""
+    factory = BlockingFactory()
+
+    async def main():
+        agent, _, _, _ = make(factory=factory)
+        task = asyncio.ensure_future(agent.run())
+        assert await asyncio.to_thread(factory.entered.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return agent
+
+    agent = asyncio.run(main())  # returns once the default executor's threads ended: the load thread too
+    assert factory.cancels == 1 and factory.returned == "cancelled"
+    assert agent.scorer is None and agent.enabled
+
+
 def test_settings_from_env():
     s = qa.load_quality_settings({"CHANNEL_HEALTH_QUALITY_SAMPLE_INTERVAL_MS": "10000",
                                   "CHANNEL_HEALTH_QUALITY_QUEUE": "50", "CHANNEL_HEALTH_QUALITY_RELOAD_S": "0",
