@@ -13,7 +13,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -107,7 +109,10 @@ def test_sigterm_of_channel_health_broker_stops_tansu(tmp_path):
 
 
 def test_kill9_of_channel_health_broker_takes_tansu_with_it(tmp_path):
-    """Issue #16: the parent of the Tansu process dies by SIGKILL (no clean-up runs); Tansu still ends."""
+    """Issue #16: the parent of the Tansu process dies by SIGKILL (no clean-up runs); Tansu still ends, and
+    no log file of it is left in the temporary directory (its output goes to an unnamed file)."""
+    logs = Path(tempfile.gettempdir())
+    before = set(logs.glob("tansu-*.log"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CHANNEL_HEALTH_")}
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "broker"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
@@ -119,6 +124,7 @@ def test_kill9_of_channel_health_broker_takes_tansu_with_it(tmp_path):
         proc.wait(5)
         assert wait_gone(kids, ORPHAN_LIMIT_S) == []
         assert port_free(port)
+        assert set(logs.glob("tansu-*.log")) - before == set()
     finally:
         if proc.poll() is None:
             proc.kill()

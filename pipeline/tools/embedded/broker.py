@@ -38,8 +38,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 from pipeline.kafka_admin import ensure_topics, ensure_topics_sync
 from pipeline.parent_death import death_signal_preexec
@@ -91,7 +91,7 @@ class EmbeddedBroker:
         self.startup_timeout_s = startup_timeout_s
         self._binary = binary
         self._proc: subprocess.Popen[bytes] | None = None
-        self._log_path: Path | None = None
+        self._log: BinaryIO | None = None  # the broker's output: an unnamed temporary file (nothing to leak)
         self._port: int | None = None
 
     # -- public -------------------------------------------------------------------------
@@ -165,20 +165,25 @@ class EmbeddedBroker:
                     proc.wait(timeout_s)
             code = proc.returncode
             atexit.unregister(self.stop)
-        if self._log_path is not None:
-            self._log_path.unlink(missing_ok=True)
-            self._log_path = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
         self._port = None
         return code
 
     def log_tail(self, max_bytes: int = _LOG_TAIL_BYTES) -> str:
-        """The last ``max_bytes`` of the broker's stdout+stderr ('' when none)."""
-        if self._log_path is None or not self._log_path.exists():
+        """The last ``max_bytes`` of the broker's stdout+stderr ('' when none, or once stopped).
+
+        The output goes to an unnamed temporary file (``tempfile.TemporaryFile``), so no log file is left
+        behind however this process ends; it is read with ``pread``, which leaves the offset the broker
+        writes at alone.
+        """
+        if self._log is None:
             return ""
-        with open(self._log_path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - max_bytes))
-            return _ANSI.sub("", fh.read().decode("utf-8", "replace"))
+        fd = self._log.fileno()
+        size = os.fstat(fd).st_size
+        start = max(0, size - max_bytes)
+        return _ANSI.sub("", os.pread(fd, size - start, start).decode("utf-8", "replace"))
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start()
@@ -195,8 +200,7 @@ class EmbeddedBroker:
     # -- internals ----------------------------------------------------------------------
 
     def _launch(self, binary: str, port: int) -> None:
-        fd, log_name = tempfile.mkstemp(prefix="tansu-", suffix=".log")
-        self._log_path = Path(log_name)
+        self._log = tempfile.TemporaryFile(prefix="tansu-", suffix=".log")
         listener = f"tcp://{HOST}:{port}"
         cmd = [
             binary, "broker",
@@ -205,12 +209,11 @@ class EmbeddedBroker:
             "--storage-engine", "memory://tansu/",
         ]  # fmt: skip
         try:
-            with os.fdopen(fd, "wb") as log_file:
-                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                              start_new_session=True, preexec_fn=death_signal_preexec(STOP_SIGNAL))
+            self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                          start_new_session=True, preexec_fn=death_signal_preexec(STOP_SIGNAL))
         except OSError as exc:
-            self._log_path.unlink(missing_ok=True)
-            self._log_path = None
+            self._log.close()
+            self._log = None
             raise BrokerStartError(f"cannot run the Tansu broker {binary}: {exc.strerror}") from exc
         self._port = port
         atexit.register(self.stop)
