@@ -9,7 +9,7 @@ its exported state may differ from the one its last captured snapshot holds.
 The engine sets it where a channel's state changes: events accepted into its
 windows, a round that steps its machine, flips a finding or publishes a
 verdict (``seq``), quality scores, a restore (:meth:`EngineStateIO.import_state`,
-:func:`pipeline.state.snapshot.hold_channel`) and an eviction; new channels
+:meth:`EngineStateIO.hold_channel`) and an eviction; new channels
 start flagged. A round of a channel that is idle and already reported
 ``no_data`` only moves its next round boundary (``next_eval_ms``): not
 flagged, since a restore from its older record replays those rounds, which
@@ -26,11 +26,12 @@ from typing import Callable, Mapping
 import numpy as np
 
 from pipeline.policy.state_machine import ChannelMachine
-from pipeline.state.channel_state import ChannelState, RouteShareRecord
+from pipeline.state.channel_state import ChannelState, HeldChannel, RouteShareRecord
 from pipeline.windows.store import WindowStore
 
 #: :class:`ChannelMachine`'s fields, in order (its dict form in :class:`ChannelState`).
 _MACHINE_FIELDS = tuple(f.name for f in dataclasses.fields(ChannelMachine))
+_MACHINE_FIELD_SET = frozenset(_MACHINE_FIELDS)
 
 
 def machine_dict(m: ChannelMachine) -> dict[str, object]:
@@ -55,6 +56,8 @@ class EngineStateIO:
     judged_since_eval: np.ndarray
     dropped_state: dict[str, int]
     changed: np.ndarray
+    resident: np.ndarray
+    evicted: dict[str, bytes]
     #: Make room for ``n`` channels in the per-channel arrays (:meth:`pipeline.engine.Engine._grow`).
     _grow: Callable[[int], None]
     #: Route shares in and out of snapshots (:class:`pipeline.engine_routes.RouteShares`).
@@ -130,10 +133,36 @@ class EngineStateIO:
                 self.active[name][i] = on
             else:
                 dropped.append(name)
-        fields = {f.name for f in dataclasses.fields(ChannelMachine)}
-        self.machines[i] = ChannelMachine(**{k: v for k, v in state.machine.items() if k in fields})
+        self.machines[i] = _machine(state.machine)
         for name in dropped:
             self.dropped_state[name] = self.dropped_state.get(name, 0) + 1
         self.changed[i] = True
         return i
+
+    def hold_channel(self, head: HeldChannel, raw: bytes) -> int:
+        """Register ``head``'s channel as evicted, its windows left in ``raw`` (its snapshot bytes) until its
+        next event (:func:`pipeline.residency.restore` imports them then); returns the channel's row.
+
+        Loads what the route shares and the channel limit need without the windows: registry row, state
+        machine, ``seq``, newest event time, next round, the route's shares.
+        """
+        st = self.store
+        i = st.channel_index(head.channel, head.route, head.tier)
+        self._grow(st.n_channels)
+        self.resident[i] = False
+        self.evicted[head.channel] = raw
+        st.last_ts_ms[i] = max(int(st.last_ts_ms[i]), head.last_ts_ms)
+        if head.watermark_ms is not None:
+            st.watermark_ms = max(st.watermark_ms or head.watermark_ms, head.watermark_ms)
+        self.next_eval[i] = head.next_eval_ms or 0
+        self.seq[i] = max(self.seq[i], head.seq)
+        self.machines[i] = _machine(head.machine)
+        self.restore_route_shares(head.route, head.route_shares)
+        self.changed[i] = True
+        return i
+
+
+def _machine(fields: Mapping[str, object]) -> ChannelMachine:
+    """A :class:`ChannelMachine` of saved ``fields``; fields it no longer has are ignored, new ones default."""
+    return ChannelMachine(**{k: v for k, v in fields.items() if k in _MACHINE_FIELD_SET})
 

@@ -52,7 +52,7 @@ def admit(engine: "Engine", events: Sequence[RequestEvent], structure: Sequence 
     names = set(map(_CHANNEL, events) if fields is None else fields.channel)
     if engine.evicted and not names.isdisjoint(engine.evicted):
         restore(engine, names.intersection(engine.evicted))
-    new = names.difference(engine.store._index)
+    new = names.difference(engine.channel_rows)
     room = max(engine.limits.max_channels - engine.store.n_channels, 0)
     if len(new) <= room:
         return events, structure, fields
@@ -77,7 +77,7 @@ def restore(engine: "Engine", names: set[str]) -> None:
 
     for name in names:
         raw = engine.evicted.pop(name)
-        i = engine.store._index[name]
+        i = engine.channel_rows[name]
         try:
             import_channel(engine, decode_snapshot(raw))
         except SnapshotError as exc:

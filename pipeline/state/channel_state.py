@@ -68,3 +68,22 @@ class ChannelState:
     machine: dict[str, object]
     judged_since_eval: float = 0.0
     route_shares: RouteShareRecord | None = None
+
+
+@dataclass(frozen=True)
+class HeldChannel:
+    """What the engine keeps of a channel restored as evicted (:meth:`pipeline.engine.Engine.hold_channel`):
+    its state without the windows, which stay in the snapshot bytes until the channel's next event.
+
+    Fields as in :class:`ChannelState`, plus ``last_ts_ms``: its newest event time (event time, ms).
+    """
+
+    channel: str
+    route: str
+    tier: str | None
+    last_ts_ms: int
+    watermark_ms: int | None
+    next_eval_ms: int | None
+    seq: int
+    machine: dict[str, object]
+    route_shares: RouteShareRecord | None = None

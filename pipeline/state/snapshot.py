@@ -42,8 +42,7 @@ import lz4.block
 import msgspec
 import numpy as np
 
-from pipeline.policy.state_machine import ChannelMachine
-from pipeline.state.channel_state import MAX_SAVED_ROUTE, ChannelState, RouteShareRecord
+from pipeline.state.channel_state import MAX_SAVED_ROUTE, ChannelState, HeldChannel, RouteShareRecord
 from pipeline.windows.features import V1_COUNTER_NAMES
 from pipeline.windows.view import ChannelWindows
 
@@ -278,32 +277,17 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
         raise SnapshotError(str(exc)) from None
 
 
-def _machine(snap: ChannelSnapshot) -> ChannelMachine:
-    fields = {f.name for f in dataclasses.fields(ChannelMachine)}
-    return ChannelMachine(**{k: v for k, v in snap.machine.items() if k in fields})
-
-
 def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
     """Register ``snap``'s channel in ``engine`` as evicted (``raw``: its snapshot bytes); returns its index.
 
     Only the registry, state machine, ``seq``, newest event time and next round are loaded (for
-    route shares and the channel limit); the windows stay in ``raw`` until the channel's next event
-    (:meth:`pipeline.engine.Engine.process` imports it then). Raises :class:`SnapshotError` when the
-    bucket layout differs from the engine's.
+    route shares and the channel limit; :meth:`pipeline.engine.Engine.hold_channel`); the windows stay
+    in ``raw`` until the channel's next event (:meth:`pipeline.engine.Engine.process` imports it then).
+    Raises :class:`SnapshotError` when the bucket layout differs from the engine's.
     """
-    st = engine.store
-    if snap.n_buckets != st.buckets.n_buckets:
-        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {st.buckets.n_buckets}")
-    i = st.channel_index(snap.channel, snap.route, snap.tier)
-    engine._grow(st.n_channels)
-    engine.resident[i] = False
-    engine.evicted[snap.channel] = raw
-    st.last_ts_ms[i] = max(int(st.last_ts_ms[i]), snap.last_ts_ms)
-    if snap.watermark_ms is not None:
-        st.watermark_ms = max(st.watermark_ms or snap.watermark_ms, snap.watermark_ms)
-    engine.next_eval[i] = snap.next_eval_ms or 0
-    engine.seq[i] = max(engine.seq[i], snap.seq)
-    engine.machines[i] = _machine(snap)
-    engine.restore_route_shares(snap.route, _route_shares(snap))
-    engine.changed[i] = True
-    return i
+    if snap.n_buckets != engine.store.buckets.n_buckets:
+        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {engine.store.buckets.n_buckets}")
+    return engine.hold_channel(HeldChannel(
+        channel=snap.channel, route=snap.route, tier=snap.tier, last_ts_ms=snap.last_ts_ms,
+        watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms, seq=snap.seq, machine=snap.machine,
+        route_shares=_route_shares(snap)), raw)

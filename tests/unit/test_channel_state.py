@@ -88,7 +88,7 @@ def test_an_idle_channel_is_evicted_and_returns_with_its_baseline_and_identical_
 def test_eviction_empties_the_rows_and_the_snapshot_restores_them() -> None:
     engine = Engine(limits=StateLimits(evict_idle_ms=HOUR))
     engine.process(_traffic("a", "r", T0, T0 + 20 * MIN, 5_000, 100.0), low_watermark_ms=T0 + 20 * MIN)
-    i = engine.store._index["a"]
+    i = engine.store.index["a"]
     hist = engine.store.base.hist[i].copy()
     assert engine.advance(T0 + 2 * HOUR) and engine.evicted.keys() == {"a"} and engine.n_resident == 0
     assert not engine.store.base.hist[i].any() and not engine.store.short.hist[i].any()
@@ -141,7 +141,7 @@ def test_a_snapshot_with_10_s_latency_histograms_loads_into_the_30_s_ring() -> N
     events = _traffic("a", "r", T0, T0 + 4 * MIN, 1_000, 100.0)
     engine = Engine()
     engine.process(events, low_watermark_ms=T0)
-    i = engine.store._index["a"]
+    i = engine.store.index["a"]
     lat = engine.store.short_lat
     keys = engine.store.buckets.key_of(np.array([e.latency_ms for e in events]))
     slot10 = np.array([e.ts_ms for e in events]) // 10_000

@@ -480,7 +480,7 @@ def _ring_counts(engine: Engine, stored: list[RequestEvent]) -> None:
         hours[e.channel][e.ts_ms // BASE_SLOT_MS] += e.status == "ok"
         newest[e.channel] = max(newest.get(e.channel, 0), e.ts_ms)
     for ch, ref in slots.items():
-        row = store._index[ch]
+        row = store.index[ch]
         assert int(store.last_ts_ms[row]) == newest[ch]
         top = newest[ch] // SHORT_SLOT_MS
         held = {int(s): p for p, s in enumerate(store.short.slot_id[row]) if s > top - store.short.n_slots}
@@ -620,7 +620,7 @@ def test_late_event_lands_in_its_window_and_later_one_is_dead_lettered() -> None
     assert "121 s behind" in out.dead_letters[0].detail and "allowed lateness is 120 s" in out.dead_letters[0].detail
     assert proc.counters.by_reason[R.LATE_EVENT] == 1 and proc.engine.late_count == 1
     store = proc.engine.store
-    row = store._index["c"]
+    row = store.index["c"]
     slot = (t0 - LATENESS + 1_000) // SHORT_SLOT_MS
     pos = list(store.short.slot_id[row]).index(slot)
     assert store.short.counts[row, pos, OK] == 1

@@ -143,7 +143,7 @@ def test_no_envelope_is_passed_while_restored_state_may_cover_input():
     from pipeline.state.snapshot import export_channel
 
     proc = BatchProcessor(clock_ms=lambda: now)
-    proc.load_snapshots({"c0": (export_channel(warm.engine, warm.engine.store._index["c0"]), {0: 5}, 0)}, {0})
+    proc.load_snapshots({"c0": (export_channel(warm.engine, warm.engine.store.index["c0"]), {0: 5}, 0)}, {0})
     msg = _env(_ev(3, t + 10), _ev(6, t + 11))
     out = proc.process([msg], [0], [5])  # offset 5: covered by the snapshot
     assert out.envelopes == [] and sorted(row[0].event_id for row in out.stored) == ["e3", "e6"]

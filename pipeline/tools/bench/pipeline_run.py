@@ -369,7 +369,7 @@ def run(args: dict[str, Any]) -> dict[str, Any] | None:
 def _timeline(sampler: RssSampler, counters: _Counters, points: int = 40) -> list[tuple[float, float]]:
     """RSS samples ``(seconds since the first batch, MiB)``, at most ``points`` of them."""
     first = counters.clock.first_wall
-    t0 = (first - time.perf_counter()) + (time.monotonic() - sampler._t0) if first is not None else 0.0
+    t0 = (first - time.perf_counter()) + (time.monotonic() - sampler.started_s) if first is not None else 0.0
     samples = [(round(t - t0, 2), v) for t, v in sampler.samples]
     step = max(1, len(samples) // points)
     return samples[::step]

@@ -44,7 +44,7 @@ class RssSampler:
     """Background RSS sampling; use as a context manager or call :meth:`start` / :meth:`stop`.
 
     ``interval_s`` > 0; ``pid``: the process to sample (default this one).
-    ``samples``: ``(seconds since start, MiB)``;
+    ``samples``: ``(seconds since start, MiB)``; ``started_s``: :func:`time.monotonic` at :meth:`start`;
     ``marks``: ``(label, MiB)`` from :meth:`mark`.
     """
 
@@ -57,10 +57,10 @@ class RssSampler:
         self.marks: list[tuple[str, float]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._t0 = time.monotonic()
+        self.started_s = time.monotonic()
 
     def start(self) -> "RssSampler":
-        self._t0 = time.monotonic()
+        self.started_s = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._thread.start()
         return self
@@ -86,7 +86,7 @@ class RssSampler:
         proc = psutil.Process(self.pid)
         while not self._stop.is_set():
             try:
-                self.samples.append((round(time.monotonic() - self._t0, 2), round(proc.memory_info().rss / _MB, 1)))
+                self.samples.append((round(time.monotonic() - self.started_s, 2), round(proc.memory_info().rss / _MB, 1)))
             except psutil.Error:  # the sampled process ended
                 return
             self._stop.wait(self.interval_s)
