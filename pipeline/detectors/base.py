@@ -127,7 +127,7 @@ def exact_lower(successes: np.ndarray, n: np.ndarray, alpha: float, only: np.nda
 
     ``successes``, ``n``: float arrays of equal shape (0 <= successes <= n); ``alpha`` in (0, 0.5);
     ``only``: bool mask of the same shape, the entries to compute (the others are NaN), so a detector
-    pays the Beta quantile only for channels its gate lets through (~1 µs each). Returns float64 in
+    pays the Beta quantile only for channels its gate lets through. Returns float64 in
     [0, 1]: ``scipy.stats.beta.ppf(alpha, k, n - k + 1)``, 0 where ``k == 0``, NaN where ``n == 0``.
     Exact: for every true rate ``p`` and every ``n``, P(bound > p) <= alpha, also at small counts
     (the Wilson bound is not: at ``z`` for 1e-6, P(X >= 10 | n = 700, p = 0.35 %) = 2.3e-4 trips it).
