@@ -165,4 +165,3 @@ class EngineStateIO:
 def _machine(fields: Mapping[str, object]) -> ChannelMachine:
     """A :class:`ChannelMachine` of saved ``fields``; fields it no longer has are ignored, new ones default."""
     return ChannelMachine(**{k: v for k, v in fields.items() if k in _MACHINE_FIELD_SET})
-

@@ -86,7 +86,8 @@ class RssSampler:
         proc = psutil.Process(self.pid)
         while not self._stop.is_set():
             try:
-                self.samples.append((round(time.monotonic() - self.started_s, 2), round(proc.memory_info().rss / _MB, 1)))
+                rss_mb = round(proc.memory_info().rss / _MB, 1)
+                self.samples.append((round(time.monotonic() - self.started_s, 2), rss_mb))
             except psutil.Error:  # the sampled process ended
                 return
             self._stop.wait(self.interval_s)
