@@ -117,26 +117,18 @@ class EngineStateIO:
         ``ValueError`` when the bucket layout or ring sizes differ from the
         engine's configuration.
         """
-        st = self.store
-        i = st.channel_index(state.channel, state.route, state.tier)
-        self._grow(st.n_channels)
-        dropped = st.import_channel(i, state.windows)
-        if state.watermark_ms is not None:
-            st.watermark_ms = max(st.watermark_ms or state.watermark_ms, state.watermark_ms)
-        self.next_eval[i] = state.next_eval_ms or 0
+        i = self._register(state)
+        dropped = self.store.import_channel(i, state.windows)  # raises before the rest of the state is set
+        self._load_head(i, state)
         self.fail_since_eval[i] = state.fail_since_eval
         self.judged_since_eval[i] = state.judged_since_eval
-        self.restore_route_shares(state.route, state.route_shares)
-        self.seq[i] = max(self.seq[i], state.seq)
         for name, on in state.active.items():
             if name in self.active:
                 self.active[name][i] = on
             else:
                 dropped.append(name)
-        self.machines[i] = _machine(state.machine)
         for name in dropped:
             self.dropped_state[name] = self.dropped_state.get(name, 0) + 1
-        self.changed[i] = True
         return i
 
     def hold_channel(self, head: HeldChannel, raw: bytes) -> int:
@@ -146,12 +138,23 @@ class EngineStateIO:
         Loads what the route shares and the channel limit need without the windows: registry row, state
         machine, ``seq``, newest event time, next round, the route's shares.
         """
-        st = self.store
-        i = st.channel_index(head.channel, head.route, head.tier)
-        self._grow(st.n_channels)
+        i = self._register(head)
         self.resident[i] = False
         self.evicted[head.channel] = raw
-        st.last_ts_ms[i] = max(int(st.last_ts_ms[i]), head.last_ts_ms)
+        self.store.last_ts_ms[i] = max(int(self.store.last_ts_ms[i]), head.last_ts_ms)
+        self._load_head(i, head)
+        return i
+
+    def _register(self, head: ChannelState | HeldChannel) -> int:
+        """The row of ``head``'s channel (registered if new), with room for it in the per-channel arrays."""
+        i = self.store.channel_index(head.channel, head.route, head.tier)
+        self._grow(self.store.n_channels)
+        return i
+
+    def _load_head(self, i: int, head: ChannelState | HeldChannel) -> None:
+        """Row ``i``'s watermark, next round, ``seq``, machine and route shares from ``head``; flags it changed.
+        Shared by :meth:`import_state` and :meth:`hold_channel` (the fields both states carry)."""
+        st = self.store
         if head.watermark_ms is not None:
             st.watermark_ms = max(st.watermark_ms or head.watermark_ms, head.watermark_ms)
         self.next_eval[i] = head.next_eval_ms or 0
@@ -159,7 +162,6 @@ class EngineStateIO:
         self.machines[i] = _machine(head.machine)
         self.restore_route_shares(head.route, head.route_shares)
         self.changed[i] = True
-        return i
 
 
 def _machine(fields: Mapping[str, object]) -> ChannelMachine:
