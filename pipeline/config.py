@@ -59,6 +59,16 @@ Variables (SPEC §7):
 ``CHANNEL_HEALTH_DEDUP_HORIZON_S`` / ``CHANNEL_HEALTH_DEDUP_MAX_IDS``
     The ``event_id`` dedup horizon: event-time seconds (default 600) and ids
     held (default 500 000); see :class:`StateLimits` and docs/RELIABILITY.md.
+``CHANNEL_HEALTH_CONTROL_KEYS``
+    Keys that sign and verify ``channel.control`` records (HMAC-SHA256, SPEC §8;
+    set in production): ``keyid:secret[,keyid:secret...]``, or the path of a
+    file holding such entries (commas or newlines between them). Key ids are
+    1-64 of ``A-Z a-z 0-9 . _ -``, one per operator; secrets at least 16
+    characters. With keys, unsigned or badly signed records are refused;
+    unset: records are accepted unsigned (logged once). :class:`ControlSettings`.
+``CHANNEL_HEALTH_OVERRIDE_MAX_TTL`` / ``CHANNEL_HEALTH_MAX_OVERRIDES``
+    Longest override, a duration (default ``24h``; a record expiring later is
+    refused), and most overrides in force at once (default 1000; 1..100 000).
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -78,6 +88,7 @@ outside logging.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -223,6 +234,43 @@ class MetricsSettings:
             raise ConfigError(f"metrics max_channels must be >= 1, got {self.max_channels!r}")
 
 
+#: A ``channel.control`` key id (names the operator in the audit).
+CONTROL_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: Shortest accepted HMAC secret of ``CHANNEL_HEALTH_CONTROL_KEYS`` (characters).
+MIN_CONTROL_SECRET_CHARS = 16
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """Authentication and bounds of ``channel.control`` records (SPEC §8; issue #30 items 2 and 4).
+
+    ``keys``: ``(key id, secret)`` pairs that sign and verify records (HMAC-SHA256,
+    :mod:`pipeline.stream.control`); empty: records are unsigned (accepted, logged
+    once). ``max_ttl_ms``: longest override, ms, 1..365 d (default 24 h): a record
+    whose ``expires_ts_ms`` lies further from its ``set_ts_ms`` or from the wall
+    clock is refused. ``max_overrides``: most overrides in force at once,
+    1..100 000 (default 1000): a record for a new key beyond it is refused.
+    Raises :class:`ConfigError` outside these ranges.
+    """
+
+    keys: tuple[tuple[str, Secret], ...] = ()
+    max_ttl_ms: int = 86_400_000
+    max_overrides: int = 1000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_ttl_ms <= 365 * 86_400_000:
+            raise ConfigError(f"{ENV_PREFIX}OVERRIDE_MAX_TTL must be at most 365d, got {self.max_ttl_ms} ms")
+        if not 1 <= self.max_overrides <= 100_000:
+            raise ConfigError(f"{ENV_PREFIX}MAX_OVERRIDES must be 1..100000, got {self.max_overrides!r}")
+
+    def secret(self, key_id: str) -> bytes | None:
+        """The secret of ``key_id`` as UTF-8 bytes; None for an unknown key id."""
+        for kid, secret in self.keys:
+            if kid == key_id:
+                return secret.reveal().encode()
+        return None
+
+
 @dataclass(frozen=True)
 class Settings:
     """All runtime settings, read once by :func:`load_settings`."""
@@ -257,6 +305,8 @@ class Settings:
     state_limits: StateLimits = StateLimits()
     #: Prometheus endpoint (``CHANNEL_HEALTH_METRICS_PORT``, ``_METRICS_MAX_CHANNELS``); off by default.
     metrics: MetricsSettings = MetricsSettings()
+    #: ``channel.control`` keys and bounds (``CHANNEL_HEALTH_CONTROL_KEYS`` etc.).
+    control: ControlSettings = ControlSettings()
 
     @property
     def topics(self) -> Topics:
@@ -436,6 +486,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         **_topic_and_time_settings(env),
         state_limits=StateLimits(**limits),
         metrics=_read_metrics_settings(env),
+        control=_read_control_settings(env),
         **bounds,  # type: ignore[arg-type]
     )
 
@@ -475,3 +526,36 @@ def _read_query_limits(env: Mapping[str, str]) -> QueryLimits:
             what = "a number of seconds" if kind is float else "an integer"
             raise ConfigError(f"{ENV_PREFIX}{name} must be {what} >= {least}, got {raw!r}") from None
     return QueryLimits(**values)
+
+
+def _read_control_settings(env: Mapping[str, str]) -> ControlSettings:
+    """:class:`ControlSettings` from ``CHANNEL_HEALTH_CONTROL_KEYS``, ``_OVERRIDE_MAX_TTL``, ``_MAX_OVERRIDES``;
+    :class:`ConfigError` naming the variable if malformed (never showing a secret)."""
+    var = f"{ENV_PREFIX}CONTROL_KEYS"
+    raw = (env.get(var) or "").strip()
+    keys: list[tuple[str, Secret]] = []
+    if raw:
+        text = raw
+        if Path(raw).is_file():
+            try:
+                text = Path(raw).read_text()
+            except OSError as exc:
+                raise ConfigError(f"{var}: cannot read key file {raw}: {exc.strerror}") from None
+        for n, entry in enumerate((e.strip() for e in re.split(r"[,\n]", text) if e.strip()), start=1):
+            kid, sep, secret = entry.partition(":")
+            kid, secret = kid.strip(), secret.strip()
+            if not sep or not CONTROL_KEY_ID.fullmatch(kid):
+                raise ConfigError(f"{var}: entry {n} is not keyid:secret with a key id of 1-64 of "
+                                  f"A-Z a-z 0-9 . _ - (nor is the value a readable file)")
+            if len(secret) < MIN_CONTROL_SECRET_CHARS:
+                raise ConfigError(f"{var}: the secret of key id {kid!r} is shorter than "
+                                  f"{MIN_CONTROL_SECRET_CHARS} characters")
+            if any(k == kid for k, _ in keys):
+                raise ConfigError(f"{var}: key id {kid!r} is given twice")
+            keys.append((kid, Secret(secret)))
+        if not keys:
+            raise ConfigError(f"{var} holds no keyid:secret entry")
+    ttl_raw = env.get(f"{ENV_PREFIX}OVERRIDE_MAX_TTL")
+    ttl_ms = 86_400_000 if ttl_raw is None else parse_duration_ms(ttl_raw, f"{ENV_PREFIX}OVERRIDE_MAX_TTL")
+    return ControlSettings(keys=tuple(keys), max_ttl_ms=ttl_ms,
+                           max_overrides=_positive_int(env, "MAX_OVERRIDES", 1000))
