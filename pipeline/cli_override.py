@@ -1,6 +1,10 @@
 """``channel-health override``: operators' manual switches (SPEC §4, §7; issue #20).
 
-Registered in :mod:`pipeline.cli`.
+Registered in :mod:`pipeline.cli`. Records are signed with a key of
+``CHANNEL_HEALTH_CONTROL_KEYS`` (``--key-id`` when several are configured;
+:mod:`pipeline.stream.control`); without keys they are sent unsigned and the
+command says so once on stderr. ``list`` and ``clear`` read the topic verified
+and bounded exactly as the worker does.
 """
 
 from __future__ import annotations
@@ -74,12 +78,25 @@ def known_routes(settings: Settings, timeout_s: float = READ_TIMEOUT_S) -> dict[
     return out
 
 
-def _send(settings: Settings, record: object) -> None:
+def _check_ttl(settings: Settings, ttl_ms: int) -> None:
+    most = settings.control.max_ttl_ms
+    if ttl_ms > most:
+        _fail(f"--ttl {ttl_ms / 3_600_000:g} h exceeds the maximum override TTL {most / 3_600_000:g} h "
+              f"(CHANNEL_HEALTH_OVERRIDE_MAX_TTL): the worker would refuse it")
+
+
+def _send(settings: Settings, record: object, key_id: Optional[str] = None) -> None:
     from aiokafka import AIOKafkaProducer
 
     from pipeline.stream.control import encode_record
 
-    key, value = encode_record(record)  # type: ignore[arg-type]
+    if not settings.control.keys:
+        typer.secho("warning: CHANNEL_HEALTH_CONTROL_KEYS is unset: the record is sent unsigned (a worker with keys "
+                    "refuses it)", fg="yellow", err=True)
+    try:
+        key, value = encode_record(record, settings.control, key_id)  # type: ignore[arg-type]
+    except ValueError as exc:
+        _fail(str(exc))
 
     async def send() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all",
@@ -104,6 +121,8 @@ def override_set(
     by: Optional[str] = typer.Option(None, "--by", help="Who sets it (default: the login name)."),
     any_channel: bool = typer.Option(False, "--any-channel",
                                      help="Allow a channel that has no verdict on channel.health yet."),
+    key_id: Optional[str] = typer.Option(None, "--key-id", help="Key of CHANNEL_HEALTH_CONTROL_KEYS that signs the "
+                                         "record (default: the only one configured)."),
 ) -> None:
     """Force one channel open, healthy or to a weight until the TTL passes.
 
@@ -122,6 +141,7 @@ def override_set(
         _fail(f"--weight must be in 0..1, got {weight}")
     ttl_ms, text = _ttl_ms(ttl), _reason(reason)
     settings = _settings()
+    _check_ttl(settings, ttl_ms)
     if not any_channel:
         routes = known_routes(settings)
         if channel not in routes:
@@ -131,7 +151,7 @@ def override_set(
     kind = "open" if open_ else "healthy" if healthy else "weight"
     o = Override(kind=kind, by=by or getpass.getuser(), reason=text, set_ts_ms=now, expires_ts_ms=now + ttl_ms,
                  channel=channel, weight=weight)
-    _send(settings, SetRecord(o))
+    _send(settings, SetRecord(o), key_id)
     typer.echo(f"override set: {channel} {kind}{'' if weight is None else f' {weight}'} until "
                f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(o.expires_ts_ms / 1000))} ({text})")
 
@@ -142,6 +162,8 @@ def override_freeze(
     ttl: Optional[str] = typer.Option(None, "--ttl", help="Expiry, e.g. 15m (required)."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (required; shown in verdicts, audited)."),
     by: Optional[str] = typer.Option(None, "--by", help="Who sets it (default: the login name)."),
+    key_id: Optional[str] = typer.Option(None, "--key-id", help="Key of CHANNEL_HEALTH_CONTROL_KEYS that signs the "
+                                         "record (default: the only one configured)."),
 ) -> None:
     """Hold every channel of a route at its current weight and share (the global switch).
 
@@ -154,11 +176,12 @@ def override_freeze(
 
     ttl_ms, text = _ttl_ms(ttl), _reason(reason)
     settings = _settings()
+    _check_ttl(settings, ttl_ms)
     if route not in set(known_routes(settings).values()):
         _fail(f"unknown route {route!r}: no verdict for it on {settings.topics.health}")
     now = int(time.time() * 1000)
     _send(settings, SetRecord(Override(kind="freeze", by=by or getpass.getuser(), reason=text, set_ts_ms=now,
-                                       expires_ts_ms=now + ttl_ms, route=route)))
+                                       expires_ts_ms=now + ttl_ms, route=route)), key_id)
     typer.echo(f"route {route} frozen for {ttl} ({text})")
 
 
@@ -172,9 +195,11 @@ def override_list(as_json: bool = typer.Option(False, "--json", help="One JSON a
 
     settings = _settings()
     table = asyncio.run(read_overrides(settings.kafka_bootstrap or "", settings.topics.control,
-                                       settings.kafka_security.aiokafka_kwargs(), READ_TIMEOUT_S))
+                                       settings.kafka_security.aiokafka_kwargs(), READ_TIMEOUT_S,
+                                       control=settings.control))
     rows = [{"key": o.key, "kind": o.kind, "channel": o.channel, "route": o.route, "weight": o.weight, "by": o.by,
-             "reason": o.reason, "set_ts_ms": o.set_ts_ms, "expires_ts_ms": o.expires_ts_ms} for o in table.active()]
+             "key_id": o.key_id, "reason": o.reason, "set_ts_ms": o.set_ts_ms, "expires_ts_ms": o.expires_ts_ms}
+            for o in table.active()]
     if as_json:
         typer.echo(json.dumps(rows))
         return
@@ -184,7 +209,7 @@ def override_list(as_json: bool = typer.Option(False, "--json", help="One JSON a
     for r in rows:
         left_s = max(0, int((r["expires_ts_ms"] - now) / 1000))
         typer.echo(f"{r['key']:<32} {r['kind']:<8} {'' if r['weight'] is None else r['weight']:<5} "
-                   f"{left_s:>6} s left  by {r['by']}: {r['reason']}")
+                   f"{left_s:>6} s left  by {r['by']} (key {r['key_id'] or 'unsigned'}): {r['reason']}")
 
 
 @override_app.command("clear")
@@ -193,6 +218,8 @@ def override_clear(
     route: Optional[str] = typer.Option(None, "--route", help="End a route's freeze instead."),
     reason: str = typer.Option("cleared by operator", "--reason", help="Why (audited)."),
     by: Optional[str] = typer.Option(None, "--by", help="Who clears it (default: the login name)."),
+    key_id: Optional[str] = typer.Option(None, "--key-id", help="Key of CHANNEL_HEALTH_CONTROL_KEYS that signs the "
+                                         "record (default: the only one configured)."),
 ) -> None:
     """End an override before its TTL (exit 1 when none is in force).
 
@@ -205,8 +232,10 @@ def override_clear(
     key = f"channel:{channel}" if channel is not None else f"route:{route}"
     settings = _settings()
     table = asyncio.run(read_overrides(settings.kafka_bootstrap or "", settings.topics.control,
-                                       settings.kafka_security.aiokafka_kwargs(), READ_TIMEOUT_S))
+                                       settings.kafka_security.aiokafka_kwargs(), READ_TIMEOUT_S,
+                                       control=settings.control))
     if key not in {o.key for o in table.active()}:
         _fail(f"no override in force for {key}", code=1)
-    _send(settings, ClearRecord(key=key, by=by or getpass.getuser(), reason=reason, at_ms=int(time.time() * 1000)))
+    _send(settings, ClearRecord(key=key, by=by or getpass.getuser(), reason=reason, at_ms=int(time.time() * 1000)),
+          key_id)
     typer.echo(f"override cleared: {key}")

@@ -40,6 +40,31 @@ from pipeline.contracts import Verdict
 Kind = Literal["open", "healthy", "weight", "freeze"]
 KINDS: tuple[str, ...] = ("open", "healthy", "weight", "freeze")
 
+#: Longest ``channel`` / ``route`` name of an override (characters).
+MAX_NAME_CHARS = 256
+#: Longest ``by`` (display name) and ``key_id`` (characters).
+MAX_BY_CHARS = 128
+#: Longest ``reason`` (characters): every verdict of the channel carries it.
+MAX_REASON_CHARS = 1024
+#: Latest accepted timestamp, UTC epoch ms (2286-11-20; ClickHouse ``DateTime64(3)`` holds it).
+MAX_TS_MS = 9_999_999_999_999
+#: Default longest override (ms): 24 h (``CHANNEL_HEALTH_OVERRIDE_MAX_TTL``).
+DEFAULT_MAX_TTL_MS = 86_400_000
+#: Clock difference tolerated between the setter and the worker (ms) when the TTL is checked against the wall clock.
+CLOCK_SLACK_MS = 60_000
+#: Default most overrides in force at once (``CHANNEL_HEALTH_MAX_OVERRIDES``).
+DEFAULT_MAX_OVERRIDES = 1000
+
+
+class OverrideRefused(ValueError):
+    """An override or control record breaks its contract; ``code`` is a short reason for counting
+    (``malformed``, ``too_large``, ``ttl``, ``too_many_overrides``, ``unsigned``, ``bad_signature``,
+    ``unknown_key``, ``key_mismatch``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
 
 class Override(msgspec.Struct, frozen=True, omit_defaults=True):
     """One operator override (the value of a ``channel.control`` record).
@@ -47,7 +72,10 @@ class Override(msgspec.Struct, frozen=True, omit_defaults=True):
     Exactly one of ``channel`` (kinds ``open``/``healthy``/``weight``) or
     ``route`` (kind ``freeze``) is set. ``weight`` in [0, 1] is required for kind
     ``weight``. ``set_ts_ms`` < ``expires_ts_ms``, both UTC epoch ms (wall time).
-    ``by``: who set it; ``reason``: why (non-empty).
+    ``by``: who set it (a display name); ``reason``: why (non-empty).
+    ``key_id``: the key that signed the record, set by the reader from the
+    verified signature (:mod:`pipeline.stream.control`), never taken from the
+    record; empty for an unsigned one. Bounds: :func:`validate`.
     """
 
     kind: Kind
@@ -58,6 +86,7 @@ class Override(msgspec.Struct, frozen=True, omit_defaults=True):
     channel: str | None = None
     route: str | None = None
     weight: float | None = None
+    key_id: str = ""
 
     @property
     def key(self) -> str:
@@ -65,24 +94,51 @@ class Override(msgspec.Struct, frozen=True, omit_defaults=True):
         return f"channel:{self.channel}" if self.channel is not None else f"route:{self.route}"
 
 
-def validate(o: Override) -> Override:
-    """Return ``o`` if it is well formed; raise ``ValueError`` saying what is wrong otherwise."""
+def _check_text(name: str, value: object, most: int) -> None:
+    if not isinstance(value, str) or len(value) > most:
+        size = len(value) if isinstance(value, str) else type(value).__name__
+        raise OverrideRefused("malformed", f"{name} must be a string of at most {most} characters, got {size}")
+
+
+def validate(o: Override, max_ttl_ms: int = DEFAULT_MAX_TTL_MS) -> Override:
+    """Return ``o`` if it is well formed; raise :class:`OverrideRefused` (a ``ValueError``) saying what is wrong.
+
+    Bounds: ``channel``/``route`` 1..:data:`MAX_NAME_CHARS` characters, ``by`` and
+    ``key_id`` at most :data:`MAX_BY_CHARS`, ``reason`` at most :data:`MAX_REASON_CHARS`;
+    ``set_ts_ms`` / ``expires_ts_ms`` integers in 0..:data:`MAX_TS_MS` (UTC epoch ms),
+    ``set_ts_ms < expires_ts_ms <= set_ts_ms + max_ttl_ms`` (``max_ttl_ms`` > 0, ms).
+    """
+    for name, value, most in (("by", o.by, MAX_BY_CHARS), ("reason", o.reason, MAX_REASON_CHARS),
+                              ("key_id", o.key_id, MAX_BY_CHARS)):
+        _check_text(name, value, most)
+    for name, value in (("channel", o.channel), ("route", o.route)):
+        if value is not None:
+            _check_text(name, value, MAX_NAME_CHARS)
+    for name, ts in (("set_ts_ms", o.set_ts_ms), ("expires_ts_ms", o.expires_ts_ms)):
+        if type(ts) is not int or not 0 <= ts <= MAX_TS_MS:
+            raise OverrideRefused("malformed", f"{name} must be an integer 0..{MAX_TS_MS} (UTC epoch ms), got {ts!r}")
+    if o.weight is not None and (type(o.weight) not in (int, float) or not 0.0 <= o.weight <= 1.0):
+        raise OverrideRefused("malformed", f"--weight must be in 0..1, got {o.weight!r}")
     if o.kind not in KINDS:
-        raise ValueError(f"unknown override kind {o.kind!r} (one of {', '.join(KINDS)})")
+        raise OverrideRefused("malformed", f"unknown override kind {o.kind!r} (one of {', '.join(KINDS)})")
     if o.kind == "freeze":
         if not o.route or o.channel is not None:
-            raise ValueError("a freeze names a route (and no channel)")
+            raise OverrideRefused("malformed", "a freeze names a route (and no channel)")
     elif not o.channel or o.route is not None:
-        raise ValueError(f"a {o.kind!r} override names a channel (and no route)")
+        raise OverrideRefused("malformed", f"a {o.kind!r} override names a channel (and no route)")
     if o.kind == "weight":
         if o.weight is None or not (0.0 <= o.weight <= 1.0):
-            raise ValueError(f"--weight must be in 0..1, got {o.weight!r}")
+            raise OverrideRefused("malformed", f"--weight must be in 0..1, got {o.weight!r}")
     if not o.reason or not o.reason.strip():
-        raise ValueError("an override needs a reason (--reason TEXT)")
+        raise OverrideRefused("malformed", "an override needs a reason (--reason TEXT)")
     if not o.by:
-        raise ValueError("an override needs an author (by)")
+        raise OverrideRefused("malformed", "an override needs an author (by)")
     if o.expires_ts_ms <= o.set_ts_ms:
-        raise ValueError("an override needs a positive TTL (--ttl DURATION)")
+        raise OverrideRefused("malformed", "an override needs a positive TTL (--ttl DURATION)")
+    if o.expires_ts_ms - o.set_ts_ms > max_ttl_ms:
+        raise OverrideRefused("ttl", f"the override's TTL {(o.expires_ts_ms - o.set_ts_ms) / 3_600_000:.1f} h "
+                                     f"exceeds the maximum {max_ttl_ms / 3_600_000:g} h "
+                                     f"(CHANNEL_HEALTH_OVERRIDE_MAX_TTL)")
     return o
 
 
@@ -101,9 +157,15 @@ class OverrideTable:
     Not thread-safe (one event loop). ``apply`` remembers each channel's last
     engine weight and share (for freezes) and its last published verdict (so
     the worker can re-publish a channel promptly when an override changes).
+    ``max_overrides`` >= 1: most overrides in force at once; ``max_ttl_ms`` > 0:
+    latest expiry accepted, ms after the wall clock of :meth:`put` (plus
+    :data:`CLOCK_SLACK_MS`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_overrides: int = DEFAULT_MAX_OVERRIDES, max_ttl_ms: int = DEFAULT_MAX_TTL_MS) -> None:
+        if max_overrides < 1 or max_ttl_ms < 1:
+            raise ValueError(f"max_overrides and max_ttl_ms must be >= 1, got {max_overrides}, {max_ttl_ms}")
+        self.max_overrides, self.max_ttl_ms = max_overrides, max_ttl_ms
         self._active: dict[str, Override] = {}
         self._frozen: dict[str, dict[str, tuple[float, float | None]]] = {}  # route -> channel -> (weight, share)
         self._engine: dict[str, tuple[str, float, float | None]] = {}  # channel -> (route, weight, share)
@@ -114,12 +176,23 @@ class OverrideTable:
         return [self._active[k] for k in sorted(self._active)]
 
     def put(self, o: Override, now_ms: int) -> list[Change]:
-        """Record ``o`` (replacing the one of its key). An already expired one is ignored (returns [])."""
+        """Record ``o`` (replacing the one of its key). An already expired one is ignored (returns []).
+
+        ``now_ms``: wall time, UTC epoch ms. Raises :class:`OverrideRefused` (table
+        unchanged) when ``o`` expires more than ``max_ttl_ms`` (+ :data:`CLOCK_SLACK_MS`)
+        after ``now_ms``, or is for a new key while ``max_overrides`` are in force.
+        """
         if o.expires_ts_ms <= now_ms:
             return []
+        if o.expires_ts_ms - now_ms > self.max_ttl_ms + CLOCK_SLACK_MS:
+            raise OverrideRefused("ttl", f"{o.key} would stay in force {(o.expires_ts_ms - now_ms) / 3_600_000:.1f} h "
+                                         f"from now, beyond the maximum TTL {self.max_ttl_ms / 3_600_000:g} h")
         old = self._active.get(o.key)
         if old == o:
             return []  # a replay of the control topic
+        if old is None and len(self._active) >= self.max_overrides:
+            raise OverrideRefused("too_many_overrides", f"{o.key} refused: {len(self._active)} overrides are in force, "
+                                                        f"the most allowed (CHANNEL_HEALTH_MAX_OVERRIDES)")
         self._active[o.key] = o
         if o.kind == "freeze":
             assert o.route is not None
@@ -192,6 +265,8 @@ class OverrideTable:
         state, weight = v.state, float(v.weight)
         info: dict = {"kind": o.kind, "by": o.by, "reason": o.reason,
                       "expires_ts_ms": o.expires_ts_ms, "set_ts_ms": o.set_ts_ms}
+        if o.key_id:
+            info["key_id"] = o.key_id
         if o.kind == "open":
             state, weight = "open", 0.0
             metrics["route_share"] = 0.0

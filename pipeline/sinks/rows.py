@@ -46,10 +46,10 @@ QUALITY_SCORE_COLUMNS: tuple[str, ...] = (
     "scored_at",
 )  # fmt: skip
 QUALITY_LABEL_COLUMNS: tuple[str, ...] = ("label_id", "prompt", "response", "label", "source", "imported_at")
-#: ``channel_overrides`` rows: :func:`pipeline.stream.control.audit_row`.
+#: ``channel_overrides`` rows: :func:`pipeline.stream.control.audit_row` (``key_id``: DDL 013).
 OVERRIDE_COLUMNS: tuple[str, ...] = (
     "override_key", "action", "kind", "channel", "route", "weight", "by", "reason", "set_ts", "expires_ts", "at",
-    "ingested_at",
+    "ingested_at", "key_id",
 )  # fmt: skip
 
 #: Default cap on stored response/prompt text, in characters.

@@ -2,7 +2,8 @@
 
 Files are applied in name order (``001_database.sql``, ``002_...``), each split
 into statements on top-level ``;``. Every statement is ``CREATE ... IF NOT
-EXISTS``, so :func:`apply_ddl` is idempotent: run it at every start.
+EXISTS`` or ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS``, so :func:`apply_ddl`
+is idempotent: run it at every start.
 
 Tables (database ``channel_health``): ``request_events``,
 ``channel_minute_stats`` (view), ``channel_verdicts``, ``quality_scores``,

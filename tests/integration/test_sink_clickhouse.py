@@ -73,7 +73,7 @@ def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
                              "004_channel_verdicts.sql", "005_quality.sql", "006_request_events_input.sql",
                              "007_request_event_batches.sql", "008_channel_overrides.sql", "009_drill_runs.sql",
                              "010_channel_incidents.sql", "011_request_event_envelopes.sql",
-                             "012_quota_forecast.sql"]
+                             "012_quota_forecast.sql", "013_channel_overrides_key_id.sql"]
     tables = {r[0] for r in ch.query("SHOW TABLES FROM channel_health").result_rows}
     assert tables == TABLES
     engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = 'channel_health'").result_rows)

@@ -130,7 +130,7 @@ def test_control_record_codec_round_trip_and_clear_audit() -> None:
     key, value = encode_record(ClearRecord(key="channel:c1", by="bo", reason="fixed", at_ms=T0 + 5))
     changes = apply_record(t, decode_record(value), T0 + 5)
     row = audit_row(changes[0], T0 + 6)
-    assert row == ("channel:c1", "clear", "weight", "c1", "", 0.25, "bo", "fixed", T0, T0 + 60_000, T0 + 5, T0 + 6)
+    assert row == ("channel:c1", "clear", "weight", "c1", "", 0.25, "bo", "fixed", T0, T0 + 60_000, T0 + 5, T0 + 6, "")
 
 
 def test_bad_control_records_are_refused() -> None:
