@@ -141,7 +141,8 @@ def encode_record(rec: SetRecord | ClearRecord, control: ControlSettings | None 
 
 
 def _check_clear(rec: ClearRecord) -> None:
-    if not rec.key.startswith(("channel:", "route:")) or len(rec.key) > MAX_NAME_CHARS + 8:
+    kind, _, name = rec.key.partition(":")
+    if kind not in ("channel", "route") or not 1 <= len(name) <= MAX_NAME_CHARS:
         raise OverrideRefused("malformed", f"a clear names channel:<name> or route:<name> "
                                            f"(at most {MAX_NAME_CHARS} characters)")
     if not rec.by or len(rec.by) > MAX_BY_CHARS or len(rec.reason) > MAX_REASON_CHARS:
