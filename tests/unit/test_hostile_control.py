@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
+import jsonschema
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,8 +22,8 @@ from pipeline.contracts import Verdict, encode
 from pipeline.policy.override import (MAX_BY_CHARS, MAX_NAME_CHARS, MAX_REASON_CHARS, MAX_TS_MS, Override,
                                       OverrideRefused, OverrideTable)
 from pipeline.redaction import Secret
-from pipeline.stream.control import (ClearRecord, ControlReader, SetRecord, audit_row, decode_record, encode_record,
-                                     signature)
+from pipeline.stream.control import (ClearRecord, ControlReader, SetRecord, SignedRecord, audit_row, decode_record,
+                                     encode_record, signature)
 from pipeline.stream.control_agent import REQUEST_OVERHEAD_BYTES, ControlHook, fit_verdict
 
 NOW = 1_790_000_000_000  # 2026-09-21, the wall clock of these tests
@@ -150,7 +152,7 @@ def test_wrong_types_in_every_set_field_are_refused(field: str, value: object) -
         decode_record(json.dumps({"action": "set", "override": fields}).encode(), b"channel:c1")
 
 
-WRONG_CLEAR = ([("key", v) for v in _NOT_STR + ["", "nokey:x", "channel:" + "c" * (MAX_NAME_CHARS + 1)]]
+WRONG_CLEAR = ([("key", v) for v in _NOT_STR + ["", "nokey:x", "channel:", "channel:" + "c" * (MAX_NAME_CHARS + 1)]]
                + [("by", v) for v in _NOT_STR + ["", "b" * (MAX_BY_CHARS + 1)]]
                + [("reason", v) for v in _NOT_STR + ["r" * (MAX_REASON_CHARS + 1)]]
                + [("at_ms", v) for v in _NOT_INT + [-1, MAX_TS_MS + 1, 2**64 - 1]])
@@ -207,8 +209,9 @@ def test_final_guard_cuts_an_oversized_override_to_fit() -> None:
     [out] = hook.apply([verdict()])
     assert len(encode(out)) <= 10_000 and out.state == "open" and out.override["reason"].startswith("(cut:")
     assert hook.cut_verdicts == 1
-    tiny = fit_verdict(out, 200)
-    assert len(encode(tiny)) <= 200 + len(encode(verdict())) and "reason" not in tiny.override
+    # a budget too small for any text: the override keeps only its numbers and kind
+    assert fit_verdict(out, 200).override == {"kind": "open", "expires_ts_ms": NOW + HOUR, "set_ts_ms": NOW,
+                                              "weight": 0.0, "state": "open"}
 
 
 # -- item 4: signed records ----------------------------------------------------------------------
@@ -343,12 +346,56 @@ def test_bad_control_settings_raise_config_error_naming_the_variable(env: dict, 
     assert ANA not in str(info.value) and BO not in str(info.value) and "short-secret" not in str(info.value)
 
 
+# -- the language-neutral contract (schemas/control.v1.json) ---------------------------------------
+
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "control.v1.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def test_control_schema_is_valid_and_its_bounds_are_the_code_bounds() -> None:
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
+    o = SCHEMA["$defs"]["set"]["properties"]["override"]["properties"]
+    assert (o["by"]["maxLength"], o["reason"]["maxLength"], SCHEMA["$defs"]["name"]["maxLength"]) == \
+        (MAX_BY_CHARS, MAX_REASON_CHARS, MAX_NAME_CHARS)
+    assert SCHEMA["$defs"]["ts_ms"]["maximum"] == MAX_TS_MS
+    fields = msgspec.structs.fields
+    assert set(o) == {f.name for f in fields(Override)}
+    assert SCHEMA["$defs"]["set"]["properties"]["override"]["required"] == [f.name for f in fields(Override)
+                                                                           if f.required]
+    assert SCHEMA["$defs"]["clear"]["required"] == ["action"] + [f.name for f in fields(ClearRecord) if f.required]
+    assert set(SCHEMA["$defs"]["signed"]["required"]) == {"action"} | {f.name for f in fields(SignedRecord)}
+
+
+@pytest.mark.parametrize("control", [ControlSettings(), KEYS], ids=["unsigned", "signed"])
+def test_records_the_code_writes_satisfy_the_schema(control: ControlSettings) -> None:
+    recs = [set_rec(), SetRecord(Override(kind="weight", by="ana", reason="r", set_ts_ms=NOW, expires_ts_ms=NOW + 1,
+                                          channel="c" * MAX_NAME_CHARS, weight=0.0)),
+            SetRecord(Override(kind="freeze", by="b" * MAX_BY_CHARS, reason="r" * MAX_REASON_CHARS, set_ts_ms=NOW,
+                               expires_ts_ms=NOW + HOUR, route="r")),
+            ClearRecord(key="route:r", by="bo", reason="", at_ms=NOW)]
+    for rec in recs:
+        _, value = encode_record(rec, control, "bo" if control.keys else None)
+        VALIDATOR.validate(json.loads(value))
+        if control.keys:
+            VALIDATOR.validate(json.loads(json.loads(value)["record"]))
+
+
+@pytest.mark.parametrize("value", [set_value(reason="r" * (MAX_REASON_CHARS + 1)), set_value(expires_ts_ms=2**64 - 1),
+                                   set_value(channel=""), set_value(kind="nuke"), b'{"action":"clear","key":"x:1",'
+                                   b'"by":"b","reason":"","at_ms":1}'])
+def test_records_the_code_refuses_break_the_schema_too(value: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_record(value)
+    assert not VALIDATOR.is_valid(json.loads(value))
+
+
 # -- fuzz ----------------------------------------------------------------------------------------
 
 
 def assert_within_bounds(rec: SetRecord | ClearRecord, control: ControlSettings) -> None:
     if isinstance(rec, ClearRecord):
-        assert rec.key.startswith(("channel:", "route:")) and 0 <= rec.at_ms <= MAX_TS_MS
+        assert rec.key.split(":")[0] in ("channel", "route") and 0 <= rec.at_ms <= MAX_TS_MS
         assert 1 <= len(rec.by) <= MAX_BY_CHARS and len(rec.reason) <= MAX_REASON_CHARS
         return
     o = rec.override
