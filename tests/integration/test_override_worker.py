@@ -141,6 +141,9 @@ def test_hostile_control_records_are_refused_and_a_signed_override_is_audited_wi
                      "a verdict with the signed override", worker.log_tail)
         v = next(v for _, v in tap.snapshot() if v.override is not msgspec.UNSET)
         assert (v.channel, v.weight, v.override["key_id"], v.override["by"]) == ("c1", 0.5, "ana", "ana")
+        listed = _cli(stack, "list", "--json", CHANNEL_HEALTH_CONTROL_KEYS=KEYS)  # verifies as the worker does
+        assert listed.returncode == 0, listed.stderr
+        assert [(r["key"], r["key_id"], r["weight"]) for r in json.loads(listed.stdout)] == [("channel:c1", "ana", 0.5)]
         # the worker is up and keeps publishing both channels; c2 never carries an override
         c2_seq = max(x.seq for x in tap.verdicts() if x.channel == "c2")
         publish(stack.settings, steady_events({"c1": "chat", "c2": "chat"}, start_ms + 65_000, 40, per_s=2, seed=1))
