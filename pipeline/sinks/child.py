@@ -75,11 +75,14 @@ def _adders() -> dict[str, Adder]:
 
 
 def _register_secrets(settings: Any) -> None:
-    """Scrub the ClickHouse password from this process's logs too (unpickling does not run ``Secret.__post_init__``)."""
+    """Scrub the ClickHouse password and the control keys from this process's logs too (unpickling does not run
+    ``Secret.__post_init__``)."""
     from pipeline.redaction import register_secret, register_url_password
 
     if settings.clickhouse_password is not None:
         register_secret(settings.clickhouse_password.reveal())
+    for _, secret in settings.control.keys:
+        register_secret(secret.reveal())
     register_url_password(settings.clickhouse_url)
 
 

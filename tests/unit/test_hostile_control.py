@@ -447,3 +447,22 @@ def test_fuzzed_values_are_refused_or_decoded_within_the_bounds(raw: bytes, key:
     assert_within_bounds(rec, control)
     if key is not None:
         assert key == (rec.override.key if isinstance(rec, SetRecord) else rec.key).encode()
+
+
+def test_the_sink_process_scrubs_the_control_keys_from_its_logs_too() -> None:
+    """Settings reach the sink process pickled, which does not register secrets: the child registers them."""
+    import pickle
+    import subprocess
+    import sys
+
+    settings = load_settings({"CHANNEL_HEALTH_CONTROL_KEYS": f"ana:{ANA}"})
+    code = ("import pickle, sys\n"
+            "from pipeline.redaction import redact_secrets\n"
+            "from pipeline.sinks.child import _register_secrets\n"
+            "s = pickle.loads(sys.stdin.buffer.read())\n"
+            f"print(redact_secrets('key {ANA}'))\n"
+            "_register_secrets(s)\n"
+            f"print(redact_secrets('key {ANA}'))\n")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(settings), capture_output=True,
+                         timeout=60, check=True).stdout.decode().splitlines()
+    assert out == [f"key {ANA}", "key ***"]
