@@ -5,6 +5,12 @@ the expected columns; every Prometheus panel names metrics that :mod:`pipeline.m
 Grafana macros and variables are expanded the way the grafana-clickhouse-datasource plugin does
 (``$__timeFilter(col)`` -> ``col >= toDateTime(from) AND col <= toDateTime(to)``), then the SQL goes through
 the project's read-only query path, as a read-only Grafana user would run it.
+
+Names are data (SPEC §8, issue #30 item 5): a variable's value is a route or channel name a gateway chose,
+so every panel and variable query writes it as ``decodeURLComponent('${name:percentencode}')``. Grafana's
+``percentencode`` format (``encodeURIComponent`` plus ``!'()*``) leaves only ``[A-Za-z0-9_.~%-]`` in the SQL
+text, so no value can end the literal. (``sqlstring`` doubles ``'`` but leaves ``\\`` alone, and ClickHouse
+reads ``\\'`` inside a literal as an escaped quote: a name ending in a backslash breaks out of it.)
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -40,12 +47,19 @@ EXPECTED = {
 }
 
 
+#: Grafana's variable formats used here (grafana/scenes formatRegistry): ``percentencode`` is
+#: ``encodeURIComponent`` with ``!'()*`` also encoded, i.e. Python's ``quote(v, safe="")``.
+FORMATS = {None: lambda v: v, "percentencode": lambda v: quote(v, safe="")}
+VARIABLE_USE = re.compile(r"\$\{(\w+)(?::(\w+))?\}|\$(?!__)(\w+)")
+
+
 def expand(sql: str, variables: dict[str, str] = VARIABLES, from_s: int = FROM_S, to_s: int = TO_S) -> str:
-    """Plain SQL of a panel query: Grafana's macros and ``$var`` / ``${var}`` replaced; raises on any other ``$``."""
+    """Plain SQL of a panel query: Grafana's macros and ``$var`` / ``${var}`` / ``${var:format}`` replaced
+    (formats: :data:`FORMATS`); raises on any other ``$``."""
     sql = re.sub(r"\$__timeFilter\(\s*([A-Za-z_][A-Za-z0-9_]*)\s*\)",
                  rf"\1 >= toDateTime({from_s}) AND \1 <= toDateTime({to_s})", sql)
     sql = sql.replace("$__fromTime", f"toDateTime({from_s})").replace("$__toTime", f"toDateTime({to_s})")
-    sql = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables[m.group(1) or m.group(2)], sql)
+    sql = VARIABLE_USE.sub(lambda m: FORMATS[m.group(2)](variables[m.group(1) or m.group(3)]), sql)
     assert "$" not in sql, f"unexpanded macro in {sql}"
     return sql
 
@@ -84,6 +98,41 @@ def test_every_clickhouse_panel_returns_rows_of_its_columns(scenario_chdb_url) -
     cols, rows = run_readonly_query(client, expand(next(t["rawSql"] for n, t in _targets(
         "grafana-clickhouse-datasource") if n == "Error rate (1 min)")))
     assert sum(r[2] for r in rows) == 8
+
+
+def _queries() -> list[tuple[str, str]]:
+    """``(where, SQL)`` of every ClickHouse panel target and every variable query of the board."""
+    board = _board()
+    return ([(t, target["rawSql"]) for t, target in _targets("grafana-clickhouse-datasource")]
+            + [(f"variable {v['name']}", v["query"]) for v in board["templating"]["list"]])
+
+
+def test_every_variable_is_percent_encoded_and_decoded_by_clickhouse() -> None:
+    uses = 0
+    for where, sql in _queries():
+        for m in VARIABLE_USE.finditer(sql):
+            uses += 1
+            name = m.group(1) or m.group(3)
+            assert m.group(2) == "percentencode", f"{where}: ${name} must be written ${{{name}:percentencode}}"
+            assert sql[:m.start()].endswith("decodeURLComponent('") and sql[m.end():].startswith("')"), where
+    assert uses == 10  # 4 route and 5 channel filters in panels, 1 route filter in the channel variable
+    assert all(v["definition"] == v["query"] for v in _board()["templating"]["list"])
+
+
+@pytest.mark.parametrize("hostile", ["x\\' OR 1=1 --", "x' OR channel != '", "'; DROP TABLE x; --", "x\\",
+                                     "<!channel>", "a\nb", "x/$\\undefinedcommand$", "\u202eevil"])
+def test_hostile_names_in_variables_select_nothing_and_break_nothing(scenario_chdb_url, hostile) -> None:  # noqa: F811
+    client = open_scenario(scenario_chdb_url)
+    for where, sql in _queries():
+        if not VARIABLE_USE.search(sql):
+            continue  # the route variable's own query takes no variable
+        text = expand(sql, {"route": hostile, "channel": hostile})
+        assert hostile not in text, where  # only its percent-encoded form reaches the SQL text
+        cols, rows = run_readonly_query(client, text)
+        # no channel or route has this name: every filtered query returns nothing (an injected OR returns rows)
+        assert rows == [], f"{where}: {len(rows)} rows for {hostile!r}"
+    cols, rows = run_readonly_query(client, expand(_queries()[-1][1], {"route": "chat-13b"}))
+    assert [r[0] for r in rows] == ["replicate/llama-13b@free", "together/llama-13b@paid"]
 
 
 def test_variable_queries_list_routes_and_channels(scenario_chdb_url) -> None:  # noqa: F811
