@@ -207,9 +207,18 @@ def override_list(as_json: bool = typer.Option(False, "--json", help="One JSON a
         typer.echo("no override in force")
     now = time.time() * 1000
     for r in rows:
-        left_s = max(0, int((r["expires_ts_ms"] - now) / 1000))
-        typer.echo(f"{r['key']:<32} {r['kind']:<8} {'' if r['weight'] is None else r['weight']:<5} "
-                   f"{left_s:>6} s left  by {r['by']} (key {r['key_id'] or 'unsigned'}): {r['reason']}")
+        typer.echo(override_line(r, now))
+
+
+def override_line(r: dict, now_ms: float) -> str:
+    """One ``override list`` line of ``r`` (a row of :func:`override_list`): key, kind, weight, seconds left
+    until ``expires_ts_ms`` from ``now_ms`` (epoch ms), who, the signing key id and why. Names and texts pass
+    :func:`~pipeline.escape.terminal_text`: one line, no terminal escape (SPEC §8)."""
+    from pipeline.escape import terminal_text as t
+
+    left_s = max(0, int((r["expires_ts_ms"] - now_ms) / 1000))
+    return (f"{t(r['key']):<32} {t(r['kind']):<8} {'' if r['weight'] is None else r['weight']:<5} "
+            f"{left_s:>6} s left  by {t(r['by'])} (key {t(r['key_id'] or 'unsigned')}): {t(r['reason'])}")
 
 
 @override_app.command("clear")

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from pipeline.config import ConfigError, load_settings
+from pipeline.escape import terminal_text
 from pipeline.redaction import redact_secrets
 
 
@@ -56,7 +57,7 @@ def report(
         path = write_report(client, out, settings.clickhouse_url_redacted, channel=channel, route=route, t0=t0,
                             t1=t1, incident=incident, limits=settings.query_limits)
     except ReportError as exc:
-        typer.secho(f"report: {exc}", fg="red", err=True)
+        typer.secho(f"report: {terminal_text(exc)}", fg="red", err=True)
         raise typer.Exit(2) from None
     except OSError as exc:
         typer.secho(f"report: cannot write {out}: {exc}", fg="red", err=True)

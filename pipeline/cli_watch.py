@@ -181,8 +181,11 @@ def state_text(row: dict) -> str:
 
 
 def render(board: dict) -> Any:
-    """A rich Table of the board."""
+    """A rich Table of the board. Every cell is a :class:`rich.text.Text` (:func:`~pipeline.escape.rich_text`):
+    names, reasons and errors are shown as data, never read as rich markup or terminal escapes (SPEC §8)."""
     from rich.table import Table
+
+    from pipeline.escape import rich_text
 
     def fmt(x: Any, pct: bool = False) -> str:
         return "-" if x is None else (f"{100 * x:.2f}%" if pct else f"{x:g}")
@@ -190,7 +193,7 @@ def render(board: dict) -> Any:
     title = "channel-health watch"
     if board["clickhouse"]["error"]:
         title += f"  (ClickHouse panels: {board['clickhouse']['error']})"
-    table = Table(title=title)
+    table = Table(title=rich_text(title))
     for col in ("route", "channel", "state", "weight", "share", "reasons", "req 1m", "P50/P90/P95/P99 ms 5m",
                 "err 1m", "missing 5m", "quality 5m", "quota"):
         table.add_column(col)
@@ -198,11 +201,12 @@ def render(board: dict) -> Any:
         for ch, row in chans.items():
             p = row["panels"]
             lat = p.get("latency_ms_5m") or {}
-            table.add_row(route, ch, state_text(row), fmt(row.get("weight")), fmt(row.get("share")),
-                          ",".join(row.get("reasons") or []), fmt(p.get("traffic_1m")),
-                          "/".join(fmt(lat.get(k)) for k in ("p50", "p90", "p95", "p99")),
-                          fmt(p.get("error_rate_1m"), True), fmt(p.get("missing_rate_5m"), True),
-                          fmt(p.get("quality_5m")), fmt(p.get("quota_remaining")))
+            cells = (route, ch, state_text(row), fmt(row.get("weight")), fmt(row.get("share")),
+                     ",".join(row.get("reasons") or []), fmt(p.get("traffic_1m")),
+                     "/".join(fmt(lat.get(k)) for k in ("p50", "p90", "p95", "p99")),
+                     fmt(p.get("error_rate_1m"), True), fmt(p.get("missing_rate_5m"), True),
+                     fmt(p.get("quality_5m")), fmt(p.get("quota_remaining")))
+            table.add_row(*(rich_text(c) for c in cells))
     return table
 
 

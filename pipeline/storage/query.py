@@ -139,18 +139,21 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, width
     """Render a result as a plain-text table (rich, no colour) followed by a ``(N rows)`` line.
 
     ``None`` prints as ``NULL``, datetimes in ISO 8601, floats with up to 6
-    significant digits. ``width``: maximum line width in characters.
+    significant digits; text as :func:`~pipeline.escape.terminal_text` (control
+    characters visible, e.g. ``\\n``). ``width``: maximum line width in characters.
     """
     from rich.console import Console
     from rich.table import Table
-    from rich.text import Text
 
-    # Text(...) everywhere: values such as "[bold]" must print as-is, not as rich markup.
+    from pipeline.escape import rich_text
+
+    # rich_text everywhere: values such as "[bold]" print as-is, not as rich markup, and control characters
+    # (ESC, newline) are shown escaped, never sent to the terminal (SPEC §8).
     table = Table()
     for column in columns:
-        table.add_column(Text(str(column)))
+        table.add_column(rich_text(column))
     for row in rows:
-        table.add_row(*(Text(_cell(value)) for value in row))
+        table.add_row(*(rich_text(_cell(value)) for value in row))
     out = io.StringIO()
     Console(file=out, width=width, color_system=None, force_terminal=False, no_color=True).print(table)
     return out.getvalue() + f"({len(rows)} row{'' if len(rows) == 1 else 's'})\n"

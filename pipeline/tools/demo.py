@@ -23,6 +23,7 @@ from rich.text import Text
 
 from pipeline.config import Settings
 from pipeline.contracts import Verdict
+from pipeline.escape import rich_text
 from pipeline.tools.demo_timeline import Timeline, fmt_offset, summary_lines
 
 STATE_STYLE = {"healthy": "green", "degraded": "yellow", "open": "bold red", "half_open": "magenta",
@@ -35,14 +36,16 @@ EXAMPLE_SQL = (
 
 
 def _table(latest: dict[str, Verdict], start_ms: int, events_sent: int, total: int) -> Table:
+    """The live verdict table; names and reasons are :func:`~pipeline.escape.rich_text` (never markup)."""
     t = Table(title=f"channel.health — {events_sent:,}/{total:,} events published", expand=False)
     for col in ("channel", "route", "state", "weight", "share", "reasons", "event time"):
         t.add_column(col)
     for name in sorted(latest):
         v = latest[name]
         share = v.metrics.get("route_share")
-        t.add_row(name, v.route, f"[{STATE_STYLE.get(v.state, '')}]{v.state}[/]", f"{v.weight:.2f}",
-                  "-" if share is None else f"{share:.2f}", ", ".join(v.reasons) or "-", fmt_offset(v.ts_ms, start_ms))
+        t.add_row(rich_text(name), rich_text(v.route), rich_text(v.state, STATE_STYLE.get(v.state, "")),
+                  f"{v.weight:.2f}", "-" if share is None else f"{share:.2f}", rich_text(", ".join(v.reasons) or "-"),
+                  fmt_offset(v.ts_ms, start_ms))
     return t
 
 
@@ -81,8 +84,8 @@ class _Out:
         self._next_progress = 0
 
     def line(self, text: str) -> None:
-        """Print one plain line (no markup, no re-wrapping) and flush it."""
-        self.console.print(Text(text), soft_wrap=True)
+        """Print one plain line (no markup, no control character, no re-wrapping) and flush it."""
+        self.console.print(rich_text(text), soft_wrap=True)
         self.console.file.flush()
 
     def progress(self, sent: int) -> None:
@@ -127,7 +130,7 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
     def view(sent: int):
         table = _table(latest, start_ms, sent, len(events))
         pending = timeline.pending()
-        return Group(table, *(Text(p) for p in pending)) if pending else table
+        return Group(table, *(rich_text(p) for p in pending)) if pending else table
 
     sec = settings.kafka_security.aiokafka_kwargs()
     async with HealthSubscriber(settings, on_verdict=on_verdict):
@@ -317,7 +320,7 @@ def _report(settings: Settings, console: Console, scenario_name: str, data_dir: 
         except ReportError:  # no incident on this channel: its whole history
             path = write_report(client, out, settings.clickhouse_url_redacted, channel=channel)
     except Exception as exc:  # the report is an extra: say why it is missing, keep the demo's exit code
-        console.print(Text(f"No report written: {exc}"), soft_wrap=True)
+        console.print(rich_text(f"No report written: {exc}"), soft_wrap=True)
         return
     console.print(Text(f"\nReport of {channel}: {path}\n  (open it in a browser; make another with "
                        f"channel-health report --channel {channel} --incident --out FILE.html)"), soft_wrap=True)
