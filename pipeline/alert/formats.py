@@ -4,6 +4,15 @@ Every message carries, per channel: the channel, route, state, reasons with
 the numbers behind them, the weight, and the SQL that shows its history in
 ClickHouse (``channel-health query "..."``). :func:`payload` picks the
 function by the route's ``format``.
+
+Names are data, never markup (SPEC §8): every text a gateway chose (channel,
+route, reasons, metric keys) passes the format's own escaper from
+:mod:`pipeline.escape` (``slack_text``, ``im_markdown``, ``feishu_text``,
+``terminal_text`` for JSON and PagerDuty text), so a channel named
+``<!channel>`` or ``[click](https://evil)`` pings nobody and links nowhere;
+the history SQL holds the name as an escaped literal
+(:func:`~pipeline.escape.sql_literal`). Structured fields (``details``)
+keep the raw values: JSON encoding is already safe.
 """
 
 from __future__ import annotations
@@ -13,16 +22,22 @@ from typing import Any, Callable
 from pipeline.alert.config import Route
 from pipeline.alert.grouping import Notification
 from pipeline.contracts import Verdict
+from pipeline.escape import feishu_text, im_markdown, slack_text, sql_literal, terminal_text
+
+Escaper = Callable[[Any], str]
 
 #: Metrics shown per channel at most (the rest stay in ClickHouse).
 MAX_METRICS = 8
 
 
 def history_sql(channel: str) -> str:
-    """SQL listing the channel's last 50 verdicts (``channel_health.channel_verdicts``, SPEC §7)."""
-    quoted = channel.replace("\\", "\\\\").replace("'", "\\'")
+    """SQL listing the channel's last 50 verdicts (``channel_health.channel_verdicts``, SPEC §7).
+
+    The name is a :func:`~pipeline.escape.sql_literal`: it selects exactly ``channel`` and is inert inside an
+    IM message's code span (no backtick, ``<``, ``>``, ``&`` or control character).
+    """
     return ("SELECT ts, state, weight, reasons, metrics FROM channel_health.channel_verdicts "
-            f"WHERE channel = '{quoted}' ORDER BY ts DESC LIMIT 50")
+            f"WHERE channel = {sql_literal(channel)} ORDER BY ts DESC LIMIT 50")
 
 
 def _numbers(v: Verdict) -> str:
@@ -33,30 +48,39 @@ def _numbers(v: Verdict) -> str:
     return ", ".join(f"{k}={x:g}" if isinstance(x, float) else f"{k}={x}" for k, x in items[:MAX_METRICS])
 
 
-def title(n: Notification) -> str:
-    """One line: ``[CRITICAL] route chat: 3 channels firing`` / ``[RESOLVED] route chat: all channels healthy``."""
+def title(n: Notification, esc: Escaper = terminal_text) -> str:
+    """One line: ``[CRITICAL] route chat: 3 channels firing`` / ``[RESOLVED] route chat: all channels healthy``.
+
+    ``esc``: the medium's escaper (:mod:`pipeline.escape`), applied to the route and the title text.
+    """
     if n.title:
-        return f"[{'RESOLVED' if n.kind == 'resolved' else n.severity.upper()}] {n.title}"
+        return f"[{'RESOLVED' if n.kind == 'resolved' else esc(n.severity.upper())}] {esc(n.title)}"
     if n.kind == "resolved":
-        return f"[RESOLVED] route {n.route}: all channels healthy again"
-    return f"[{n.severity.upper()}] route {n.route}: {len(n.firing)} channel(s) firing"
+        return f"[RESOLVED] route {esc(n.route)}: all channels healthy again"
+    return f"[{esc(n.severity.upper())}] route {esc(n.route)}: {len(n.firing)} channel(s) firing"
 
 
-def lines(n: Notification) -> list[str]:
-    """Body lines (markdown): one block per channel, then resolved channels."""
-    out = [n.detail] if n.detail else []
+def lines(n: Notification, esc: Escaper = terminal_text, bold: str = "**") -> list[str]:
+    """Body lines (markdown): one block per channel, then resolved channels.
+
+    ``esc``: the medium's escaper for every gateway-chosen text; ``bold``: the medium's bold marker
+    (``**``, Slack's ``*``, or none for plain text).
+    """
+    out = [esc(n.detail)] if n.detail else []
     for v, sev in n.firing:
-        out.append(f"- **{v.channel}** ({sev}) route {v.route}: state {v.state}, weight {v.weight:g}, "
-                   f"reasons {', '.join(v.reasons) or '-'}; {_numbers(v) or 'no metrics'}")
+        out.append(f"- {bold}{esc(v.channel)}{bold} ({esc(sev)}) route {esc(v.route)}: state {esc(v.state)}, "
+                   f"weight {v.weight:g}, reasons {esc(', '.join(v.reasons)) or '-'}; "
+                   f"{esc(_numbers(v)) or 'no metrics'}")
         out.append(f"  history: `{history_sql(v.channel)}`")
     for v in n.resolved:
-        out.append(f"- resolved: **{v.channel}** route {v.route}: state {v.state}, weight {v.weight:g}")
+        out.append(f"- resolved: {bold}{esc(v.channel)}{bold} route {esc(v.route)}: state {esc(v.state)}, "
+                   f"weight {v.weight:g}")
     return out
 
 
-def text(n: Notification) -> str:
-    """Title and body as one markdown text."""
-    return "\n".join([title(n), *lines(n)])
+def text(n: Notification, esc: Escaper = terminal_text, bold: str = "**") -> str:
+    """Title and body as one markdown text (``esc``, ``bold``: as :func:`lines`)."""
+    return "\n".join([title(n, esc), *lines(n, esc, bold)])
 
 
 def details(n: Notification) -> dict[str, Any]:
@@ -79,30 +103,41 @@ def as_json(n: Notification, route: Route) -> dict[str, Any]:
 def as_slack(n: Notification, route: Route) -> dict[str, Any]:
     """Slack incoming webhook (api.slack.com/messaging/webhooks): ``{"text", "blocks": [section mrkdwn]}``.
 
-    ``text`` is the notification fallback; Slack's mrkdwn bolds with single ``*``.
+    ``text`` is the notification fallback; Slack's mrkdwn bolds with single ``*``. Names:
+    :func:`~pipeline.escape.slack_text`.
     """
-    body = "\n".join(lines(n)).replace("**", "*") or " "
-    return {"text": title(n),
-            "blocks": [{"type": "header", "text": {"type": "plain_text", "text": title(n)[:150]}},
+    body = "\n".join(lines(n, slack_text, "*")) or " "
+    head = title(n, slack_text)
+    return {"text": head,
+            "blocks": [{"type": "header", "text": {"type": "plain_text", "text": head[:150]}},
                        {"type": "section", "text": {"type": "mrkdwn", "text": body[:3000]}}]}
 
 
 def as_feishu(n: Notification, route: Route) -> dict[str, Any]:
-    """Feishu/Lark custom bot (open.feishu.cn "Custom bot usage guide"): ``{"msg_type": "text", "content": {"text"}}``."""
-    return {"msg_type": "text", "content": {"text": text(n).replace("**", "")}}
+    """Feishu/Lark custom bot (open.feishu.cn "Custom bot usage guide"): ``{"msg_type": "text", "content": {"text"}}``.
+
+    Plain text, no bold; names: :func:`~pipeline.escape.feishu_text` (no ``<at>`` tag can open).
+    """
+    return {"msg_type": "text", "content": {"text": text(n, feishu_text, "")}}
 
 
 def as_dingtalk(n: Notification, route: Route) -> dict[str, Any]:
-    """DingTalk custom robot (open.dingtalk.com, "Custom robot"): ``{"msgtype": "markdown", "markdown": {"title", "text"}}``."""
-    return {"msgtype": "markdown", "markdown": {"title": title(n), "text": f"### {title(n)}\n\n" + "\n".join(lines(n))}}
+    """DingTalk custom robot (open.dingtalk.com, "Custom robot"): ``{"msgtype": "markdown", "markdown": {"title", "text"}}``.
+
+    Names: :func:`~pipeline.escape.im_markdown`; no ``at`` object is sent, so nobody is mentioned.
+    """
+    head = title(n, im_markdown)
+    body = "\n".join(lines(n, im_markdown))
+    return {"msgtype": "markdown", "markdown": {"title": head, "text": f"### {head}\n\n{body}"}}
 
 
 def as_wecom(n: Notification, route: Route) -> dict[str, Any]:
     """WeCom group robot (developer.work.weixin.qq.com/document/path/91770): ``{"msgtype": "markdown", "markdown": {"content"}}``.
 
-    WeCom refuses markdown content over 4096 bytes; the text is cut to fit.
+    WeCom refuses markdown content over 4096 bytes; the text is cut to fit. Names:
+    :func:`~pipeline.escape.im_markdown` (no ``<@userid>`` mention, no ``<font>``, no link).
     """
-    content = text(n).encode("utf-8")[:4000].decode("utf-8", "ignore")
+    content = text(n, im_markdown).encode("utf-8")[:4000].decode("utf-8", "ignore")
     return {"msgtype": "markdown", "markdown": {"content": content}}
 
 
@@ -117,7 +152,7 @@ def as_pagerduty(n: Notification, route: Route) -> dict[str, Any]:
         return {"routing_key": route.routing_key, "event_action": "resolve", "dedup_key": n.key}
     return {"routing_key": route.routing_key, "event_action": "trigger", "dedup_key": n.key,
             "payload": {"summary": title(n)[:1024], "source": "channel-health", "severity": n.severity,
-                        "component": n.route, "custom_details": details(n)}}
+                        "component": terminal_text(n.route), "custom_details": details(n)}}
 
 
 FORMATTERS: dict[str, Callable[[Notification, Route], dict[str, Any]]] = {
