@@ -1,7 +1,8 @@
 """The incident report as one self-contained HTML file (issue #21): plots embedded as base64 PNG,
 no script, no stylesheet or font from the network, so it opens offline and can be mailed.
 
-Tables carry the numbers exactly as ClickHouse returned them (floats with
+Names and every table cell pass :func:`pipeline.escape.html_text` (SPEC §8: data, never markup; control
+characters shown escaped). Tables carry the numbers exactly as ClickHouse returned them (floats with
 up to 6 significant digits, times in UTC ISO 8601); table ids
 ``summary`` and ``transitions`` are stable for tests and scrapers.
 """
@@ -14,6 +15,7 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
+from pipeline.escape import html_text
 from pipeline.tools.report.data import ReportData
 from pipeline.tools.report.plots import PLOTS, STATE_COLOURS
 
@@ -52,7 +54,7 @@ def fmt(value: Any) -> str:
 def _state(s: str | None) -> str:
     if s is None:
         return "-"
-    return f'<span class="state" style="background:{STATE_COLOURS.get(s, "#777")}">{escape(s)}</span>'
+    return f'<span class="state" style="background:{STATE_COLOURS.get(s, "#777")}">{html_text(s)}</span>'
 
 
 def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
@@ -63,7 +65,7 @@ def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
 
 
 def _td(value: Any, num: bool = False) -> str:
-    return f'<td class="num">{escape(fmt(value))}</td>' if num else f"<td>{escape(fmt(value))}</td>"
+    return f'<td class="num">{html_text(fmt(value))}</td>' if num else f"<td>{html_text(fmt(value))}</td>"
 
 
 def summary_rows(data: ReportData) -> list[list[Any]]:
@@ -82,8 +84,8 @@ def summary_rows(data: ReportData) -> list[list[Any]]:
 def render_html(data: ReportData, source: str) -> str:
     """The report page for ``data``; ``source``: where the data came from (a redacted URL), shown in the header."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>channel-health report: "
-             f"{escape(data.selection)}</title><style>{_CSS}</style></head><body>",
-             f"<h1>channel-health report: {escape(data.selection)}</h1>",
+             f"{html_text(data.selection)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>channel-health report: {html_text(data.selection)}</h1>",
              f"<p>Window (UTC, event time): <b>{escape(fmt(data.t0))}</b> to <b>{escape(fmt(data.t1))}</b>. "
              f"Data: {escape(source)}. Generated {escape(fmt(datetime.now(timezone.utc)))}.</p>"]
     head = ["channel", "requests", "failures", "error rate", "verdicts", "state changes", "last state"]

@@ -6,6 +6,10 @@ data has nothing to draw (e.g. "no quota data"). The x axis is UTC event time.
 Lines from the policy: P95 ratio trip 1.8 / clear 1.2 and the error-rate
 trip line come from the verdicts (``error_rate_trip``) and from
 :class:`pipeline.policy.defaults.Thresholds` (SPEC §4.1-§4.2).
+
+Channel names are data (SPEC §8): every label that holds one passes
+:func:`pipeline.escape.plot_text`, so ``x/$\\undefinedcommand$`` is drawn as
+written, never parsed as mathtext.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import io
 from typing import Any, Callable
 
+from pipeline.escape import plot_text
 from pipeline.tools.report.data import ReportData
 
 #: Band colours per state (the demo's colours, SPEC §4 states).
@@ -65,7 +70,7 @@ def _lines(data: ReportData, rows: list[dict[str, Any]], x: str, y: str, ax, sty
         xs, ys = _series(rows, ch, x, y)
         if xs:
             ax.plot(xs, [v * scale for v in ys], style, drawstyle="steps-post", lw=1.2,
-                    label=f"{ch} {label}".strip())
+                    label=plot_text(f"{ch} {label}".strip()))
             drawn += 1
     return drawn
 
@@ -88,7 +93,8 @@ def state_bands(data: ReportData) -> Plot:
             end = nxt["ts"] if nxt else data.t1
             ax.axvspan(v["ts"], end, ymin=(row + 0.1) / len(data.channels), ymax=(row + 0.9) / len(data.channels),
                        color=STATE_COLOURS.get(v["state"], "#777777"), lw=0)
-    ax.set_yticks([(i + 0.5) / len(data.channels) for i in range(len(data.channels))], data.channels, fontsize=8)
+    ax.set_yticks([(i + 0.5) / len(data.channels) for i in range(len(data.channels))],
+                  [plot_text(ch) for ch in data.channels], fontsize=8)
     ax.set_ylim(0, 1)
     ax.set_xlim(data.t0, data.t1)
     from matplotlib.patches import Patch
