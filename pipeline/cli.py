@@ -185,6 +185,9 @@ def worker(
     try:
         from mode.utils.logging import setup_logging
 
+        from pipeline.escape import install_log_escaping
+
+        install_log_escaping()  # names in log lines: one line each, no terminal escape (SPEC §8)
         setup_logging(loglevel=loglevel)  # as faust's worker will (again) at its start: the set-up before logs too
         run_worker(settings, policy_config, loglevel=loglevel)
     except StorageError as exc:  # ClickHouse unreachable or misconfigured at start: fail fast, one line

@@ -34,6 +34,9 @@ def alert(
     from pipeline.alert.config import load_alert_config
     from pipeline.alert.runner import run_alerts
 
+    from pipeline.escape import install_log_escaping
+
+    install_log_escaping()  # channel names in log lines: one line each, no terminal escape (SPEC §8)
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_or_exit()
     try:

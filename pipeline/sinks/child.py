@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import msgspec
 
+from pipeline.escape import install_log_escaping
 from pipeline.parent_death import watch_parent
 from pipeline.sinks.buffer import FLUSH_SHARE
 
@@ -95,6 +96,7 @@ def child_main(conn: Any, parent_pid: int | None = None) -> None:
     (None: only when the socket closes). Buffers are unbounded here:
     the parent bounds what it sends (it keeps a copy of every unwritten payload).
     """
+    install_log_escaping()  # names in log lines: one line each, no terminal escape (SPEC §8)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s [sink process] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

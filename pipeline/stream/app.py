@@ -270,8 +270,10 @@ def run_worker(settings: Settings, policy: PolicyConfig | None = None, loglevel:
     """Run a worker until interrupted (SIGINT/SIGTERM): consumes, detects, publishes, stores (sink: ``open_sink``)."""
     from pipeline.stream.runtime import open_sink_and_topics
 
+    from pipeline.escape import install_log_escaping
     from pipeline.metrics import start_metrics_server
 
+    install_log_escaping()  # every log line of the worker: names cannot break or forge lines (SPEC §8)
     sink = open_sink_and_topics(settings)
     app, _state = build_app(settings, policy, sink, metrics=start_metrics_server(settings))
     tune_gc()
