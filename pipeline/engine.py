@@ -94,6 +94,8 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         self.resident = np.zeros(0, bool)
         self.changed = np.zeros(0, bool)  #: per channel: changed since its last captured snapshot (engine_state)
         self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
+        #: bounded warnings about evicted channels' snapshots that cannot be loaded back (``bad_snapshots``)
+        self.snapshot_refusals = residency.refusal_log()
         self._evict_round: int | None = None  # event-time round of the last idle scan (see advance)
         self._evict_backlog = False
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,

@@ -21,12 +21,15 @@ and puts them back when its records are not published (:meth:`EngineStateIO.mark
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable, Mapping
 
+import msgspec
 import numpy as np
 
-from pipeline.policy.state_machine import ChannelMachine
+from pipeline.policy.state_machine import NO_DATA, ChannelMachine
 from pipeline.state.channel_state import ChannelState, HeldChannel, RouteShareRecord
+from pipeline.state.wire import MAX_SEQ, MachineWire
 from pipeline.windows.store import WindowStore
 
 #: :class:`ChannelMachine`'s fields, in order (its dict form in :class:`ChannelState`).
@@ -55,6 +58,10 @@ class EngineStateIO:
     fail_since_eval: np.ndarray
     judged_since_eval: np.ndarray
     dropped_state: dict[str, int]
+    #: The engine's detectors (their ``reason`` codes are the ones a restored machine may hold).
+    hard: tuple
+    soft: tuple
+    advisory: tuple
     changed: np.ndarray
     resident: np.ndarray
     evicted: dict[str, bytes]
@@ -115,11 +122,18 @@ class EngineStateIO:
         (counted in :attr:`dropped_state`). The route's shares are handed to
         :meth:`~pipeline.engine_routes.RouteShares.restore_route_shares`. Raises
         ``ValueError`` when the bucket layout or ring sizes differ from the
-        engine's configuration.
+        engine's configuration or a field is out of range (:meth:`_check_head`,
+        ``fail_since_eval`` and ``judged_since_eval`` finite >= 0): all checked
+        before the engine changes, so a refused state leaves no trace.
         """
+        for what, v in (("fail_since_eval", state.fail_since_eval), ("judged_since_eval", state.judged_since_eval)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"state {what} {v!r} is not a finite number >= 0")
+        machine, unknown = self._check_head(state)
+        self.store.check_channel(state.windows)
         i = self._register(state)
-        dropped = self.store.import_channel(i, state.windows)  # raises before the rest of the state is set
-        self._load_head(i, state)
+        dropped = self.store.import_channel(i, state.windows) + unknown
+        self._load_head(i, state, machine)
         self.fail_since_eval[i] = state.fail_since_eval
         self.judged_since_eval[i] = state.judged_since_eval
         for name, on in state.active.items():
@@ -136,14 +150,42 @@ class EngineStateIO:
         next event (:func:`pipeline.residency.restore` imports them then); returns the channel's row.
 
         Loads what the route shares and the channel limit need without the windows: registry row, state
-        machine, ``seq``, newest event time, next round, the route's shares.
+        machine, ``seq``, newest event time, next round, the route's shares. Raises ``ValueError`` (before
+        the engine changes) when a field is out of range (:meth:`_check_head`).
         """
+        machine, unknown = self._check_head(head)
+        if not 0 <= head.last_ts_ms <= MAX_SEQ:
+            raise ValueError(f"state last_ts_ms {head.last_ts_ms!r} out of range")
+        for name in unknown:
+            self.dropped_state[name] = self.dropped_state.get(name, 0) + 1
         i = self._register(head)
         self.resident[i] = False
         self.evicted[head.channel] = raw
         self.store.last_ts_ms[i] = max(int(self.store.last_ts_ms[i]), head.last_ts_ms)
-        self._load_head(i, head)
+        self._load_head(i, head, machine)
         return i
+
+    def _check_head(self, head: ChannelState | HeldChannel) -> tuple[ChannelMachine, list[str]]:
+        """The machine of ``head``, checked, and the reason codes it held that this engine does not know
+        (left out of the machine, named ``"reason <code>"`` for :attr:`dropped_state`).
+
+        Raises ``ValueError`` when a machine field has the wrong type or is out of range
+        (:class:`~pipeline.state.wire.MachineWire`: a known state, ``weight`` 0..1, ``penalty`` and the
+        baseline counts finite >= 0, times and ``seq`` 0..2**53, at most 16 reasons), or ``seq``,
+        ``next_eval_ms`` or ``watermark_ms`` is out of ``0 .. 2**53``."""
+        for what, v in (("seq", head.seq), ("next_eval_ms", head.next_eval_ms or 0),
+                        ("watermark_ms", head.watermark_ms or 0)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v <= MAX_SEQ:
+                raise ValueError(f"state {what} {v!r} is not an integer in 0 .. 2**53")
+        try:
+            wire = msgspec.convert(dict(head.machine), MachineWire)
+        except (msgspec.ValidationError, TypeError) as exc:
+            raise ValueError(f"state machine: {exc}") from None
+        known = {d.reason for d in (*self.hard, *self.soft)} | {d.reason for d, _ in self.advisory} | {NO_DATA}
+        unknown = [f"reason {r}" for r in wire.reasons if r not in known]
+        fields = msgspec.structs.asdict(wire)
+        fields["reasons"] = [r for r in wire.reasons if r in known]
+        return _machine(fields), unknown
 
     def _register(self, head: ChannelState | HeldChannel) -> int:
         """The row of ``head``'s channel (registered if new), with room for it in the per-channel arrays."""
@@ -151,15 +193,16 @@ class EngineStateIO:
         self._grow(self.store.n_channels)
         return i
 
-    def _load_head(self, i: int, head: ChannelState | HeldChannel) -> None:
-        """Row ``i``'s watermark, next round, ``seq``, machine and route shares from ``head``; flags it changed.
-        Shared by :meth:`import_state` and :meth:`hold_channel` (the fields both states carry)."""
+    def _load_head(self, i: int, head: ChannelState | HeldChannel, machine: ChannelMachine) -> None:
+        """Row ``i``'s watermark, next round, ``seq``, ``machine`` (checked: :meth:`_check_head`) and route
+        shares from ``head``; flags it changed. Shared by :meth:`import_state` and :meth:`hold_channel` (the
+        fields both states carry)."""
         st = self.store
         if head.watermark_ms is not None:
             st.watermark_ms = max(st.watermark_ms or head.watermark_ms, head.watermark_ms)
         self.next_eval[i] = head.next_eval_ms or 0
         self.seq[i] = max(self.seq[i], head.seq)
-        self.machines[i] = _machine(head.machine)
+        self.machines[i] = machine
         self.restore_route_shares(head.route, head.route_shares)
         self.changed[i] = True
 

@@ -149,13 +149,17 @@ class PipelineMetrics:
             raise ValueError(f"kind must be 'gauge' or 'counter', got {kind!r}")
 
     def track_processor(self, get_processor: Callable[[], Any]) -> None:
-        """Events in and dead letters by reason from a :class:`~pipeline.stream.processor.BatchProcessor`
-        (its ``events_in`` and ``counters.by_reason``), read at scrape time."""
+        """Events in, refused snapshots and dead letters by reason from a
+        :class:`~pipeline.stream.processor.BatchProcessor` (its ``events_in``, ``refused_snapshots`` and
+        ``counters.by_reason``), read at scrape time."""
         self.track("channel_health_events_in_total", "Request events decoded (duplicates included).",
                    lambda: None if (p := get_processor()) is None else p.events_in, kind="counter")
         self.track("channel_health_duplicates_dropped_total", "Re-sent events dropped: their event_id was seen "
                    "within the dedup horizon (stored and counted once).",
                    lambda: None if (p := get_processor()) is None else p.duplicates, kind="counter")
+        self.track("channel_health_snapshots_refused_total", "State-topic snapshots refused as breaking the "
+                   "snapshot contract (the channel started fresh).",
+                   lambda: None if (p := get_processor()) is None else p.refused_snapshots, kind="counter")
         self.track("channel_health_dead_letters_total", "Inputs sent to the dead-letter topic, by reason.",
                    lambda: None if (p := get_processor()) is None else dict(p.counters.by_reason),
                    kind="counter", labels=("reason",))

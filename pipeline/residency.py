@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from pipeline.contracts import RequestEvent
+from pipeline.state.refusals import RefusalLog
 
 if TYPE_CHECKING:
     from pipeline.engine import Engine
@@ -66,12 +67,18 @@ def admit(engine: "Engine", events: Sequence[RequestEvent], structure: Sequence 
             None if fields is None else fields.take(np.flatnonzero(keep)))
 
 
+def refusal_log() -> RefusalLog:
+    """An engine's bounded warnings about evicted channels' snapshots that cannot be loaded back
+    (:func:`restore`; :class:`~pipeline.state.refusals.RefusalLog`)."""
+    return RefusalLog(log, "evicted snapshot", outcome="its windows start empty")
+
+
 def restore(engine: "Engine", names: set[str]) -> None:
     """Load evicted channels ``names`` back from their snapshots (their registry rows stay).
 
     A snapshot that cannot be loaded (a corrupt record read from the state
     topic) starts that channel's windows empty: counted in
-    ``engine.bad_snapshots`` and logged, never raised.
+    ``engine.bad_snapshots`` and logged (bounded: :class:`~pipeline.state.refusals.RefusalLog`), never raised.
     """
     from pipeline.state.snapshot import SnapshotError, decode_snapshot, import_channel
 
@@ -82,10 +89,11 @@ def restore(engine: "Engine", names: set[str]) -> None:
             import_channel(engine, decode_snapshot(raw))
         except SnapshotError as exc:
             engine.bad_snapshots += 1
-            log.error("channel %r: evicted state cannot be restored (%s); its windows start empty", name[:100], exc)
+            engine.snapshot_refusals.refuse(name, str(exc))
         engine.resident[i] = True
         engine.changed[i] = True  # also when its windows start empty
         engine.returns += 1
+    engine.snapshot_refusals.summary()
 
 
 def evict_idle(engine: "Engine", now_ms: int, limit: int = EVICT_PER_CALL) -> int:

@@ -27,6 +27,14 @@ Snapshots written before the quality rings existed load with empty ones;
 those written with 30 × 10 s latency histograms (no ``short_lat_slot_id``)
 load with them summed into the 30 s slots.
 
+Decoding is typed and bounded (SPEC §8): :func:`decode_snapshot` checks every field against the
+contract of :mod:`pipeline.state.wire` (types, ranges, sizes) and a compressed record's stated size
+against :data:`MAX_RECORD_BYTES` before allocating; :func:`to_state` checks each packed array's size
+against the engine's layout before decompressing it, inflates at most that many bytes (a zlib bomb
+costs nothing) and refuses NaN or infinity; :meth:`pipeline.engine.Engine.import_state` checks the
+rest before it changes anything. Whatever breaks the contract raises :class:`SnapshotError`, which
+the worker counts, logs (bounded) and answers by starting the channel fresh.
+
 The stream worker publishes snapshots of changed channels to the state topic
 and acks input offsets only afterwards, so committed offsets never run ahead
 of the saved state (see :mod:`pipeline.stream.app`).
@@ -35,14 +43,16 @@ of the saved state (see :mod:`pipeline.stream.app`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
-from typing import Annotated, Sequence
+from typing import Mapping, Sequence
 
 import lz4.block
 import msgspec
 import numpy as np
 
-from pipeline.state.channel_state import MAX_SAVED_ROUTE, ChannelState, HeldChannel, RouteShareRecord
+from pipeline.state.channel_state import ChannelState, HeldChannel, RouteShareRecord
+from pipeline.state.wire import ChannelSnapshot, MachineWire, RouteSharesWire
 from pipeline.windows.features import V1_COUNTER_NAMES
 from pipeline.windows.view import ChannelWindows
 
@@ -54,68 +64,14 @@ ZLIB_ARRAY_VERSIONS = (1, 2)
 #: First byte of a compressed record (version >= 3): ``0xc1`` is never used by msgpack, so no plain
 #: msgpack record starts with it.
 COMPRESSED_MARK = b"\xc1"
-#: Largest decompressed record accepted (bytes): a record is ~80 KB; a corrupt size header must not
-#: allocate gigabytes.
-MAX_RECORD_BYTES = 64 << 20
+#: Largest decompressed record accepted (bytes): a busy channel's record is ~80 KB and one of 4096 latency
+#: buckets ~1 MB; a corrupt or hostile size header must not allocate more.
+MAX_RECORD_BYTES = 8 << 20
 
 
 class SnapshotError(ValueError):
     """A snapshot cannot be read or does not fit the configured windows."""
 
-
-_Share = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-_Shares = Annotated[dict[str, _Share], msgspec.Meta(max_length=MAX_SAVED_ROUTE)]
-
-
-class RouteSharesWire(msgspec.Struct):
-    """Wire form of a :class:`~pipeline.state.channel_state.RouteShareRecord` (shares in 0..1, at most
-    :data:`~pipeline.state.channel_state.MAX_SAVED_ROUTE` channels: a larger record is refused as corrupt)."""
-
-    version: Annotated[int, msgspec.Meta(ge=1)]
-    shares: _Shares
-    round_ms: int
-    round_start: _Shares | None = None
-
-
-class ChannelSnapshot(msgspec.Struct):
-    """Wire form of one channel's state (msgpack). ``short_counts``: version 1 only;
-    ``counters``: versions >= 2 (feature name → packed float32 (30,)). Packed arrays: zlib of the
-    raw bytes in versions 1-2, the raw bytes in version 3 (:func:`_pack`)."""
-
-    version: int
-    channel: str
-    route: str
-    tier: str | None
-    n_buckets: int
-    short_slot_id: bytes
-    short_hist: bytes
-    base_slot_id: bytes
-    base_hist: bytes
-    run: int
-    last_ts_ms: int
-    seq: int
-    watermark_ms: int | None
-    next_eval_ms: int | None
-    fail_since_eval: float
-    active: dict[str, bool]
-    machine: dict[str, object]
-    quality_short_slot_id: bytes = b""
-    quality_short_counts: bytes = b""
-    quality_base_slot_id: bytes = b""
-    quality_base_counts: bytes = b""
-    quality_model: str | None = None
-    short_counts: bytes = b""
-    counters: dict[str, bytes] = {}
-    #: Slot ids of ``short_hist`` when it holds the 30 s latency ring's slots (empty: the 10 s slots of
-    #: ``short_slot_id``, as written before the 30 s latency ring).
-    short_lat_slot_id: bytes = b""
-    #: Signal name → array name → (dtype, shape, packed bytes): the signals' own windows
-    #: (:mod:`pipeline.windows.extension`); absent in snapshots written before them.
-    extensions: dict[str, dict[str, tuple[str, list[int], bytes]]] = {}
-    #: Judged requests since the channel's last round (absent before 2026-12-02: restores as 0).
-    judged_since_eval: float = 0.0
-    #: Its route's shares (absent before 2026-12-02, or no round of the route yet).
-    route_shares: RouteSharesWire | None = None
 
 #: dtypes a snapshot's signal windows may hold (anything else is refused as corrupt).
 _EXTENSION_DTYPES = frozenset({"<f4", "<f8", "<i8", "<i4", "|b1"})
@@ -126,21 +82,51 @@ def _pack(a: np.ndarray) -> bytes:
     return a.tobytes()
 
 
+def _inflate(b: bytes, size: int) -> bytes:
+    """The zlib stream ``b`` decompressed, which must hold exactly ``size`` bytes (>= 0).
+
+    Bounded: never produces more than ``size + 1`` bytes whatever ``b`` claims or holds (a zlib bomb is
+    refused after ``size + 1`` bytes of output). Raises :class:`SnapshotError` for a corrupt, truncated,
+    longer or shorter stream."""
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(b, size + 1)
+    except zlib.error as exc:
+        raise SnapshotError(f"corrupt or mismatched snapshot array: {exc}") from None
+    if len(out) != size or d.unconsumed_tail or not d.eof:
+        raise SnapshotError(f"corrupt or mismatched snapshot array: zlib stream does not hold exactly {size} bytes")
+    return out
+
+
 def _unpack(b: bytes, dtype: type, shape: tuple[int, ...], zlibbed: bool = False) -> np.ndarray:
     """The array packed in ``b`` (``zlibbed``: a version 1-2 record's zlib-compressed array).
 
-    Read-only when not ``zlibbed`` (a view of the record). Raises :class:`SnapshotError` when it does not
-    decompress or has not the size of ``shape``."""
-    try:
-        arr = np.frombuffer(zlib.decompress(b) if zlibbed else b, dtype=dtype)
-        return arr.reshape(shape)
-    except (zlib.error, ValueError) as exc:
-        raise SnapshotError(f"corrupt or mismatched snapshot array: {exc}") from None
+    Read-only when not ``zlibbed`` (a view of the record). The size is that of ``shape`` (checked before
+    anything is decompressed or allocated: at most that many bytes are ever inflated), and a float array
+    holds only finite numbers. Raises :class:`SnapshotError` when it does not decompress, has not the
+    size of ``shape`` or holds NaN or infinity."""
+    dt = np.dtype(dtype)
+    size = dt.itemsize * math.prod(shape)
+    data = _inflate(b, size) if zlibbed else b
+    if len(data) != size:
+        raise SnapshotError(f"corrupt or mismatched snapshot array: {len(data)} bytes, shape {shape} "
+                            f"of {dt.str} needs {size}")
+    arr = np.frombuffer(data, dtype=dt).reshape(shape)
+    if dt.kind == "f" and not np.isfinite(arr).all():
+        raise SnapshotError(f"snapshot array of shape {shape} holds NaN or infinity")
+    return arr
 
 
-def _unpack_extension(name: str, key: str, dtype: str, shape: list[int], b: bytes, zlibbed: bool) -> np.ndarray:
-    if dtype not in _EXTENSION_DTYPES or len(shape) > 4 or any(not 0 <= d <= 1 << 20 for d in shape):
-        raise SnapshotError(f"snapshot windows {name}.{key}: dtype {dtype!r} shape {shape} refused")
+def _unpack_extension(name: str, key: str, dtype: str, shape: list[int], b: bytes, zlibbed: bool,
+                      layout: Mapping[str, Mapping[str, tuple[int, ...]]] | None) -> np.ndarray:
+    """One signal-window array (``layout``: signal → array → shape of the engine's rows, checked before
+    anything is unpacked; an array the layout does not name is unpacked within the wire's own bounds)."""
+    want = None if layout is None else layout.get(name, {}).get(key)
+    if dtype not in _EXTENSION_DTYPES or (want is not None and tuple(shape) != want):
+        raise SnapshotError(f"snapshot windows {name}.{key}: dtype {dtype!r} shape {shape} refused"
+                            + ("" if want is None else f" (engine: {want})"))
+    if math.prod(shape) * np.dtype(dtype).itemsize > MAX_RECORD_BYTES:
+        raise SnapshotError(f"snapshot windows {name}.{key}: shape {shape} over {MAX_RECORD_BYTES} bytes")
     return _unpack(b, np.dtype(dtype), tuple(shape), zlibbed).copy()
 
 
@@ -189,7 +175,9 @@ def copy_state(engine, rows: Sequence[int]) -> list[ChannelState]:
 
 def decode_snapshot(raw: bytes) -> ChannelSnapshot:
     """Decode snapshot bytes (a compressed record, or the plain msgpack of any readable version);
-    raises :class:`SnapshotError` on bad bytes, a size over :data:`MAX_RECORD_BYTES` or an unknown version."""
+    raises :class:`SnapshotError` on bad bytes, a size over :data:`MAX_RECORD_BYTES` (checked before
+    decompressing), a field that breaks the typed contract (:class:`~pipeline.state.wire.ChannelSnapshot`)
+    or an unknown version."""
     if raw[:1] == COMPRESSED_MARK:
         size = int.from_bytes(raw[1:5], "little") if len(raw) >= 5 else -1
         if not 0 <= size <= MAX_RECORD_BYTES:
@@ -208,14 +196,20 @@ def decode_snapshot(raw: bytes) -> ChannelSnapshot:
 
 
 def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25, quality_counters: int = 3,
-             lat_slots: int = 10) -> ChannelState:
+             lat_slots: int = 10, windows_layout: Mapping[str, Mapping[str, tuple[int, ...]]] | None = None
+             ) -> ChannelState:
     """The :class:`ChannelState` a decoded snapshot holds (ring sizes: the engine's).
 
     ``short_hist`` is the latency ring's ``(lat_slots, n_buckets)`` with
     ``short_lat_slot_id``, or (older snapshots) ``(short_slots, n_buckets)`` in
     the 10 s slots of ``short_slot_id`` with ``short_lat_slot_id`` None.
 
-    Raises :class:`SnapshotError` when an array does not unpack to its ring's shape.
+    ``windows_layout``: the engine's signal windows (signal → array → shape of one channel's row,
+    :meth:`pipeline.windows.store.WindowStore.windows_layout`); a saved array of a known signal with
+    another shape is refused before it is unpacked (None: only the wire's own bounds).
+
+    Raises :class:`SnapshotError` when an array does not unpack to its ring's shape or holds NaN or
+    infinity.
     """
     ns, nb, k = short_slots, base_slots, snap.n_buckets
     z = snap.version in ZLIB_ARRAY_VERSIONS
@@ -236,7 +230,8 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
                        quality_base_slot_id=unpack(snap.quality_base_slot_id, np.int64, (nb,)),
                        quality_base_counts=unpack(snap.quality_base_counts, np.float32, (nb, qk)),
                        quality_model=snap.quality_model)
-    extensions = {name: {key: _unpack_extension(name, key, *packed, z) for key, packed in arrays.items()}
+    extensions = {name: {key: _unpack_extension(name, key, *packed, z, windows_layout)
+                         for key, packed in arrays.items()}
                   for name, arrays in snap.extensions.items()}
     windows = ChannelWindows(
         n_buckets=k, short_slot_id=unpack(snap.short_slot_id, np.int64, (ns,)), counters=counters,
@@ -248,8 +243,15 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
     return ChannelState(channel=snap.channel, route=snap.route, tier=snap.tier, windows=windows,
                         watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms,
                         fail_since_eval=snap.fail_since_eval, seq=snap.seq, active=dict(snap.active),
-                        machine=dict(snap.machine), judged_since_eval=snap.judged_since_eval,
+                        machine=_machine_fields(snap.machine), judged_since_eval=snap.judged_since_eval,
                         route_shares=_route_shares(snap))
+
+
+def _machine_fields(m: MachineWire | dict) -> dict[str, object]:
+    """A decoded machine's fields as the dict :class:`ChannelState` carries (a copy)."""
+    if isinstance(m, MachineWire):
+        return {k: (list(v) if type(v) is list else v) for k, v in msgspec.structs.asdict(m).items()}
+    return dict(m)
 
 
 def _route_shares(snap: ChannelSnapshot) -> RouteShareRecord | None:
@@ -265,12 +267,14 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     """Load ``snap`` (any readable version) into ``engine`` (registering the channel); returns its index.
 
     Raises :class:`SnapshotError` when the bucket layout or ring sizes differ
-    from the engine's configuration.
+    from the engine's configuration or a value is out of range (checked before the engine changes: a
+    refused snapshot leaves no trace in it).
     """
     st = engine.store
     if snap.n_buckets != st.buckets.n_buckets:
         raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {st.buckets.n_buckets}")
-    state = to_state(snap, st.short.n_slots, st.base.n_slots, st.quality.short.n_counters, st.short_lat.n_slots)
+    state = to_state(snap, st.short.n_slots, st.base.n_slots, st.quality.short.n_counters, st.short_lat.n_slots,
+                     st.windows_layout())
     try:
         return engine.import_state(state)
     except ValueError as exc:
@@ -283,11 +287,16 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
     Only the registry, state machine, ``seq``, newest event time and next round are loaded (for
     route shares and the channel limit; :meth:`pipeline.engine.Engine.hold_channel`); the windows stay
     in ``raw`` until the channel's next event (:meth:`pipeline.engine.Engine.process` imports it then).
-    Raises :class:`SnapshotError` when the bucket layout differs from the engine's.
+    Raises :class:`SnapshotError` when the bucket layout differs from the engine's or the machine's
+    fields are out of range (before the engine changes). The windows in ``raw`` are checked when they
+    are loaded (:func:`pipeline.residency.restore`: a bad one then starts the channel's windows empty).
     """
     if snap.n_buckets != engine.store.buckets.n_buckets:
         raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {engine.store.buckets.n_buckets}")
-    return engine.hold_channel(HeldChannel(
-        channel=snap.channel, route=snap.route, tier=snap.tier, last_ts_ms=snap.last_ts_ms,
-        watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms, seq=snap.seq, machine=snap.machine,
-        route_shares=_route_shares(snap)), raw)
+    try:
+        return engine.hold_channel(HeldChannel(
+            channel=snap.channel, route=snap.route, tier=snap.tier, last_ts_ms=snap.last_ts_ms,
+            watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms, seq=snap.seq,
+            machine=_machine_fields(snap.machine), route_shares=_route_shares(snap)), raw)
+    except ValueError as exc:
+        raise SnapshotError(str(exc)) from None

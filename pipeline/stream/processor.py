@@ -36,6 +36,7 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.ingest.dedup import EventIdDedup
 from pipeline.ingest.reasons import TOO_MANY_CHANNELS
 from pipeline.sinks.batches import split_stored
+from pipeline.state.refusals import RefusalLog
 
 if TYPE_CHECKING:
     from pipeline.stream.capture import Capture
@@ -117,7 +118,11 @@ class BatchProcessor:
         #: assigned input partition → consumed to its end (see :meth:`set_partition_status`)
         self.caught_up: dict[int, bool] = {}
         self.restored = 0
+        #: snapshots refused (state-topic records that break the snapshot contract; those of evicted channels
+        #: refused by an engine this processor held before :meth:`reset` included): the channel started fresh.
         self.bad_snapshots = 0
+        #: one warning per refused snapshot, bounded (:class:`~pipeline.state.refusals.RefusalLog`)
+        self.snapshot_refusals = RefusalLog(log, "snapshot")
         #: channel → input offsets covered by a not-yet-loaded snapshot (``pending_snapshots``).
         self.pending_offsets: dict[str, dict[int, int]] = {}
         #: restored channel → input offsets its restored state covers (partition → last offset).
@@ -142,6 +147,7 @@ class BatchProcessor:
         Drops pending snapshots, restore bookkeeping, partition watermarks and the ``event_id`` memory;
         call :meth:`load_snapshots` afterwards.
         """
+        self.bad_snapshots += self.engine.bad_snapshots  # the engine's count goes with it
         self.engine = engine
         # Input after a rebalance is re-read from the committed offsets: rows of the old assignment that
         # were not yet written must be stored again, so the ids of the old assignment are forgotten.
@@ -372,6 +378,8 @@ class BatchProcessor:
                 continue
             try:
                 snap = decode_snapshot(raw)
+                if snap.channel != name:
+                    raise SnapshotError(f"the record of key {name[:100]!r} holds channel {snap.channel[:100]!r}")
                 if (hold_idle and idle_ms > 0 and snap.watermark_ms is not None
                         and snap.watermark_ms - snap.last_ts_ms >= idle_ms):
                     hold_channel(self.engine, snap, raw)
@@ -380,8 +388,16 @@ class BatchProcessor:
                 self.restored += 1
                 if offsets:
                     self.covered[name] = offsets
-            except SnapshotError:
+            except SnapshotError as exc:
                 self.bad_snapshots += 1  # start that channel fresh; never crash on a bad snapshot
+                self.snapshot_refusals.refuse(name, str(exc))
+        self.snapshot_refusals.summary()
+
+    @property
+    def refused_snapshots(self) -> int:
+        """Snapshots refused so far (:attr:`bad_snapshots` and those of evicted channels the engine refused
+        on their return: ``engine.bad_snapshots``); monotonic across :meth:`reset`."""
+        return self.bad_snapshots + self.engine.bad_snapshots
 
     def snapshots(self) -> list[tuple[str, bytes]]:
         """``(channel, snapshot bytes)`` for every channel this worker holds."""

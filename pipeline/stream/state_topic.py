@@ -2,7 +2,11 @@
 
 The topic is keyed by channel; the newest message of a key is that
 channel's state. A production Kafka compacts it (``cleanup.policy=compact``);
-the embedded broker does not, so the reader keeps the last value per key.
+the embedded broker does not, so the reader keeps the last value per key
+(:func:`fold_record`); a tombstone (a null value) deletes the key's earlier
+snapshot, as compaction does, so a bad record can be cleared by one.
+Headers are bounded (:data:`MAX_HEADER_BYTES`, typed numbers in range): a
+malformed one reads as absent.
 
 Each message carries, in the header ``input_offsets``, the input offsets the
 snapshot covers: JSON ``{"<partition>": <last offset included>}`` of the
@@ -18,8 +22,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Mapping
+from typing import Annotated, Any, Mapping
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 log = logging.getLogger("channel_health.state")
@@ -28,6 +33,11 @@ log = logging.getLogger("channel_health.state")
 OFFSETS_HEADER = "input_offsets"
 #: Header naming the input partition of the snapshot's channel (decimal ASCII).
 PARTITION_HEADER = "input_partition"
+#: Largest header value read (bytes; an offsets header of ~10,000 partitions): a longer one reads as absent.
+MAX_HEADER_BYTES = 1 << 18
+_MAX_PARTITION = (1 << 31) - 1
+_Offsets = dict[Annotated[str, msgspec.Meta(min_length=1, max_length=10, pattern=r"^[0-9]+$")],
+                Annotated[int, msgspec.Meta(ge=-1, le=(1 << 63) - 1)]]
 
 
 def snapshot_headers(offsets: Mapping[int, int], partition: int | None) -> list[tuple[str, bytes]]:
@@ -51,14 +61,14 @@ def parse_partition_header(headers: Any) -> int | None:
     (3, None)
     >>> parse_partition_header(None), parse_partition_header([("input_partition", b"x")])
     (None, None)
+    >>> parse_partition_header([("input_partition", b"9" * 50)])
     """
     for name, value in headers or ():
         if name == PARTITION_HEADER and value:
-            try:
-                p = int(value)
-            except ValueError:
+            if not isinstance(value, bytes) or len(value) > 10 or not value.isdigit():
                 return None
-            return p if p >= 0 else None
+            p = int(value)
+            return p if p <= _MAX_PARTITION else None
     return None
 
 
@@ -72,21 +82,43 @@ def offsets_header(offsets: Mapping[int, int]) -> bytes:
 
 
 def parse_offsets_header(headers: Any) -> dict[int, int]:
-    """Covered offsets from a record's headers (``[(name, bytes), ...]``); {} when absent or malformed.
+    """Covered offsets from a record's headers (``[(name, bytes), ...]``); {} when absent or malformed
+    (not a JSON object of partition numbers 0..2**31 - 1 to offsets -1..2**63 - 1, or over
+    :data:`MAX_HEADER_BYTES`).
 
     >>> parse_offsets_header([("input_offsets", b'{"0":12,"1":7}')])
     {0: 12, 1: 7}
     >>> parse_offsets_header(None), parse_offsets_header([("input_offsets", b"junk")])
     ({}, {})
+    >>> parse_offsets_header([("input_offsets", b'{"0":1.5}')]), parse_offsets_header([("input_offsets", b"[" * 5000)])
+    ({}, {})
     """
     for name, value in headers or ():
         if name == OFFSETS_HEADER and value:
-            try:
-                raw = json.loads(value)
-                return {int(p): int(o) for p, o in raw.items()}
-            except (ValueError, TypeError, AttributeError):
+            if not isinstance(value, bytes) or len(value) > MAX_HEADER_BYTES:
                 return {}
+            try:
+                raw = msgspec.json.decode(value, type=_Offsets)
+            except msgspec.MsgspecError:
+                return {}
+            out = {int(p): o for p, o in raw.items()}
+            return out if all(p <= _MAX_PARTITION for p in out) else {}
     return {}
+
+
+def fold_record(out: dict[str, tuple[bytes, dict[int, int], int | None]], key: bytes | None, value: bytes | None,
+                headers: Any) -> None:
+    """Apply one state-topic record to ``out`` (channel → ``(snapshot bytes, covered input offsets, input
+    partition)``), in topic order: a value replaces the key's entry, a tombstone (``value`` None) deletes
+    it; a record without a key is skipped. The bytes are not decoded here (the processor does, and
+    refuses a bad one then)."""
+    if key is None:
+        return
+    name = key.decode("utf-8", "replace")
+    if value is None:
+        out.pop(name, None)
+    else:
+        out[name] = (value, parse_offsets_header(headers), parse_partition_header(headers))
 
 
 async def load_snapshot_records(bootstrap: str, topic: str, security: Mapping[str, Any] | None = None,
@@ -136,9 +168,7 @@ async def _load(bootstrap: str, topic: str, security: Mapping[str, Any] | None,
             batches = await consumer.getmany(timeout_ms=500, max_records=10_000)
             for records in batches.values():
                 for r in records:
-                    if r.key is not None and r.value is not None:
-                        out[r.key.decode("utf-8", "replace")] = (r.value, parse_offsets_header(r.headers),
-                                                                 parse_partition_header(r.headers))
+                    fold_record(out, r.key, r.value, r.headers)
         log.info("restored %d channel snapshots from %s", len(out), topic)
         return out
     finally:

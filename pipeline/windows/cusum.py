@@ -189,6 +189,9 @@ class BernoulliCusum(RingWindows):
     def export_row(self, i: int) -> dict[str, np.ndarray]:
         return {**super().export_row(i), "state": self.state[i].copy()}
 
+    def row_layout(self) -> dict[str, tuple[int, ...]]:
+        return {**super().row_layout(), "state": (6,)}
+
     def import_row(self, i: int, arrays: Mapping[str, np.ndarray] | None) -> None:
         if arrays is not None:
             got = arrays.get("state")

@@ -90,6 +90,12 @@ class SignalWindows(ABC):
         Raises ``ValueError`` naming the array when a shape does not match.
         """
 
+    def row_layout(self) -> dict[str, tuple[int, ...]] | None:
+        """Array name → shape of one channel's row, as :meth:`export_row` gives them; a snapshot's
+        windows are checked against it before any channel changes (None: not declared, only
+        :meth:`import_row` checks)."""
+        return None
+
 
 class RingWindows(SignalWindows):
     """:class:`SignalWindows` made of named :class:`IntervalRing` s in ``self.rings``.
@@ -117,6 +123,16 @@ class RingWindows(SignalWindows):
                 out[f"{key}.counts"] = ring.counts[i].copy()
             if ring.n_buckets:
                 out[f"{key}.hist"] = ring.hist[i].copy()
+        return out
+
+    def row_layout(self) -> dict[str, tuple[int, ...]]:
+        out: dict[str, tuple[int, ...]] = {}
+        for key, ring in self.rings.items():
+            out[f"{key}.slot_id"] = ring.slot_id.shape[1:]
+            if ring.n_counters:
+                out[f"{key}.counts"] = ring.counts.shape[1:]
+            if ring.n_buckets:
+                out[f"{key}.hist"] = ring.hist.shape[1:]
         return out
 
     def import_row(self, i: int, arrays: Mapping[str, np.ndarray] | None) -> None:

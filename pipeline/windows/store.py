@@ -425,14 +425,23 @@ class WindowStore:
             lat.slot_id[i, t % lat.n_slots] = t
             lat.hist[i, t % lat.n_slots] += h
 
-    def import_channel(self, i: int, w: ChannelWindows) -> list[str]:
-        """Load ``w`` into registered channel ``i``; returns the names of ``w``'s counters this store does not keep.
+    def windows_layout(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """Signal name → array name → shape of one channel's row of that signal's windows (signals whose
+        windows declare it: :meth:`~pipeline.windows.extension.SignalWindows.row_layout`)."""
+        out = {}
+        for name, ext in self.extensions.items():
+            layout = ext.row_layout()
+            if layout is not None:
+                out[name] = layout
+        return out
 
-        Counters are matched by name: one this store keeps and ``w`` lacks (a
-        feature added since ``w`` was saved) starts empty, every other counter
-        and ring keeps its history. Raises ``ValueError`` when the bucket
-        layout or a ring's size differs from this store's configuration.
-        """
+    def check_channel(self, w: ChannelWindows) -> None:
+        """Check that ``w`` fits this store before anything of it is loaded (:meth:`import_channel`).
+
+        Raises ``ValueError`` naming the array when the bucket layout or a ring's size differs from this
+        store's configuration, a signal window the store keeps lacks an array or has another shape, a
+        slot id is outside ``-1 .. 2**44`` (no interval of a real timestamp is further), ``run`` is not
+        in ``0 .. 2**31 - 1`` or ``last_ts_ms`` not in ``0 .. 2**53``."""
         k, ns, nb = self.buckets.n_buckets, self.short.n_slots, self.base.n_slots
         nl = self.short_lat.n_slots if w.short_lat_slot_id is not None else ns
         if w.n_buckets != k:
@@ -440,16 +449,40 @@ class WindowStore:
         shapes = {"short_slot_id": (w.short_slot_id, (ns,)), "short_hist": (w.short_hist, (nl, k)),
                   "base_slot_id": (w.base_slot_id, (nb,)), "base_hist": (w.base_hist, (nb, k)),
                   **{f"counter {n}": (a, (ns,)) for n, a in w.counters.items()}}
+        if w.short_lat_slot_id is not None:
+            shapes["short_lat_slot_id"] = (w.short_lat_slot_id, (nl,))
+        if w.quality_short_slot_id is not None:
+            q = self.quality
+            shapes.update(quality_short_slot_id=(w.quality_short_slot_id, q.short.slot_id.shape[1:]),
+                          quality_short_counts=(w.quality_short_counts, q.short.counts.shape[1:]),
+                          quality_base_slot_id=(w.quality_base_slot_id, q.base.slot_id.shape[1:]),
+                          quality_base_counts=(w.quality_base_counts, q.base.counts.shape[1:]))
+        for name, layout in self.windows_layout().items():
+            got = w.extensions.get(name)
+            if got is not None:
+                shapes.update({f"windows {name}.{key}": (got.get(key), shape) for key, shape in layout.items()})
+        if not (0 <= w.run <= np.iinfo(self.runs.trailing.dtype).max and 0 <= w.last_ts_ms <= 1 << 53):
+            raise ValueError(f"state run {w.run} or last_ts_ms {w.last_ts_ms} out of range")
         for what, (arr, shape) in shapes.items():
-            if np.shape(arr) != shape:
-                raise ValueError(f"state {what} has shape {np.shape(arr)}, store {shape}")
+            if arr is None or np.shape(arr) != shape:
+                raise ValueError(f"state {what} has shape {None if arr is None else np.shape(arr)}, store {shape}")
+            if what.endswith("slot_id") and arr.size and not (-1 <= int(arr.min()) and int(arr.max()) <= 1 << 44):
+                raise ValueError(f"state {what} holds slot ids outside -1 .. 2**44")
+
+    def import_channel(self, i: int, w: ChannelWindows) -> list[str]:
+        """Load ``w`` into registered channel ``i``; returns the names of ``w``'s counters this store does not keep.
+
+        Counters are matched by name: one this store keeps and ``w`` lacks (a
+        feature added since ``w`` was saved) starts empty, every other counter
+        and ring keeps its history. Raises ``ValueError`` (:meth:`check_channel`) before anything is
+        loaded when the bucket layout or a ring's size differs from this store's configuration.
+        """
+        self.check_channel(w)
         self.short.slot_id[i] = w.short_slot_id
         for j, c in enumerate(self.counters):
             got = w.counters.get(c.name)
             self.short.counts[i, :, j] = 0.0 if got is None else got
         if w.short_lat_slot_id is not None:
-            if np.shape(w.short_lat_slot_id) != (nl,):
-                raise ValueError(f"state short_lat_slot_id has shape {np.shape(w.short_lat_slot_id)}, store {(nl,)}")
             self.short_lat.slot_id[i] = w.short_lat_slot_id
             self.short_lat.hist[i] = w.short_hist
         else:
