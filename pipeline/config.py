@@ -33,8 +33,10 @@ Variables (SPEC §7):
     (:mod:`pipeline.sinks.process`), so inserts and an embedded chDB stay
     out of the detection process; ``off``: in-process.
 ``CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S`` / ``..._QUERY_MAX_MEMORY_BYTES`` / ``..._QUERY_MAX_RESULT_ROWS``
+/ ``..._QUERY_MAX_RESULT_BYTES``
     Limits of ``channel-health query`` (:class:`QueryLimits`; default 30 s,
-    2 GiB, 100 000 rows), enforced by ClickHouse.
+    2 GiB, 100 000 rows, 64 MiB of result), enforced by ClickHouse (the
+    result bytes also by the client, :mod:`pipeline.storage.result_limit`).
 ``CHANNEL_HEALTH_PARTITIONS`` / ``..._REPLICATION_FACTOR`` / ``..._MIN_INSYNC_REPLICAS``
     Partitions (default 4), replication factor (default 1, the embedded
     broker) and ``min.insync.replicas`` (default 1, at most the replication
@@ -165,15 +167,20 @@ class QueryLimits:
     ``max_execution_time``). ``max_memory_bytes``: memory of one query,
     bytes, >= 1 MiB (``max_memory_usage``). ``max_result_rows``: rows of the
     result, >= 1 (``max_result_rows`` with ``result_overflow_mode='throw'``:
-    a larger result is an error, never silently cut). Defaults: 30 s, 2 GiB,
-    100 000 rows (issue #16: an interactive question must end, and must not
-    take the machine's memory; 100 000 rows is more than a terminal table
-    is read for). Raises :class:`ConfigError` outside the ranges.
+    a larger result is an error, never silently cut). ``max_result_bytes``:
+    bytes of the result, >= 1 (``max_result_bytes``, same mode; also counted
+    by the client as rows arrive, since ClickHouse counts a constant column
+    once). Defaults: 30 s, 2 GiB, 100 000 rows, 64 MiB (issue #16: an
+    interactive question must end, and must not take the machine's memory;
+    100 000 rows is more than a terminal table is read for; issue #30: a
+    500 MB result took the CLI to 2.8 GB). Raises :class:`ConfigError`
+    outside the ranges.
     """
 
     max_execution_time_s: float = 30.0
     max_memory_bytes: int = 2 * 1024**3
     max_result_rows: int = 100_000
+    max_result_bytes: int = 64 * 1024**2
 
     def __post_init__(self) -> None:
         if not 0 < self.max_execution_time_s < float("inf"):
@@ -182,6 +189,8 @@ class QueryLimits:
             raise ConfigError(f"query max_memory_bytes must be >= 1 MiB, got {self.max_memory_bytes!r}")
         if self.max_result_rows < 1:
             raise ConfigError(f"query max_result_rows must be >= 1, got {self.max_result_rows!r}")
+        if self.max_result_bytes < 1:
+            raise ConfigError(f"query max_result_bytes must be >= 1, got {self.max_result_bytes!r}")
 
 
 @dataclass(frozen=True)
@@ -545,7 +554,8 @@ def _read_query_limits(env: Mapping[str, str]) -> QueryLimits:
     values: dict[str, Any] = {}
     for name, field_name, kind, least in (("QUERY_MAX_EXECUTION_TIME_S", "max_execution_time_s", float, 0.001),
                                           ("QUERY_MAX_MEMORY_BYTES", "max_memory_bytes", int, 1024**2),
-                                          ("QUERY_MAX_RESULT_ROWS", "max_result_rows", int, 1)):
+                                          ("QUERY_MAX_RESULT_ROWS", "max_result_rows", int, 1),
+                                          ("QUERY_MAX_RESULT_BYTES", "max_result_bytes", int, 1)):
         raw = env.get(f"{ENV_PREFIX}{name}")
         if raw is None:
             continue
