@@ -94,8 +94,15 @@ def placeholders(sql: str) -> set[str]:
 
     >>> sorted(placeholders("SELECT {a:String}, '{b:UInt8}' WHERE x = {c: Array(UInt8)}"))
     ['a', 'c']
+
+    Raises :class:`QueryRefused` for unterminated quotes/comments (found by
+    the battery of tests/integration/test_hostile_query.py: the lexer's own
+    error escaped when the text had not been through :func:`check_readonly_sql`).
     """
-    return set(_PLACEHOLDER.findall(mask_sql(sql)))
+    try:
+        return set(_PLACEHOLDER.findall(mask_sql(sql)))
+    except SqlLexError as exc:
+        raise QueryRefused(f"cannot read the SQL: {exc}") from None
 
 
 def run_readonly_query(
