@@ -287,13 +287,14 @@ def query(
     """Run a read-only query against the configured ClickHouse and print a table.
 
     ClickHouse enforces it: readonly=1, no file/network/process functions, one statement, limits
-    (CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S, _MAX_MEMORY_BYTES, _MAX_RESULT_ROWS).
+    (CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S, _MAX_MEMORY_BYTES, _MAX_RESULT_ROWS, _MAX_RESULT_BYTES).
 
     Example: channel-health query "SELECT state, count() FROM channel_health.channel_verdicts WHERE channel =
     {ch:String} GROUP BY state" -p ch=lepton/llama-70b@free
     """
     from pipeline.storage.client import POINT_AT_DATA, open_client
-    from pipeline.storage.query import QueryRefused, check_readonly_sql, format_table, run_readonly_query
+    from pipeline.storage.query import (QueryLimitExceeded, QueryRefused, check_readonly_sql, format_table,
+                                        run_readonly_query)
 
     params = {}
     for p in param:
@@ -310,6 +311,9 @@ def query(
     except QueryRefused as exc:
         typer.secho(f"refused: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
+    except QueryLimitExceeded as exc:  # names the limit and its variable
+        typer.secho(redact_secrets(str(exc)), fg="red", err=True)
+        raise typer.Exit(1) from None
     except Exception as exc:  # server-side errors: show the message, not a traceback
         message = f"query failed: {exc}"
         if "UNKNOWN_TABLE" in message or "Unknown table" in message:

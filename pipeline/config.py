@@ -33,8 +33,10 @@ Variables (SPEC §7):
     (:mod:`pipeline.sinks.process`), so inserts and an embedded chDB stay
     out of the detection process; ``off``: in-process.
 ``CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S`` / ``..._QUERY_MAX_MEMORY_BYTES`` / ``..._QUERY_MAX_RESULT_ROWS``
+/ ``..._QUERY_MAX_RESULT_BYTES``
     Limits of ``channel-health query`` (:class:`QueryLimits`; default 30 s,
-    2 GiB, 100 000 rows), enforced by ClickHouse.
+    2 GiB, 100 000 rows, 64 MiB of result), enforced by ClickHouse (the
+    result bytes also by the client, :mod:`pipeline.storage.result_limit`).
 ``CHANNEL_HEALTH_PARTITIONS`` / ``..._REPLICATION_FACTOR`` / ``..._MIN_INSYNC_REPLICAS``
     Partitions (default 4), replication factor (default 1, the embedded
     broker) and ``min.insync.replicas`` (default 1, at most the replication
@@ -69,6 +71,10 @@ Variables (SPEC §7):
 ``CHANNEL_HEALTH_OVERRIDE_MAX_TTL`` / ``CHANNEL_HEALTH_MAX_OVERRIDES``
     Longest override, a duration (default ``24h``; a record expiring later is
     refused), and most overrides in force at once (default 1000; 1..100 000).
+``CHANNEL_HEALTH_METRICS_HOST``
+    Address the Prometheus endpoint of ``CHANNEL_HEALTH_METRICS_PORT`` listens
+    on: an IP address or a host name (default ``127.0.0.1``, loopback only;
+    SPEC §8); ``0.0.0.0`` serves every interface (:class:`MetricsSettings`).
 ``CHANNEL_HEALTH_FAULT_SINK_DOWN_FILE``
     Test hook (fault injection), unset in production: while the named file
     exists, every ClickHouse insert of the worker fails as if the server were
@@ -87,6 +93,7 @@ outside logging.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -160,15 +167,20 @@ class QueryLimits:
     ``max_execution_time``). ``max_memory_bytes``: memory of one query,
     bytes, >= 1 MiB (``max_memory_usage``). ``max_result_rows``: rows of the
     result, >= 1 (``max_result_rows`` with ``result_overflow_mode='throw'``:
-    a larger result is an error, never silently cut). Defaults: 30 s, 2 GiB,
-    100 000 rows (issue #16: an interactive question must end, and must not
-    take the machine's memory; 100 000 rows is more than a terminal table
-    is read for). Raises :class:`ConfigError` outside the ranges.
+    a larger result is an error, never silently cut). ``max_result_bytes``:
+    bytes of the result, >= 1 (``max_result_bytes``, same mode; also counted
+    by the client as rows arrive, since ClickHouse counts a constant column
+    once). Defaults: 30 s, 2 GiB, 100 000 rows, 64 MiB (issue #16: an
+    interactive question must end, and must not take the machine's memory;
+    100 000 rows is more than a terminal table is read for; issue #30: a
+    500 MB result took the CLI to 2.8 GB). Raises :class:`ConfigError`
+    outside the ranges.
     """
 
     max_execution_time_s: float = 30.0
     max_memory_bytes: int = 2 * 1024**3
     max_result_rows: int = 100_000
+    max_result_bytes: int = 64 * 1024**2
 
     def __post_init__(self) -> None:
         if not 0 < self.max_execution_time_s < float("inf"):
@@ -177,6 +189,8 @@ class QueryLimits:
             raise ConfigError(f"query max_memory_bytes must be >= 1 MiB, got {self.max_memory_bytes!r}")
         if self.max_result_rows < 1:
             raise ConfigError(f"query max_result_rows must be >= 1, got {self.max_result_rows!r}")
+        if self.max_result_bytes < 1:
+            raise ConfigError(f"query max_result_bytes must be >= 1, got {self.max_result_bytes!r}")
 
 
 @dataclass(frozen=True)
@@ -221,17 +235,40 @@ class MetricsSettings:
     two gauges x 6 states per channel keep a scrape under ~4,000 series);
     channels beyond it are not exported and counted in
     ``channel_health_metrics_dropped_channels_total``
-    (``CHANNEL_HEALTH_METRICS_MAX_CHANNELS``). Raises :class:`ConfigError` outside the ranges.
+    (``CHANNEL_HEALTH_METRICS_MAX_CHANNELS``). ``host``: the address it
+    listens on, an IP address or a host name (``CHANNEL_HEALTH_METRICS_HOST``,
+    default ``127.0.0.1``: loopback, SPEC §8). Raises :class:`ConfigError`
+    outside the ranges or for a host that is neither.
     """
 
     port: int | None = None
     max_channels: int = 500
+    host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if self.port is not None and not 1 <= self.port <= 65535:
             raise ConfigError(f"metrics port must be 1..65535, got {self.port!r}")
         if self.max_channels < 1:
             raise ConfigError(f"metrics max_channels must be >= 1, got {self.max_channels!r}")
+        if not _is_host(self.host):
+            raise ConfigError(f"{ENV_PREFIX}METRICS_HOST must be an IP address or a host name, got {self.host!r}")
+
+
+#: One label of a host name (RFC 1123): letters, digits, inner hyphens, 1..63 characters.
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def _is_host(text: str) -> bool:
+    """True for an IP address (v4 or v6, no brackets) or an RFC 1123 host name of at most 253 characters
+    whose last label is not all digits (``300.1.1.1`` is a bad address, not a name)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    labels = text[:-1].split(".") if text.endswith(".") else text.split(".")
+    return (0 < len(text) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+            and not labels[-1].isdigit())
 
 
 #: A ``channel.control`` key id (names the operator in the audit).
@@ -303,7 +340,7 @@ class Settings:
     clock: str = "wall"
     #: Channel-state and dedup bounds (``CHANNEL_HEALTH_MAX_CHANNELS`` etc.).
     state_limits: StateLimits = StateLimits()
-    #: Prometheus endpoint (``CHANNEL_HEALTH_METRICS_PORT``, ``_METRICS_MAX_CHANNELS``); off by default.
+    #: Prometheus endpoint (``CHANNEL_HEALTH_METRICS_PORT``, ``_MAX_CHANNELS``, ``_HOST``); off by default.
     metrics: MetricsSettings = MetricsSettings()
     #: ``channel.control`` keys and bounds (``CHANNEL_HEALTH_CONTROL_KEYS`` etc.).
     control: ControlSettings = ControlSettings()
@@ -492,9 +529,12 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 
 
 def _read_metrics_settings(env: Mapping[str, str]) -> MetricsSettings:
-    """:class:`MetricsSettings` from ``CHANNEL_HEALTH_METRICS_PORT`` / ``_METRICS_MAX_CHANNELS`` (unset or empty:
-    the defaults); :class:`ConfigError` if malformed."""
-    values: dict[str, int] = {}
+    """:class:`MetricsSettings` from ``CHANNEL_HEALTH_METRICS_PORT`` / ``_METRICS_MAX_CHANNELS`` /
+    ``_METRICS_HOST`` (unset or empty: the defaults); :class:`ConfigError` if malformed."""
+    values: dict[str, Any] = {}
+    host = env.get(f"{ENV_PREFIX}METRICS_HOST")
+    if host is not None and host.strip() != "":
+        values["host"] = host
     for name, field_name, low, high in (("METRICS_PORT", "port", 1, 65535),
                                         ("METRICS_MAX_CHANNELS", "max_channels", 1, 10**7)):
         raw = env.get(f"{ENV_PREFIX}{name}")
@@ -514,7 +554,8 @@ def _read_query_limits(env: Mapping[str, str]) -> QueryLimits:
     values: dict[str, Any] = {}
     for name, field_name, kind, least in (("QUERY_MAX_EXECUTION_TIME_S", "max_execution_time_s", float, 0.001),
                                           ("QUERY_MAX_MEMORY_BYTES", "max_memory_bytes", int, 1024**2),
-                                          ("QUERY_MAX_RESULT_ROWS", "max_result_rows", int, 1)):
+                                          ("QUERY_MAX_RESULT_ROWS", "max_result_rows", int, 1),
+                                          ("QUERY_MAX_RESULT_BYTES", "max_result_bytes", int, 1)):
         raw = env.get(f"{ENV_PREFIX}{name}")
         if raw is None:
             continue

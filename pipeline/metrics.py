@@ -3,7 +3,8 @@
 One :class:`PipelineMetrics` per process holds every metric object on its
 own registry; :func:`start_metrics_server` serves it on
 ``CHANNEL_HEALTH_METRICS_PORT`` (``settings.metrics.port``; unset: no
-endpoint, the objects still count). Names follow Prometheus conventions:
+endpoint, the objects still count) of ``CHANNEL_HEALTH_METRICS_HOST``
+(default ``127.0.0.1``: loopback only). Names follow Prometheus conventions:
 ``channel_health_`` prefix, base units in the name (``_seconds``,
 ``_bytes``, ``_rows``, ``_messages``), counters end in ``_total``.
 
@@ -239,16 +240,20 @@ class PipelineMetrics:
 def start_metrics_server(settings: Any, registry: CollectorRegistry | None = None) -> PipelineMetrics:
     """A :class:`PipelineMetrics` for this process, served over HTTP when ``settings.metrics.port`` is set.
 
-    The endpoint listens on all interfaces at that port (``/metrics``, the
-    Prometheus text format) in a daemon thread. Raises ``OSError`` when the
-    port cannot be bound (in use, no permission): a configured endpoint that
-    cannot start is an error, not silently skipped.
+    The endpoint listens on ``settings.metrics.host`` (default ``127.0.0.1``:
+    loopback only, SPEC §8; ``CHANNEL_HEALTH_METRICS_HOST``) at that port
+    (``/metrics``, the Prometheus text format) in a daemon thread, and logs
+    the address it is bound to. Raises ``OSError`` when the address cannot
+    be bound (port in use, no permission, a host name that does not resolve
+    to a local address): a configured endpoint that cannot start is an error,
+    not silently skipped.
     """
     from prometheus_client import start_http_server
 
     cfg = settings.metrics
     metrics = PipelineMetrics(registry, max_channels=cfg.max_channels)
     if cfg.port is not None:
-        metrics.server, _thread = start_http_server(cfg.port, registry=metrics.registry)
-        log.info("metrics: http://0.0.0.0:%d/metrics", cfg.port)
+        metrics.server, _thread = start_http_server(cfg.port, addr=cfg.host, registry=metrics.registry)
+        host, port = metrics.server.socket.getsockname()[:2]
+        log.info("metrics: http://%s:%d/metrics", f"[{host}]" if ":" in host else host, port)
     return metrics

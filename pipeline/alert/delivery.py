@@ -6,7 +6,10 @@ answer whose JSON body, if any, carries no error code (Feishu answers 200 with
 Connection errors, timeouts, 429 and 5xx are retried up to the route's
 ``attempts`` with exponential backoff and equal jitter (delay ``d/2 + U(0,
 d/2)``, ``d = min(backoff_max_s, backoff_s * 2**n)``, AWS Architecture Blog
-"Exponential Backoff And Jitter"); other answers fail at once. A failed route
+"Exponential Backoff And Jitter"); other answers fail at once. Redirects are
+never followed (``allow_redirects=False``): a 3xx answer is a failed delivery,
+not retried, because following it would re-POST the body (a PagerDuty routing
+key, a signed IM payload) to whatever host the ``Location`` names. A failed route
 hands the notification to its ``backup`` (and that one to its own, each at
 most once). Logs name routes, never URLs; error texts pass through
 :func:`pipeline.redaction.redact_secrets`.
@@ -146,10 +149,14 @@ class Dispatcher:
         """One attempt: ``(retryable, None)`` on success, else ``(retryable, why)``."""
         try:
             async with self._session.post(route.url, json=body,  # type: ignore[union-attr]
-                                          timeout=aiohttp.ClientTimeout(total=route.timeout_s)) as resp:
+                                          timeout=aiohttp.ClientTimeout(total=route.timeout_s),
+                                          allow_redirects=False) as resp:  # never re-POST to another host
                 raw = await resp.read()
                 if resp.status == 429 or resp.status >= 500:
                     return True, f"HTTP {resp.status}"
+                if 300 <= resp.status < 400:  # the Location is not logged: it may carry a token
+                    return False, (f"HTTP {resp.status}: the webhook answered with a redirect, which is not "
+                                   "followed; set the route's url to the final address")
                 if not 200 <= resp.status < 300:
                     return False, f"HTTP {resp.status}"
                 code = _error_code(raw)

@@ -18,7 +18,11 @@ ClickHouse, not by a text check in Python:
    on chDB 26.9 also the table functions ``file``, ``url``, ``remote``,
    ``zeros``, ``format``. Limits (:class:`~pipeline.config.QueryLimits`)
    stand beside it: ``max_execution_time``, ``max_memory_usage``,
-   ``max_result_rows`` with ``result_overflow_mode='throw'``.
+   ``max_result_rows`` and ``max_result_bytes`` with
+   ``result_overflow_mode='throw'``; the rows are read block by block and
+   their bytes counted again as they arrive
+   (:func:`~pipeline.storage.result_limit.take_rows`: ClickHouse counts a
+   constant column once), so the client never holds much more than the limit.
 
 ``INTO OUTFILE`` is not a write to ClickHouse (the client writes the file, and
 on chDB the client is this process), so ``readonly`` does not stop it: step 2
@@ -48,6 +52,7 @@ from typing import Any
 
 from pipeline.config import QueryLimits
 from pipeline.storage import DATABASE
+from pipeline.storage.result_limit import take_rows
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +81,8 @@ REFUSED_FUNCTIONS = frozenset({
 REFUSED_PREFIXES = ("azureblobstorage", "hdfs", "iceberg", "deltalake", "hudi", "paimon", "naivebayes")
 
 _AST_LINE = re.compile(r"^( *)(\S+)(?: (\S+))?")
+#: Statements whose rows are streamed (canonical text: no comments before the keyword).
+_STREAMED = re.compile(r"\s*\(*\s*(SELECT|WITH)\b", re.IGNORECASE)
 
 
 class ReadOnlyError(RuntimeError):
@@ -85,13 +92,14 @@ class ReadOnlyError(RuntimeError):
 def session_settings(limits: QueryLimits, *, result_limit: bool) -> dict[str, Any]:
     """ClickHouse settings of a read-only analyst session, ``readonly`` last.
 
-    >>> session_settings(QueryLimits(max_execution_time_s=1.5, max_memory_bytes=2**20, max_result_rows=5),
-    ...                  result_limit=True)  # doctest: +NORMALIZE_WHITESPACE
-    {'max_execution_time': 1.5, 'max_memory_usage': 1048576, 'max_result_rows': 5,
+    >>> session_settings(QueryLimits(max_execution_time_s=1.5, max_memory_bytes=2**20, max_result_rows=5,
+    ...                              max_result_bytes=4096), result_limit=True)  # doctest: +NORMALIZE_WHITESPACE
+    {'max_execution_time': 1.5, 'max_memory_usage': 1048576, 'max_result_rows': 5, 'max_result_bytes': 4096,
      'result_overflow_mode': 'throw', 'allow_introspection_functions': 0, 'allow_ddl': 0, 'readonly': 1}
 
-    ``result_limit``: include the row limit (False for the parse/inspect
-    session, whose ``EXPLAIN AST`` answer has one row per AST node).
+    ``result_limit``: include the row and byte limits (False for the
+    parse/inspect session, whose ``EXPLAIN AST`` answer has one row per AST
+    node).
     """
     settings: dict[str, Any] = {
         "max_execution_time": limits.max_execution_time_s,
@@ -99,6 +107,7 @@ def session_settings(limits: QueryLimits, *, result_limit: bool) -> dict[str, An
     }
     if result_limit:
         settings["max_result_rows"] = limits.max_result_rows
+        settings["max_result_bytes"] = limits.max_result_bytes
         settings["result_overflow_mode"] = "throw"
     settings["allow_introspection_functions"] = 0
     settings["allow_ddl"] = 0
@@ -170,6 +179,7 @@ class ReadOnlySession:
         from clickhouse_connect.driver.httpclient import HttpClient
 
         self._own: list[Any] = []
+        self._max_result_bytes = limits.max_result_bytes
         self._inspect_settings: dict[str, Any] | None = None
         self._run_settings: dict[str, Any] | None = None
         if isinstance(client, HttpClient):
@@ -215,9 +225,33 @@ class ReadOnlySession:
                                      settings=self._inspect_settings)
         return "\n".join(str(row[0]) for row in result.result_rows)
 
-    def query(self, statement: str, params: dict[str, Any] | None) -> Any:
-        """Run ``statement`` (from :meth:`canonical`) in the limited read-only session; a QueryResult."""
-        return self._run.query(statement, parameters=params or None, settings=self._run_settings)
+    def query(self, statement: str, params: dict[str, Any] | None) -> tuple[list[str], list[tuple]]:
+        """Run ``statement`` (from :meth:`canonical`) in the limited read-only session: ``(columns, rows)``.
+
+        The rows are streamed block by block and their bytes counted
+        (:func:`~pipeline.storage.result_limit.take_rows`) when it is a
+        ``SELECT``/``WITH`` (chDB streams nothing else); other statements
+        (``SHOW``/``DESCRIBE``/``EXPLAIN``: small answers) are read whole and
+        counted after. A result without rows may carry no column names (chDB
+        gives none, streamed or not). Raises
+        :class:`~pipeline.storage.result_limit.QueryLimitExceeded` past
+        ``max_result_bytes``, and the driver's error when ClickHouse refuses
+        or stops the statement.
+        """
+        run = dict(parameters=params or None, settings=self._run_settings)
+        stream = None
+        if _STREAMED.match(statement):
+            try:
+                stream = self._run.query_row_block_stream(statement, **run)
+            except Exception as exc:
+                if "Streaming query is not supported" not in str(exc):
+                    raise
+        if stream is None:
+            result = self._run.query(statement, **run)
+            return list(result.column_names), take_rows([result.result_rows], self._max_result_bytes)
+        with stream:
+            rows = take_rows(stream, self._max_result_bytes)
+            return list(stream.source.column_names), rows
 
     def close(self) -> None:
         """Close the chDB handles this session opened (the given client stays open)."""

@@ -189,3 +189,56 @@ def test_routes_are_chosen_by_severity_and_verdict_route() -> None:
     assert [r.name for r in d.targets(FIRING)] == ["im", "pager"]
     assert [r.name for r in d.targets(heartbeat)] == ["im", "pager", "batch-only"]
     assert [r.name for r in d.targets(RESOLVED)] == ["im", "pager"]  # where its alert went
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_is_not_followed_and_the_backup_gets_the_alert(status: int, caplog) -> None:
+    """Issue #30: aiohttp followed a 307/308 to another host and re-POSTed the PagerDuty routing key there."""
+    key = "K" * 32
+    elsewhere: list[tuple[str, str, bytes]] = []  # (method, path, body) of every request the other server gets
+
+    async def record(request: web.Request) -> web.Response:
+        elsewhere.append((request.method, request.path, await request.read()))
+        return web.json_response({"status": "success"})
+
+    async def main():
+        other = web.Application()
+        other.router.add_route("*", "/{tail:.*}", record)
+        other_runner = web.AppRunner(other)
+        await other_runner.setup()
+        await web.TCPSite(other_runner, "127.0.0.1", 0).start()
+        target = f"http://127.0.0.1:{other_runner.addresses[0][1]}/v2/enqueue"
+
+        async def redirect(request: web.Request) -> web.Response:
+            hits.append(await request.json())
+            return web.Response(status=status, headers={"Location": target})
+
+        hits: list[dict] = []
+        try:
+            async with serve() as hooks:
+                redirector = web.Application()
+                redirector.router.add_post("/enqueue", redirect)
+                runner = web.AppRunner(redirector)
+                await runner.setup()
+                await web.TCPSite(runner, "127.0.0.1", 0).start()
+                try:
+                    cfg = parse_alert_config({"route": [
+                        {"name": "pager", "url": f"http://127.0.0.1:{runner.addresses[0][1]}/enqueue",
+                         "format": "pagerduty", "routing_key": key, "backup": "im2", "attempts": 3},
+                        {"name": "im2", "url": f"{hooks.base}/ok", "format": "json", "backup_only": True}]}, env={})
+                    async with Dispatcher(cfg) as d:
+                        assert await d.dispatch(FIRING) == ["im2"]
+                finally:
+                    await runner.cleanup()
+        finally:
+            await other_runner.cleanup()
+        return d, hits, hooks
+
+    with caplog.at_level(logging.WARNING, "channel_health.alert"):
+        d, hits, hooks = asyncio.run(main())
+    assert elsewhere == []  # the redirect's target received nothing: no request, no routing key
+    assert [h["routing_key"] for h in hits] == [key]  # one attempt: a redirect is not retried
+    assert d.counters.failed == 1 and d.counters.backup_used == 1 and d.counters.sent == {"im2": 1}
+    assert len(hooks.received["ok"]) == 1
+    assert f"attempt 1/3 failed: HTTP {status}: the webhook answered with a redirect, which is not followed" \
+        in caplog.text and "alert route pager failed" in caplog.text and "/v2/enqueue" not in caplog.text

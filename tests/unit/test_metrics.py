@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import urllib.request
 from collections import Counter
@@ -93,6 +94,49 @@ def test_the_endpoint_serves_the_registry() -> None:
     finally:
         m.close()
     assert m.server is None
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def test_the_endpoint_binds_loopback_unless_a_host_is_configured(caplog) -> None:
+    """Issue #30: /metrics listened on 0.0.0.0; now on CHANNEL_HEALTH_METRICS_HOST, default 127.0.0.1."""
+    port = _free_port()
+    with caplog.at_level(logging.INFO, "pipeline.metrics"):
+        m = start_metrics_server(load_settings({"CHANNEL_HEALTH_METRICS_PORT": str(port)}), CollectorRegistry())
+    try:
+        assert m.server.socket.getsockname() == ("127.0.0.1", port)
+        assert f"metrics: http://127.0.0.1:{port}/metrics" in caplog.text and "0.0.0.0" not in caplog.text
+    finally:
+        m.close()
+    port = _free_port("127.0.0.2")
+    settings = load_settings({"CHANNEL_HEALTH_METRICS_PORT": str(port), "CHANNEL_HEALTH_METRICS_HOST": "127.0.0.2"})
+    assert settings.metrics.host == "127.0.0.2"
+    m = start_metrics_server(settings, CollectorRegistry())
+    try:
+        assert m.server.socket.getsockname() == ("127.0.0.2", port)
+        body = urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=10).read().decode()
+        assert "# TYPE channel_health_verdicts_total counter" in body
+        with pytest.raises(ConnectionRefusedError):  # not on every interface: 127.0.0.1 has no listener there
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::1", "localhost", "metrics.internal.example", "host-1."])
+def test_a_host_is_an_ip_address_or_a_host_name(host: str) -> None:
+    assert load_settings({"CHANNEL_HEALTH_METRICS_HOST": host}).metrics.host == host
+
+
+@pytest.mark.parametrize("host", ["not a host", "300.1.1.1", "[::1]", "-x", "a..b", "h:9464", "http://h", "x" * 64,
+                                  " 127.0.0.1", "h\n"])
+def test_a_bad_metrics_host_is_refused_naming_the_variable(host: str) -> None:
+    with pytest.raises(ConfigError, match="CHANNEL_HEALTH_METRICS_HOST must be an IP address or a host name"):
+        load_settings({"CHANNEL_HEALTH_METRICS_HOST": host})
+    assert load_settings({"CHANNEL_HEALTH_METRICS_HOST": ""}).metrics.host == "127.0.0.1"  # empty: the default
 
 
 def test_alert_sender_counts_deliveries_per_route() -> None:

@@ -149,7 +149,21 @@ def _fake_http_client(readonly: str) -> tuple[object, list[tuple[str, object, ob
             return _FakeResult(["explain"], [("SelectWithUnionQuery (children 1)",), (" ExpressionList",)])
         return _FakeResult(["c"], [("a",)])
 
+    class _Stream:  # what query_row_block_stream returns: a context over blocks, ``source.column_names``
+        def __init__(self, result: _FakeResult) -> None:
+            self.source, self._blocks = result, [result.result_rows]
+
+        def __enter__(self) -> "_Stream":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def __iter__(self):
+            return iter(self._blocks)
+
     http.query = query
+    http.query_row_block_stream = lambda sql, parameters=None, settings=None: _Stream(query(sql, parameters, settings))
     return http, calls
 
 
@@ -162,7 +176,8 @@ def test_http_client_sends_readonly_and_limits_with_every_request() -> None:
     inspect = {"max_execution_time": 7.5, "max_memory_usage": 2**28, "allow_introspection_functions": 0,
                "allow_ddl": 0, "readonly": 1}
     run = {"max_execution_time": 7.5, "max_memory_usage": 2**28, "max_result_rows": 42,
-           "result_overflow_mode": "throw", "allow_introspection_functions": 0, "allow_ddl": 0, "readonly": 1}
+           "max_result_bytes": 64 * 2**20, "result_overflow_mode": "throw", "allow_introspection_functions": 0,
+           "allow_ddl": 0, "readonly": 1}
     assert calls == [
         ("SELECT formatQuery({q:String})", {"q": "select {ch:String} as c"}, inspect),  # the SQL is a bound value
         ("EXPLAIN AST SELECT {ch:String} AS c", {"ch": "a"}, inspect),
@@ -178,8 +193,8 @@ def test_http_user_that_is_read_only_already_gets_no_settings_and_readonly_2_no_
     http, calls = _fake_http_client("2")  # may change settings except readonly
     run_readonly_query(http, "SELECT {ch:String} AS c", {"ch": "a"})
     assert [sorted(settings) for _, _, settings in calls][2] == [
-        "allow_ddl", "allow_introspection_functions", "max_execution_time", "max_memory_usage", "max_result_rows",
-        "result_overflow_mode"]
+        "allow_ddl", "allow_introspection_functions", "max_execution_time", "max_memory_usage", "max_result_bytes",
+        "max_result_rows", "result_overflow_mode"]
 
 
 def test_format_table() -> None:
@@ -197,11 +212,36 @@ def test_format_table() -> None:
 def test_query_limits_are_read_from_the_environment() -> None:
     from pipeline.config import ConfigError, QueryLimits, load_settings
 
-    assert load_settings({}).query_limits == QueryLimits(30.0, 2 * 1024**3, 100_000)
+    assert load_settings({}).query_limits == QueryLimits(30.0, 2 * 1024**3, 100_000, 64 * 1024**2)
     env = {"CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S": "1.5", "CHANNEL_HEALTH_QUERY_MAX_MEMORY_BYTES": "1048576",
-           "CHANNEL_HEALTH_QUERY_MAX_RESULT_ROWS": "7"}
-    assert load_settings(env).query_limits == QueryLimits(1.5, 1048576, 7)
+           "CHANNEL_HEALTH_QUERY_MAX_RESULT_ROWS": "7", "CHANNEL_HEALTH_QUERY_MAX_RESULT_BYTES": "4096"}
+    assert load_settings(env).query_limits == QueryLimits(1.5, 1048576, 7, 4096)
     for name, raw in (("EXECUTION_TIME_S", "0"), ("EXECUTION_TIME_S", "inf"), ("MEMORY_BYTES", "2G"),
-                      ("MEMORY_BYTES", "1000"), ("RESULT_ROWS", "0")):
+                      ("MEMORY_BYTES", "1000"), ("RESULT_ROWS", "0"), ("RESULT_BYTES", "0"),
+                      ("RESULT_BYTES", "64MiB")):
         with pytest.raises(ConfigError, match=f"CHANNEL_HEALTH_QUERY_MAX_{name} must be .*, got '{raw}'"):
             load_settings({f"CHANNEL_HEALTH_QUERY_MAX_{name}": raw})
+
+
+def test_limit_errors_name_the_setting_to_raise() -> None:
+    from pipeline.storage.result_limit import QueryLimitExceeded, limit_error, take_rows
+
+    cases = {
+        "Code: 396. DB::Exception: Limit for result exceeded, max bytes: 1.00 MiB, current bytes: 1.2 MiB. "
+        "(TOO_MANY_ROWS_OR_BYTES)": "CHANNEL_HEALTH_QUERY_MAX_RESULT_BYTES",
+        "Code: 396. DB::Exception: Limit for result exceeded, max rows: 10.00, current rows: 11.00. "
+        "(TOO_MANY_ROWS_OR_BYTES)": "CHANNEL_HEALTH_QUERY_MAX_RESULT_ROWS",
+        "Code: 159. DB::Exception: Timeout exceeded: elapsed 1.0 seconds, maximum: 1. (TIMEOUT_EXCEEDED)":
+            "CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S",
+        "Code: 241. DB::Exception: Query memory limit exceeded: would use 1.86 GiB. (MEMORY_LIMIT_EXCEEDED)\nstack":
+            "CHANNEL_HEALTH_QUERY_MAX_MEMORY_BYTES",
+    }
+    for message, setting in cases.items():
+        err = limit_error(RuntimeError(message))
+        assert isinstance(err, QueryLimitExceeded) and err.setting == setting
+        assert str(err).endswith(f"or raise {setting}") and message.splitlines()[0] in str(err)
+    assert limit_error(RuntimeError("Code: 164. DB::Exception: Cannot execute query in readonly mode. (READONLY)")) \
+        is None
+    assert take_rows([[("ab", 1)], [("c", None)]], 12) == [("ab", 1), ("c", None)]  # 2 + 8 + 1 + 1 = 12 bytes
+    with pytest.raises(QueryLimitExceeded, match="more than 11 bytes after 2 rows"):
+        take_rows(iter([[("ab", 1)], [("c", None)], [("never read", 0)]]), 11)
