@@ -52,6 +52,11 @@ Variables (SPEC §7):
     ``wall`` (default) or ``event``: replay mode (``worker --replay``), where
     the age bound runs from the newest event time the worker has accepted, so
     data from a year ago is processed on its own clock (SPEC §7).
+``CHANNEL_HEALTH_MAX_CLOCK_SKEW``
+    How far event time may run ahead of the clock, a duration (default ``5s``,
+    at most ``1h``): an event stamped later than the wall clock (replay: the
+    replay's own clock) plus this is kept with its own ``ts_ms`` and counted as
+    ahead of the clock, but moves no other channel's evaluation clock (SPEC §8).
 ``CHANNEL_HEALTH_MAX_CHANNELS``
     Channels one worker holds state for (default 20 000); events of further
     new channels are dead-lettered ``too_many_channels`` (:class:`StateLimits`).
@@ -338,6 +343,8 @@ class Settings:
     max_event_age_ms: int = 7 * 86_400_000
     #: ``"wall"``: the age bound runs from the wall clock; ``"event"`` (replay): from the newest accepted event.
     clock: str = "wall"
+    #: How far event time may run ahead of the clock above (ms, 1 .. 3 600 000; ``CHANNEL_HEALTH_MAX_CLOCK_SKEW``).
+    max_clock_skew_ms: int = 5_000
     #: Channel-state and dedup bounds (``CHANNEL_HEALTH_MAX_CHANNELS`` etc.).
     state_limits: StateLimits = StateLimits()
     #: Prometheus endpoint (``CHANNEL_HEALTH_METRICS_PORT``, ``_MAX_CHANNELS``, ``_HOST``); off by default.
@@ -436,7 +443,17 @@ def _topic_and_time_settings(env: Mapping[str, str]) -> dict[str, Any]:
         dlq_retention_ms=parse_duration_ms(env.get(f"{ENV_PREFIX}DLQ_RETENTION", "30d"), f"{ENV_PREFIX}DLQ_RETENTION"),
         max_event_age_ms=parse_duration_ms(env.get(f"{ENV_PREFIX}MAX_EVENT_AGE", "7d"), f"{ENV_PREFIX}MAX_EVENT_AGE"),
         clock=clock,
+        max_clock_skew_ms=_clock_skew_ms(env),
     )
+
+
+def _clock_skew_ms(env: Mapping[str, str]) -> int:
+    """``CHANNEL_HEALTH_MAX_CLOCK_SKEW`` in ms (default 5 s); ConfigError unless a duration in (0, 1 h]."""
+    name = f"{ENV_PREFIX}MAX_CLOCK_SKEW"
+    skew = parse_duration_ms(env.get(name, "5s"), name)
+    if skew > 3_600_000:
+        raise ConfigError(f"{name} must be at most 1h (the decoder's future bound), got {env.get(name)!r}")
+    return skew
 
 #: Smallest producer request limit accepted: a dead letter without its copy of the input needs ~18 KB at worst.
 MIN_PRODUCER_REQUEST_BYTES = 65_536

@@ -15,6 +15,9 @@ event-time order, split at the 30 s round boundaries:
 4. channels without events are evaluated up to the low watermark (all input
    seen up to there), which is how ``no_data`` is noticed; ``no_data`` is
    published on the transition, then every ``no_data_heartbeat_ms``.
+   A channel whose events keep coming but stamped behind the low watermark
+   (a gateway clock running slow) is evaluated on its own event time instead
+   (see :meth:`Engine.advance`).
 
 Bounded state (SPEC §8): idle channels are evicted, new ones over the
 limit refused (:mod:`pipeline.residency`).
@@ -119,6 +122,9 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         #: Per channel: the next round boundary (event time, ms; 0 = not yet scheduled).
         self.next_eval = np.zeros(0, np.int64)
         self.low_watermark_ms: int | None = None
+        #: Per channel: the low watermark (ms; 0 = unknown) when its newest events were added (see :meth:`advance`).
+        self.arrived_at_wm = np.zeros(0, np.int64)
+        self._batch_wm = 0  # the low watermark the batch being processed brings (0: none or not known)
         self.last_eval_ms: int | None = None
         self._th: ThresholdArrays | None = None
         self.fail_since_eval = np.zeros(0, np.float64)
@@ -162,6 +168,9 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
                                                      np.zeros(n - self.judged_since_eval.shape[0])])
         if self.next_eval.shape[0] < n:
             self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
+        if self.arrived_at_wm.shape[0] < n:
+            grow = np.zeros(n - self.arrived_at_wm.shape[0], np.int64)
+            self.arrived_at_wm = np.concatenate([self.arrived_at_wm, grow])
         if self.resident.shape[0] < n:  # a new channel: resident, and changed since its (no) snapshot
             new = np.ones(n - self.resident.shape[0], bool)
             self.resident, self.changed = np.concatenate([self.resident, new]), np.concatenate([self.changed, new])
@@ -175,7 +184,8 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
 
     def process(self, events: Sequence[RequestEvent],
                 structure: Sequence[tuple[bool | None, list[str] | None]] | None = None,
-                low_watermark_ms: int | None = None, fields: EventFields | None = None) -> BatchResult:
+                low_watermark_ms: int | None = None, fields: EventFields | None = None,
+                max_advance_ms: int | None = None) -> BatchResult:
         """Ingest a batch of validated events (any order); return verdicts and late events.
 
         ``structure`` optionally gives ``(parse_ok, missing_fields)`` per
@@ -196,7 +206,9 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         events are evaluated up to it (that is how ``no_data`` is noticed);
         0 means not known yet (channels advance only with their own events).
         None means the batches form one stream in event-time order, so each
-        chunk's start is itself the low watermark.
+        chunk's start is itself the low watermark, but never past
+        ``max_advance_ms`` when given (the clock plus its allowed skew: a chunk
+        stamped beyond it evaluates only its own channels, SPEC §8).
 
         ``fields``: the events' fields already read (:meth:`read_fields`, same
         order and length as ``events``): the same result, without reading the
@@ -205,6 +217,7 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         result = BatchResult()
         if not events:
             return result
+        self._batch_wm = low_watermark_ms or 0
         if fields is not None and len(fields) != len(events):
             raise ValueError(f"fields hold {len(fields)} events, the batch {len(events)}")
         if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
@@ -242,7 +255,8 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
             structure = structure if isinstance(structure, list) else list(structure)
         for start, end in zip(bounds[:-1], bounds[1:]):
             if low_watermark_ms is None:
-                result.verdicts.extend(self.advance(int(bucket[start]) * step))
+                at = int(bucket[start]) * step
+                result.verdicts.extend(self.advance(at if max_advance_ms is None else min(at, max_advance_ms)))
             cols = self._chunk_columns(events[start:end], ts[start:end], code[start:end], latency[start:end],
                                        checked[start:end], missing[start:end],
                                        None if keys is None else tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
@@ -277,6 +291,8 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         dense = DENSE_EVENTS_PER_CHANNEL * len(cols) >= c  # many channels touched: one bincount, not a sort
         rows = np.flatnonzero(np.bincount(cols.channel, minlength=c)) if dense else np.unique(cols.channel)
         self.changed[rows] = True
+        # the low watermark before this batch (the one it brings while none is known yet)
+        self.arrived_at_wm[rows] = self._batch_wm if self.low_watermark_ms is None else self.low_watermark_ms
         result.verdicts.extend(self._evaluate_until(rows, int(cols.ts_ms.min())))
         th = self.thresholds().consecutive_failures
         machines = self.machines
@@ -325,13 +341,26 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
 
     # -- evaluation ---------------------------------------------------------
     def advance(self, now_ms: int) -> list[Verdict]:
-        """Evaluate every channel at each round boundary <= ``now_ms`` it has not had yet."""
+        """Evaluate every channel at each round boundary <= ``now_ms`` (the low watermark, event time ms) it
+        has not had yet.
+
+        Except a channel that runs on a slow clock: its newest events arrived
+        when the low watermark was already more than
+        ``allowed_lateness_ms`` past them, and that was less than
+        ``no_data_after_ms`` of low watermark ago. Its events still come, so it
+        is evaluated on its own event time (the rounds its events reach) and is
+        not reported ``no_data``; once nothing of it arrived for
+        ``no_data_after_ms`` of low watermark it is evaluated here again.
+        """
         c = self.store.n_channels
         self.low_watermark_ms = now_ms if self.low_watermark_ms is None else max(self.low_watermark_ms, now_ms)
         if c == 0:
             return []
         rows = np.arange(c) if not self.evicted else np.flatnonzero(self.resident[:c])
-        out = self._evaluate_until(rows, now_ms)
+        arrived = self.arrived_at_wm[rows]
+        slow = ((arrived - self.store.last_ts_ms[rows] > self.policy.allowed_lateness_ms)
+                & (arrived > now_ms - self.policy.no_data_after_ms))
+        out = self._evaluate_until(rows[~slow] if slow.any() else rows, now_ms)
         # The idle scan reads every channel: once per evaluation round of event time is enough (eviction is
         # an hour's idleness), and again at once while the previous call hit its per-call limit.
         round_ = now_ms // self.policy.eval_interval_ms

@@ -49,6 +49,10 @@ _CHANNEL = attrgetter("channel")
 #: A partition that delivered nothing for this long (wall clock) no longer
 #: holds the low watermark back (the usual idle-source rule).
 PARTITION_IDLE_S = 10.0
+#: Default of ``max_clock_skew_ms`` (``CHANNEL_HEALTH_MAX_CLOCK_SKEW``): event time may run this far ahead of the clock.
+DEFAULT_CLOCK_SKEW_MS = 5_000
+#: In replay mode, this many channels must have reached an event time before the replay's clock does.
+REPLAY_CLOCK_QUORUM = 2
 #: Duplicates and refused channels are logged at most once per this many seconds (wall clock), with counts.
 LOG_EVERY_S = 60.0
 
@@ -74,13 +78,29 @@ class ProcessedBatch:
 class BatchProcessor:
     """Decode → engine → outputs, with counters.
 
-    ``clock_ms`` returns wall-clock UTC epoch ms (used only to reject
-    timestamps absurdly far from now; windows run on event time).
+    ``clock_ms`` returns wall-clock UTC epoch ms (used to reject
+    timestamps absurdly far from now, and for the clock bound below; windows
+    run on event time).
     ``event_clock`` (replay mode, ``CHANNEL_HEALTH_CLOCK=event``): the
-    decoder's age bound runs from ``event_time_ms``, the newest event time
-    accepted so far (0 before the first: nothing is too old yet), not from the
+    decoder's age bound runs from ``event_time_ms``, the replay's own clock
+    (0 before the first event: nothing is too old yet), not from the
     wall clock, so a day from a year ago is processed on its own clock; the
-    future bound stays on the wall clock.
+    future bound stays on the wall clock. The replay's clock is the newest
+    event time of the channel that is second newest (:data:`REPLAY_CLOCK_QUORUM`
+    channels must have reached it; with one channel so far, that channel's):
+    one channel stamped far ahead cannot move it.
+
+    Clock bound (SPEC §8): the *clock* is the wall clock, or the replay's clock;
+    event time may run ahead of it by ``max_clock_skew_ms`` (> 0,
+    ``CHANNEL_HEALTH_MAX_CLOCK_SKEW``). An event stamped later is accepted and
+    stored with its own ``ts_ms`` and evaluated in its own channel's rounds, but
+    each partition's contribution to the low watermark, and the store's
+    watermark (dedup horizon, snapshots), stop at clock + skew, so it moves no
+    other channel's rounds. Such events are counted in ``ahead_of_clock`` and
+    logged at most once per ``LOG_EVERY_S`` (count, and the newest one's
+    channel and ``event_id``). In its own channel, later events more than the
+    allowed lateness behind it are late (dead-lettered ``late_event``, the
+    usual per-channel lateness contract).
 
     ``dedup``: the ``event_id`` memory (default: horizon and size of the
     engine's :class:`~pipeline.config.StateLimits`); a re-sent event is
@@ -90,7 +110,10 @@ class BatchProcessor:
 
     def __init__(self, engine: Engine | None = None, decoder: Decoder | None = None,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 dedup: EventIdDedup | None = None, *, event_clock: bool = False):
+                 dedup: EventIdDedup | None = None, *, event_clock: bool = False,
+                 max_clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS):
+        if max_clock_skew_ms <= 0:
+            raise ValueError(f"max_clock_skew_ms must be > 0, got {max_clock_skew_ms}")
         self.engine = engine or Engine()
         self.decoder = decoder or Decoder()
         limits = self.engine.limits
@@ -102,8 +125,14 @@ class BatchProcessor:
         self._logged_at = (0.0, 0, 0)  # (monotonic time, duplicates, refused) of the last log line
         self.clock_ms = clock_ms
         self.event_clock = event_clock
-        #: Newest event time accepted (UTC epoch ms; kept across :meth:`reset`); only tracked with ``event_clock``.
+        #: The replay's clock (UTC epoch ms; kept across :meth:`reset`); only tracked with ``event_clock``.
         self.event_time_ms = 0
+        #: (newest event time, channel) of the channels with the newest events, newest first (replay clock).
+        self.leaders: list[tuple[int, str]] = []
+        self.max_clock_skew_ms = int(max_clock_skew_ms)
+        #: Events stamped more than ``max_clock_skew_ms`` ahead of the clock (kept; see the class doc).
+        self.ahead_of_clock = 0
+        self._ahead_logged = (0.0, 0)  # (monotonic time, ahead_of_clock) of the last log line
         self.counters = DecodeCounters()
         self.events_in = 0
         self.verdicts_out = 0
@@ -137,9 +166,9 @@ class BatchProcessor:
     def for_settings(cls, settings: Settings, policy: PolicyConfig | None = None) -> "BatchProcessor":
         """The worker's processor: an :class:`Engine` with ``policy`` and ``settings.state_limits``, the age
         bound ``settings.max_event_age_ms`` (``CHANNEL_HEALTH_MAX_EVENT_AGE``), and the event clock when
-        ``settings.clock == "event"``."""
+        ``settings.clock == "event"``, and the clock skew ``settings.max_clock_skew_ms``."""
         return cls(Engine(policy, settings.state_limits), Decoder(max_age_ms=settings.max_event_age_ms),
-                   event_clock=settings.clock == "event")
+                   event_clock=settings.clock == "event", max_clock_skew_ms=settings.max_clock_skew_ms)
 
     def reset(self, engine: Engine) -> None:
         """Start over with ``engine`` (fresh) after a rebalance; counters are kept.
@@ -224,8 +253,10 @@ class BatchProcessor:
         events, owner, out.dead_letters, envelopes, read = self.decoder.decode_many(raws, now, self.engine.read_fields)
         fields = EventFields.concat(read) if read else None
         if self.event_clock and events:
-            newest = max(map(_TS, events)) if fields is None else int(fields.ts_ms.max())
-            self.event_time_ms = max(self.event_time_ms, newest)
+            self.event_time_ms = max(self.event_time_ms, self._note_leaders(events, fields))
+        ceiling = (self.event_time_ms if self.event_clock else now) + self.max_clock_skew_ms
+        if events:
+            self._note_ahead(events, fields, ceiling)
         self.events_in += len(events)  # decoded, duplicates included
         dup = (self.dedup.filter(events, self.engine.store.watermark_ms, None if fields is None else fields.event_id)
                if events else None)
@@ -236,7 +267,7 @@ class BatchProcessor:
         origin: list[tuple[int, int]] = []
         if partitions is not None and events:
             parts = list(map(partitions.__getitem__, owner))
-            self._note_partitions(events, parts, fields)
+            self._note_partitions(events, parts, fields, ceiling)
             if track:
                 origin = list(zip(parts, map(offsets.__getitem__, owner)))  # type: ignore[union-attr]
         for d in out.dead_letters:
@@ -251,10 +282,13 @@ class BatchProcessor:
         if given and self.cover_limit:
             self._pass_cover_limit(partitions, offsets)  # type: ignore[arg-type]
         late: list[RequestEvent] = []
+        store = self.engine.store
         if partitions is None:
-            result = self.engine.process(events, fields=fields)
+            result = self.engine.process(events, fields=fields, max_advance_ms=ceiling)
         else:  # 0: not known yet — channels advance only with their own events
             result = self.engine.process(events, low_watermark_ms=self.low_watermark_ms() or 0, fields=fields)
+        if store.watermark_ms is not None and store.watermark_ms > ceiling:
+            store.watermark_ms = ceiling  # an event ahead of the clock moves no dedup horizon or snapshot watermark
         out.verdicts.extend(result.verdicts)
         late.extend(result.late)
         if result.refused:
@@ -313,10 +347,46 @@ class BatchProcessor:
                     self.duplicates - dups, self.refused - refused, self.duplicates, self.refused)
         self._logged_at = (wall, self.duplicates, self.refused)
 
-    def _note_partitions(self, events: list[RequestEvent], parts: list[int], fields: EventFields | None) -> None:
-        """Per input partition, the newest event time delivered (for the low watermark), and per channel
-        the partition its events come from (saved with its snapshot). ``fields``: the events' fields
-        when already read."""
+    def _note_leaders(self, events: list[RequestEvent], fields: EventFields | None) -> int:
+        """Update :attr:`leaders` with ``events``; return the replay clock they give (UTC epoch ms): the
+        newest event time of the :data:`REPLAY_CLOCK_QUORUM`-th newest channel (of the only ones, if fewer)."""
+        ts = np.fromiter(map(_TS, events), np.int64, len(events)) if fields is None else fields.ts_ms
+        names = fields.channel if fields is not None else list(map(_CHANNEL, events))
+        best = {c: t for t, c in self.leaders}
+        for i in np.argsort(ts, kind="stable")[::-1].tolist():  # newest first: stops after a few channels
+            c, t = names[i], int(ts[i])
+            if best.get(c, t - 1) < t:
+                best[c] = t
+            if sum(v >= t for v in best.values()) >= REPLAY_CLOCK_QUORUM:
+                break  # older events change none of the newest channels' times
+        self.leaders = sorted(((t, c) for c, t in best.items()), reverse=True)[:REPLAY_CLOCK_QUORUM]
+        return self.leaders[-1][0]
+
+    def _note_ahead(self, events: list[RequestEvent], fields: EventFields | None, ceiling_ms: int) -> None:
+        """Count the events stamped after ``ceiling_ms`` (clock + skew); log at most once per ``LOG_EVERY_S``."""
+        ts = np.fromiter(map(_TS, events), np.int64, len(events)) if fields is None else fields.ts_ms
+        ahead = np.flatnonzero(ts > ceiling_ms)
+        if not ahead.size:
+            return
+        self.ahead_of_clock += int(ahead.size)
+        at, logged = self._ahead_logged
+        wall = time.monotonic()
+        if logged and wall - at < LOG_EVERY_S:
+            return
+        i = int(ahead[np.argmax(ts[ahead])])
+        by_ms = int(ts[i]) - ceiling_ms + self.max_clock_skew_ms
+        log.warning("%d events stamped more than %.0f s ahead of the %s clock since the last report (total %d), "
+                    "newest: channel %r event_id %r, %.0f s ahead; kept with their own ts_ms, they move no other "
+                    "channel's evaluation clock", self.ahead_of_clock - logged, self.max_clock_skew_ms / 1000,
+                    "replay" if self.event_clock else "wall", self.ahead_of_clock, events[i].channel[:100],
+                    events[i].event_id[:100], by_ms / 1000)
+        self._ahead_logged = (wall, self.ahead_of_clock)
+
+    def _note_partitions(self, events: list[RequestEvent], parts: list[int], fields: EventFields | None,
+                         ceiling_ms: int) -> None:
+        """Per input partition, the newest event time delivered, at most ``ceiling_ms`` (clock + skew; for the
+        low watermark), and per channel the partition its events come from (saved with its snapshot).
+        ``fields``: the events' fields when already read."""
         wall = time.monotonic()
         distinct = set(parts)
         if len(distinct) == 1:
@@ -326,6 +396,7 @@ class BatchProcessor:
             part = np.asarray(parts)
             newest = {p: int(ts[part == p].max()) for p in distinct}
         for p, hi in newest.items():
+            hi = min(hi, ceiling_ms)
             prev = self.partition_wm.get(p)
             self.partition_wm[p] = (max(hi, prev[0]) if prev else hi, wall)
         self.input_partition.update(zip(map(_CHANNEL, events) if fields is None else fields.channel, parts))
