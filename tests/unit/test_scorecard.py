@@ -105,3 +105,27 @@ def test_table_and_cli(tmp_path):
 def test_cli_refuses_unknown_or_unsupported_scenarios(name, words):
     res = CliRunner().invoke(app, ["scorecard", "--seeds", "1", "--scenarios", name])
     assert res.exit_code == 2 and words in res.output
+
+
+def test_gateway_peers_are_scored_by_their_own_rules(doc):
+    """Issues #32/#33 peers: Higress removes the key on the 3rd 4xx/5xx in a row of the outage;
+    new-api (401 / keywords only) never disables on a 503 wall; no peer sees hollow answers."""
+    rec, hollow = doc["scenarios"][0]["policies"], doc["scenarios"][1]["policies"]
+    assert {"new-api", "one-api", "linkerd", "helicone", "higress"} <= set(POLICIES)
+    events = scorecard_scenario("recovery").events(start_ms=START_MS, seed=0)
+    run, third_s = 0, None
+    for e in events:
+        if e["channel"] != CHANNEL or e["status"] in ("cancelled", "filtered"):
+            continue
+        run = run + 1 if e["status"] != "ok" else 0
+        if run == 3 and e["ts_ms"] >= START_MS + 7_200_000:
+            third_s = (e["ts_ms"] - START_MS) / 1000 - 7200
+            break
+    assert third_s is not None and rec["higress"]["delays_s"][0] == round(third_s, 1)
+    assert rec["new-api"]["delays_s"] == [None, None]
+    # its only trip: seed 1's 10-minute channel test at 1800 s lands on a 30 s timeout of a clean channel
+    assert rec["new-api"]["false_verdicts_per_seed"] == [0, 1]
+    assert rec["one-api"]["detected"] == 2 and rec["linkerd"]["detected"] == 2
+    for p in ("new-api", "one-api", "linkerd", "higress"):
+        assert hollow[p]["detected"] == 0
+    assert "| new-api | one-api | Linkerd | Helicone | Higress |" in table(doc).splitlines()[0]

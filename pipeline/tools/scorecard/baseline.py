@@ -16,7 +16,10 @@ Status mapping (SPEC §3 ``status`` -> what each breaker sees), the same for all
 How a breaker "detects": its open / cooldown / ejection decision is taken as a non-healthy
 verdict for the channel at that event time. While open, the channel's calls are not sent to it
 (a router sends them elsewhere), so they are skipped; when the breaker lets calls through again
-(half-open, cooldown over, ejection over) they count again.
+(half-open, cooldown over, ejection over) they count again. Peers that probe with a synthetic
+request (new-api's channel test, Higress's health check, Linkerd's probation request) take the
+channel's next call at or after the probe time as the probe's outcome (:func:`probe_ms` for its
+duration): the stream is open loop, so that call is what the upstream answered then.
 """
 
 from __future__ import annotations
@@ -35,13 +38,18 @@ class Call:
     """One finished request as a breaker sees it.
 
     ts_ms: event time, UTC epoch ms. failed: an upstream failure (see the module's mapping).
-    http_status: 100..599. latency_ms: >= 0.
+    http_status: 100..599. latency_ms: >= 0. ttft_ms: time to first token, >= 0, None when the event
+    has none. retry_after_s: the 429's ``Retry-After`` in seconds (>= 0), None when absent.
+    error_message: the upstream error text, None when absent (new-api's keyword rule reads it).
     """
 
     ts_ms: int
     failed: bool
     http_status: int
     latency_ms: float
+    ttft_ms: float | None = None
+    retry_after_s: float | None = None
+    error_message: str | None = None
 
 
 def to_call(event: dict) -> Call | None:
@@ -52,7 +60,19 @@ def to_call(event: dict) -> Call | None:
     http = event.get("http_status") or DEFAULT_HTTP[status]
     if status == "rate_limited":
         http = 429
-    return Call(int(event["ts_ms"]), status in FAILURES, int(http), float(event["latency_ms"]))
+    ttft, retry = event.get("ttft_ms"), event.get("retry_after_s")
+    return Call(int(event["ts_ms"]), status in FAILURES, int(http), float(event["latency_ms"]),
+                None if ttft is None else float(ttft), None if retry is None else float(retry),
+                event.get("error_message"))
+
+
+def probe_ms(call: Call) -> float:
+    """How long a synthetic health check / channel test would take, ms, estimated from a real call.
+
+    The peers' probes are short requests ("hi", at most a few tokens), so their duration is close to
+    the call's time to first token; ``latency_ms`` where the event has no ``ttft_ms``.
+    """
+    return call.ttft_ms if call.ttft_ms is not None else call.latency_ms
 
 
 class Breaker(Protocol):

@@ -5,7 +5,9 @@ JSON (``--json PATH``)::
     {"seeds": [0, 1, ...],
      "scenarios": [{"name", "description", "primary", "start_s", "target_delay_s",
                     "policies": {"channel-health": {...}, "litellm": {...}, "envoy": {...},
-                                 "resilience4j": {...}, "pybreaker": {...}}}]}
+                                 "resilience4j": {...}, "pybreaker": {...}, "new-api": {...},
+                                 "one-api": {...}, "linkerd": {...}, "helicone": {...},
+                                 "higress": {...}}}]}
 
 Each policy: ``detection_delay_s`` (median over seeds of the primary target's delay, a missed seed
 counting as infinitely late; null when the median is a miss or there is no target), ``detected``
@@ -26,7 +28,8 @@ from .runner import CHANNEL_HEALTH, POLICIES, PolicyRun, targets
 from .scenarios import GRADUAL_TARGET_ERROR_RATE, TARGET_DELAY_S
 
 _SHORT = {"channel-health": "channel-health", "litellm": "LiteLLM", "envoy": "Envoy",
-          "resilience4j": "resilience4j", "pybreaker": "pybreaker"}
+          "resilience4j": "resilience4j", "pybreaker": "pybreaker", "new-api": "new-api",
+          "one-api": "one-api", "linkerd": "Linkerd", "helicone": "Helicone", "higress": "Higress"}
 
 
 def _median_delay(values: Sequence[float | None]) -> float | None:

@@ -28,7 +28,12 @@ from pipeline.tools.simulate.scenario import BAD_STATES, Scenario
 
 from .baseline import PerChannel, to_call
 from .envoy_outlier import EnvoyOutlierPool
+from .helicone_monitor import HeliconePool
+from .higress_failover import HigressFailoverPool
+from .linkerd_accrual import LinkerdAccrual
 from .litellm_cooldown import LiteLLMCooldown
+from .newapi_autodisable import NewApiAutoDisable
+from .oneapi_metric import OneApiMetric
 from .pybreaker_breaker import PyBreaker
 from .resilience4j_breaker import Resilience4jBreaker
 
@@ -40,6 +45,11 @@ BASELINES: dict[str, Callable[[list[str]], object]] = {
     "envoy": EnvoyOutlierPool,
     "resilience4j": lambda chans: PerChannel(Resilience4jBreaker, chans),
     "pybreaker": lambda chans: PerChannel(PyBreaker, chans),
+    "new-api": lambda chans: PerChannel(NewApiAutoDisable, chans),
+    "one-api": lambda chans: PerChannel(OneApiMetric, chans),
+    "linkerd": lambda chans: PerChannel(LinkerdAccrual, chans),
+    "helicone": HeliconePool,
+    "higress": HigressFailoverPool,
 }
 POLICIES: tuple[str, ...] = (CHANNEL_HEALTH, *BASELINES)
 _BAD = frozenset(BAD_STATES)
