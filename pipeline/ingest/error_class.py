@@ -34,17 +34,26 @@ channel without ``/`` is its own provider up to a ``@`` (``deepseek@paid`` →
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import compress, repeat
 from operator import attrgetter, ne
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal, cast
 
 from pipeline.contracts import FAILURE_STATUSES, RequestEvent
 from pipeline.ingest.error_patterns import DEFAULT_PATTERNS
 
 __all__ = [
-    "CLASS_ORDER", "ERROR_CLASSES", "Classifier", "ErrorClass", "ErrorTableError", "MAX_MATCH_CHARS",
-    "MAX_MESSAGE_CHARS", "default_classifier", "provider_of", "resolve_errors",
+    "CLASS_ORDER",
+    "ERROR_CLASSES",
+    "MAX_MATCH_CHARS",
+    "MAX_MESSAGE_CHARS",
+    "Classifier",
+    "ErrorClass",
+    "ErrorTableError",
+    "default_classifier",
+    "provider_of",
+    "resolve_errors",
 ]  # fmt: skip
 
 ErrorClass = Literal["caller", "credential", "quota_exhausted", "rate_limited", "transient"]
@@ -158,7 +167,7 @@ class Classifier:
         self._cached: Callable[[str, int | None, str, str, str], str] = lru_cache(maxsize=cache_size)(self._classify)
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any], *, cache_size: int = _DEFAULT_CACHE) -> "Classifier":
+    def from_table(cls, table: Mapping[str, Any], *, cache_size: int = _DEFAULT_CACHE) -> Classifier:
         """A classifier from a ``[error_classes.<provider>]``-shaped dict: ``{provider: {class: [regex]}}``.
 
         Patterns are case-insensitive regexes, tried before the defaults.
@@ -225,21 +234,23 @@ def resolve_errors(events: Sequence[RequestEvent], classifier: Classifier | None
     """Resolve every event's error fields once, at ingest, onto the event (like
     :func:`~pipeline.ingest.structure.resolve_onto`): ``error_message`` cut to
     :data:`MAX_MESSAGE_CHARS`, ``error_class`` set to :meth:`Classifier.classify_event` (None for
-    a non-failure). Idempotent. Returns how many events changed (0: the bytes still say what is
-    stored). ``classifier`` defaults to :func:`default_classifier`.
+    a non-failure). Idempotent. ``classifier`` defaults to :func:`default_classifier`.
+
+    Returns how many messages it cut: then the event's bytes no longer say what is stored. A
+    class is not counted: a stored envelope carries its events' classes beside its bytes
+    (:func:`pipeline.ingest.envelope.with_error_classes`).
 
     >>> e = RequestEvent(event_id="e", ts_ms=0, channel="openai/gpt", route="r", status="error",
     ...                  latency_ms=1.0, http_status=401)
     >>> resolve_errors([e]), e.error_class
-    (1, 'credential')
+    (0, 'credential')
     """
     c = classifier or default_classifier()
-    changed = 0
+    cut = 0
     for e in compress(events, map(ne, map(_ERR_INPUTS, events), repeat(_NO_ERR_INPUTS))):  # one C-level scan
-        before = (e.error_message, e.error_class)
         msg = e.error_message
         if msg is not None and len(msg) > MAX_MESSAGE_CHARS:
             e.error_message = msg[:MAX_MESSAGE_CHARS]
-        e.error_class = c.classify_event(e)
-        changed += (e.error_message, e.error_class) != before
-    return changed
+            cut += 1
+        e.error_class = cast("ErrorClass | None", c.classify_event(e))  # one of ERROR_CLASSES or None
+    return cut

@@ -258,8 +258,8 @@ def resolve_onto(events: Sequence[RequestEvent]) -> int:
 
     The error fields are resolved in the same pass
     (:func:`pipeline.ingest.error_class.resolve_errors`: ``error_class`` of a
-    failed event, ``error_message`` cut), so a changed class or message also
-    counts in the return value.
+    failed event, ``error_message`` cut); a cut message also counts in the
+    return value (the class does not: see ``resolve_errors``).
 
     Returns how many events now carry flags other than their fields stated
     as data (:func:`_as_sent`): 0 means the message's own bytes still say
