@@ -16,6 +16,8 @@ import msgspec
 
 SCHEMA_VERSION = 1
 
+#: Error classes (SPEC §4.1; :mod:`pipeline.ingest.error_class`).
+ErrorClassName = Literal["caller", "credential", "quota_exhausted", "rate_limited", "transient"]
 Status = Literal["ok", "error", "timeout", "rate_limited", "cancelled", "filtered"]
 State = Literal["healthy", "degraded", "open", "half_open", "recovering", "no_data"]
 
@@ -35,6 +37,11 @@ NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 TokenCount = Annotated[int, msgspec.Meta(ge=0, le=4_294_967_295)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 ShortStr = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+#: ``retry_after_s``: at most one day (a larger Retry-After is absurd: ``out_of_range``).
+RetryAfter = Annotated[float, msgspec.Meta(ge=0, le=86_400)]
+#: ``error_message`` as a gateway may send it: longer is ``out_of_range``; ingest keeps the first
+#: 512 characters (:data:`pipeline.ingest.error_class.MAX_MESSAGE_CHARS`).
+ErrorMessage = Annotated[str, msgspec.Meta(max_length=65_536)]
 
 
 class ExpectedCall(msgspec.Struct, forbid_unknown_fields=False):
@@ -60,6 +67,12 @@ class RequestEvent(msgspec.Struct, omit_defaults=True, gc=False):
     ``parse_ok`` are a structure check already done (by the gateway, or by the
     ingest decoder before it truncates a long ``response_text``);
     ``parse_ok`` absent with ``missing_fields`` present means "parsed".
+    ``error_message`` (the provider's error code or message, at most 65,536
+    characters; stored cut to 512), ``retry_after_s`` (0..86,400 s: the
+    provider's Retry-After), ``account`` (1..512 characters: the credential /
+    quota pool behind the channel) and ``error_class`` (SPEC §4.1: the
+    gateway's explicit class; ingest sets it for every failed event and clears
+    it for any other, :func:`pipeline.ingest.error_class.resolve_errors`).
 
     Raises ``msgspec.ValidationError`` on decode for a wrong type, a missing
     required field, a value out of range, a non-finite number or a mixed
@@ -89,6 +102,10 @@ class RequestEvent(msgspec.Struct, omit_defaults=True, gc=False):
     parse_ok: bool | None = None
     response_text: str | None = None
     prompt_text: str | None = None
+    error_message: ErrorMessage | None = None
+    retry_after_s: RetryAfter | None = None
+    account: ShortStr | None = None
+    error_class: ErrorClassName | None = None
 
     def __post_init__(self) -> None:
         if self.expected_fields:

@@ -35,7 +35,7 @@ from pipeline.contracts import Batch, RequestEvent, TypedBatch
 from pipeline.ingest import reasons as R
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
-from pipeline.ingest.envelope import storable_envelope
+from pipeline.ingest.envelope import storable_envelope, with_error_classes
 from pipeline.ingest.limits import DAY_MS, HOUR_MS, EventLimits
 from pipeline.ingest.reasons import classify_validation_error
 from pipeline.ingest.structure import resolve_onto
@@ -57,7 +57,9 @@ class DecodeResult(msgspec.Struct):
     ``envelope``: the message's bytes when they can stand for ``events``
     as they are (see :func:`pipeline.ingest.envelope.storable_envelope`), their
     structure flags included (resolving changed none:
-    :func:`pipeline.ingest.structure.resolve_onto` returned 0), else None.
+    :func:`pipeline.ingest.structure.resolve_onto` returned 0), with the
+    events' error classes added beside them
+    (:func:`pipeline.ingest.envelope.with_error_classes`), else None.
     """
 
     events: list[RequestEvent]
@@ -160,6 +162,8 @@ class Decoder(EventLimits):
             result = self._decode(raw, now_ms)
             if resolve_onto(result.events) and result.envelope is not None:
                 result.envelope = None  # its bytes no longer state the flags stored: rows instead
+            if result.envelope is not None:  # the error classes go beside the bytes (SPEC 4.1)
+                result.envelope = with_error_classes(result.envelope, result.events)
         except Exception as exc:  # noqa: BLE001 - bad input must never stop the stream
             detail = f"decoder error {type(exc).__name__}: {exc}"[: R.MAX_DETAIL_CHARS]
             result = DecodeResult([], [DeadLetter(R.INTERNAL_ERROR, detail, _safe_bytes(raw))])

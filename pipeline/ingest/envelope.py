@@ -11,9 +11,13 @@ from itertools import repeat
 from operator import attrgetter, is_not
 from typing import Sequence
 
+import msgspec
+
 from pipeline.contracts import RequestEvent
 
 _RESPONSE = attrgetter("response_text")
+_CLASS = attrgetter("error_class")
+_CLASSES_KEY = b'"error_classes"'
 
 
 def storable_envelope(raw: bytes, events: Sequence[RequestEvent], dead_letters: Sequence[object]) -> bool:
@@ -44,3 +48,29 @@ def storable_envelope(raw: bytes, events: Sequence[RequestEvent], dead_letters: 
     return (not dead_letters and b"\\" not in raw and b"\n" not in raw
             and not any(map(is_not, map(_RESPONSE, events), repeat(None)))
             and raw.count(b'"events"') == 1)
+
+
+def with_error_classes(raw: bytes, events: Sequence[RequestEvent]) -> bytes | None:
+    """A storable envelope with its events' error classes as resolved at ingest added as a last
+    top-level key ``"error_classes"`` (one class or null per event, in order), for the view of
+    ``infra/clickhouse/014_error_fields.sql``; the bytes as they came when no event has a class
+    (the view reads an absent key as no class); None (store as rows) when the bytes hold the key
+    ``"error_classes"`` already, or a class must be added and they do not end with ``}`` after
+    trailing blanks.
+
+    >>> e = RequestEvent(event_id="e", ts_ms=0, channel="c", route="r", status="error", latency_ms=1.0,
+    ...                  error_class="credential")
+    >>> with_error_classes(b'{"events": [{"event_id": "e"}]} ', [e])
+    b'{"events": [{"event_id": "e"}],"error_classes":["credential"]}'
+    >>> with_error_classes(b'{"events": [{"event_id": "e"}]}', [msgspec.structs.replace(e, error_class=None)])
+    b'{"events": [{"event_id": "e"}]}'
+    """
+    if _CLASSES_KEY in raw:
+        return None
+    classes = list(map(_CLASS, events))
+    if classes.count(None) == len(classes):
+        return raw
+    body = raw.rstrip()
+    if not body.endswith(b"}"):
+        return None
+    return body[:-1] + b"," + _CLASSES_KEY + b":" + msgspec.json.encode(classes) + b"}"

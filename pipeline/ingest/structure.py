@@ -41,6 +41,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import msgspec
 
 from pipeline.contracts import ExpectedCall, RequestEvent
+from pipeline.ingest.error_class import resolve_errors
 
 __all__ = ["StructureResult", "check_structure", "resolve_onto", "resolve_structure"]
 
@@ -255,6 +256,11 @@ def resolve_onto(events: Sequence[RequestEvent]) -> int:
     Only events with ``missing_fields``, ``parse_ok`` or ``response_text``
     can change; the others are skipped after C-level scans.
 
+    The error fields are resolved in the same pass
+    (:func:`pipeline.ingest.error_class.resolve_errors`: ``error_class`` of a
+    failed event, ``error_message`` cut); a cut message also counts in the
+    return value (the class does not: see ``resolve_errors``).
+
     Returns how many events now carry flags other than their fields stated
     as data (:func:`_as_sent`): 0 means the message's own bytes still say
     what is stored (:mod:`pipeline.sinks.batches` may store it as it came).
@@ -272,4 +278,4 @@ def resolve_onto(events: Sequence[RequestEvent]) -> int:
         if resolved != _as_sent(e):
             changed += 1
         e.parse_ok, e.missing_fields = resolved
-    return changed
+    return changed + resolve_errors(events)

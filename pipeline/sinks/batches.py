@@ -7,9 +7,9 @@ event's structure flags as ingest resolved them already in them
 (:func:`pipeline.ingest.structure.resolve_onto` changed none:
 ``DecodeResult.envelope``), and none of its events is late, refused (a
 new channel over the limit) or a re-sent duplicate: one envelope
-per line, ``JSONEachRow`` into ``request_event_envelopes``, whose
+per line, ``JSONEachRow`` into ``request_event_envelopes_v2``, whose
 materialized view writes one ``request_events`` row per event with the
-flags read as data (``infra/clickhouse/011_request_event_envelopes.sql``).
+flags read as data and the error classes beside them (``infra/clickhouse/014_error_fields.sql``, after 011).
 Every other accepted event goes as a row ``(event, parse_ok,
 missing_fields)`` (:func:`stored_rows`, the flags read from the event).
 Encoding the rows cost the worker's main thread a sizeable share of its

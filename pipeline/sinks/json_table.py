@@ -9,8 +9,8 @@ list), e.g. one batch's ``request_events`` rows from
 :func:`pipeline.sinks.rows.event_payload`, or (``fmt="JSONEachRow"``) JSON
 objects one per line, e.g. whole batch envelopes (:mod:`pipeline.sinks.batches`).
 A flush joins the buffered payloads into one insert into an input table
-(``request_events_input``, ``infra/clickhouse/006_request_events_input.sql``;
-``request_event_envelopes``, ``011_request_event_envelopes.sql``) whose
+(``request_events_input_v2`` after ``infra/clickhouse/006_request_events_input.sql``;
+``request_event_envelopes_v2`` after ``011_request_event_envelopes.sql``; both in ``014_error_fields.sql``) whose
 materialized view writes the target table. ClickHouse parses the
 values natively, so neither the worker nor the sink process touches a value
 in Python, which costs less CPU per row than decode → Arrow columns → insert

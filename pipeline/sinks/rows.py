@@ -19,10 +19,10 @@ from pipeline.contracts import RequestEvent, Verdict, carries_texts, encode
 from pipeline.storage import DATABASE
 
 EVENTS_TABLE = f"{DATABASE}.request_events"
-#: Where ``request_events`` rows are inserted (Null engine; its view writes ``request_events``).
-EVENTS_INPUT_TABLE = f"{DATABASE}.request_events_input"
-#: Where whole batch envelopes are inserted (Null engine, DDL 011; its view writes ``request_events``; :mod:`.batches`).
-EVENT_BATCHES_TABLE = f"{DATABASE}.request_event_envelopes"
+#: Where ``request_events`` rows are inserted (Null engine, DDL 014; its view writes ``request_events``).
+EVENTS_INPUT_TABLE = f"{DATABASE}.request_events_input_v2"
+#: Where whole batch envelopes are inserted (Null engine, DDL 014; its view writes ``request_events``; :mod:`.batches`).
+EVENT_BATCHES_TABLE = f"{DATABASE}.request_event_envelopes_v2"
 VERDICTS_TABLE = f"{DATABASE}.channel_verdicts"
 QUALITY_SCORES_TABLE = f"{DATABASE}.quality_scores"
 QUALITY_LABELS_TABLE = f"{DATABASE}.quality_labels"
@@ -35,7 +35,7 @@ EVENT_COLUMNS: tuple[str, ...] = (
     "event_id", "ts", "channel", "route", "tier", "status", "latency_ms", "ttft_ms",
     "max_stream_gap_ms", "input_tokens", "output_tokens", "cost_usd", "quota_remaining",
     "http_status", "error_type", "gateway_id", "trace_id", "parse_ok", "missing_fields",
-    "ingested_at",
+    "ingested_at", "error_message", "retry_after_s", "account", "error_class",
 )  # fmt: skip
 VERDICT_COLUMNS: tuple[str, ...] = (
     "channel", "route", "state", "weight", "reasons", "metrics", "ts", "seq", "schema_version",
@@ -73,6 +73,8 @@ def event_row(
     gateway's ``missing_fields`` or the pipeline's own parse), None when not
     checked (no expected fields). ``missing_fields``: expected fields the
     response lacked. ``ingested_ms``: UTC epoch ms when the pipeline stored it.
+    ``error_class`` is the event's as ingest resolved it (:mod:`pipeline.ingest.error_class`),
+    ``""`` when None.
 
     Raises ``ValueError`` when ``missing_fields`` is non-empty for an
     unchecked event (``parse_ok is None``): the minute stats would not count it.
@@ -103,6 +105,10 @@ def event_row(
         None if parse_ok is None else int(bool(parse_ok)),
         list(missing_fields),
         ingested_ms,
+        event.error_message,
+        _opt_float(event.retry_after_s),
+        event.account,
+        event.error_class or "",
     )
 
 
@@ -118,7 +124,7 @@ def event_payload(stored: Sequence[tuple[RequestEvent, bool | None, Sequence[str
     ``[event, parse_ok, missing_fields]`` with the event as msgspec encodes
     it, minus its texts (not stored); ClickHouse turns them into the values
     :func:`event_row` gives, with ``ingested_at`` the time of the insert (the
-    view in ``infra/clickhouse/006_request_events_input.sql``). No Python
+    view in ``infra/clickhouse/014_error_fields.sql``, as 006). No Python
     per value (:class:`pipeline.sinks.json_table.JsonTableSink`).
 
     Raises ``ValueError`` like :func:`event_row` (nothing encoded).

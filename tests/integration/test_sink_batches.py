@@ -51,7 +51,8 @@ EVENTS = [
            input_tokens=4_294_967_295, output_tokens=0, cost_usd=1.5e-7, quota_remaining=0.25),
     _event(6, expected_fields=[{"function": "f", "required": ["x"]}], extra={"n": [1, {"q": None}]},
            prompt_text="p" * 9_000),
-    _event(7, status="timeout", latency_ms=0, tier=None, missing_fields=None),
+    _event(7, status="timeout", latency_ms=0, tier=None, missing_fields=None, account="acct-a", retry_after_s=20,
+           error_message="Incorrect API key provided"),
     b'{ "event_id" : "e08", "ts_ms" : %d, "channel" : "prov/m-0@paid", "route" : "chat", '
     b'"status" : "cancelled", "latency_ms" : 1e2 }' % (T0 + 8),
 ]
@@ -92,6 +93,30 @@ def test_envelopes_store_exactly_the_rows_the_json_rows_store(ch, tmp_path: Path
     assert [(by_id[f"e0{i}"][parse_ok], by_id[f"e0{i}"][missing]) for i in range(1, 8)] == [
         (None, []), (1, []), (0, ["a", "b c"]), (None, []), (None, []), (None, []), (None, [])]
     assert by_id["e05"][9] == 4_294_967_295 and by_id["e05"][15] == "gw-é" and by_id["e05"][16] == "t/5"
+    # error fields (DDL 014), error_class as ingest resolved it (SPEC 4.1), '' for a non-failure
+    assert [by_id[f"e0{i}"][22] for i in range(1, 9)] == ["", "", "", "transient", "", "", "credential", ""]
+    assert by_id["e07"][19:22] == ("Incorrect API key provided", 20.0, "acct-a")
+
+
+def test_an_envelope_carries_its_error_classes_and_a_cut_message_goes_as_rows(ch) -> None:
+    dead = _event(11, status="error", http_status=403, error_message="余额不足")
+    told = _event(12, status="error", http_status=401, error_class="caller")
+    ok_told = _event(13, error_class="credential")  # not a failure: no class stored
+    out = BatchProcessor(clock_ms=lambda: NOW_MS).process([b'{"events":[' + b",".join([dead, told, ok_told]) + b"]}"])
+    assert [n for _, n in out.envelopes] == [3] and out.stored == []
+    assert out.envelopes[0][0].endswith(b',"error_classes":["quota_exhausted","caller",null]}')
+    sink = ClickHouseSink(ch)
+    sink.add_event_batches(out.envelopes)
+    assert sink.flush_counts()["event_batches"] == 3
+    long = _event(14, status="error", http_status=500, error_message="x" * 600)
+    cut = BatchProcessor(clock_ms=lambda: NOW_MS).process([b'{"events":[' + long + b"]}"])
+    assert cut.envelopes == [] and len(cut.stored) == 1  # the bytes no longer say what is stored
+    sink.add_events(cut.stored)
+    assert sink.flush() == 1
+    got = ch.query("SELECT event_id, error_class, error_message FROM channel_health.request_events FINAL "
+                   "ORDER BY event_id").result_rows
+    assert got == [("e11", "quota_exhausted", "余额不足"), ("e12", "caller", None), ("e13", "", None),
+                   ("e14", "transient", "x" * 512)]
 
 
 def test_an_envelope_whose_flags_ingest_resolves_is_stored_as_rows(ch) -> None:

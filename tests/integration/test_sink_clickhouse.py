@@ -46,7 +46,8 @@ BASE_MS = 1_767_225_600_000
 TABLES = {"request_events", "channel_minute_stats", "channel_verdicts", "quality_scores", "quality_labels",
           "request_events_input", "request_events_input_mv", "request_event_batches", "request_event_batches_mv",
           "channel_overrides", "drill_runs", "channel_incidents", "request_event_envelopes",
-          "request_event_envelopes_mv", "channel_quota_forecast"}
+          "request_event_envelopes_mv", "channel_quota_forecast", "request_events_input_v2",
+          "request_events_input_v2_mv", "request_event_envelopes_v2", "request_event_envelopes_v2_mv"}
 
 
 def _settings(url: str, password: str | None = None) -> Settings:
@@ -73,7 +74,8 @@ def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
                              "004_channel_verdicts.sql", "005_quality.sql", "006_request_events_input.sql",
                              "007_request_event_batches.sql", "008_channel_overrides.sql", "009_drill_runs.sql",
                              "010_channel_incidents.sql", "011_request_event_envelopes.sql",
-                             "012_quota_forecast.sql", "013_channel_overrides_key_id.sql"]
+                             "012_quota_forecast.sql", "013_channel_overrides_key_id.sql",
+                             "014_error_fields.sql"]
     tables = {r[0] for r in ch.query("SHOW TABLES FROM channel_health").result_rows}
     assert tables == TABLES
     engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = 'channel_health'").result_rows)
@@ -86,6 +88,14 @@ def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
     assert engines["request_event_batches_mv"] == "MaterializedView"
     assert engines["request_event_envelopes"] == "Null"
     assert engines["request_event_envelopes_mv"] == "MaterializedView"
+    assert engines["request_events_input_v2"] == engines["request_event_envelopes_v2"] == "Null"
+    assert engines["request_events_input_v2_mv"] == engines["request_event_envelopes_v2_mv"] == "MaterializedView"
+    types = dict(ch.query("SELECT name, type FROM system.columns WHERE database = 'channel_health' "
+                          "AND table = 'request_events'").result_rows)
+    assert {k: types[k] for k in ("error_message", "retry_after_s", "account", "error_class")} == {
+        "error_message": "Nullable(String)", "retry_after_s": "Nullable(Float64)",
+        "account": "LowCardinality(Nullable(String))", "error_class": "LowCardinality(String)"}
+    assert apply_ddl(ch)[-1] == "014_error_fields.sql"  # the ALTER is idempotent
 
 
 # -- idempotent events --------------------------------------------------------------------------
@@ -119,7 +129,8 @@ def test_duplicates_in_one_insert_collapse_on_read_with_final(ch) -> None:
 def test_event_row_holds_every_analyst_field(ch) -> None:
     e = _event(7, status="error", latency_ms=812.5, gateway_id="gw-1", trace_id="t-9", tier="free",
                http_status=503, error_type="upstream_5xx", ttft_ms=120.0, max_stream_gap_ms=40.5,
-               input_tokens=900, output_tokens=12, cost_usd=0.0021, quota_remaining=0.25)
+               input_tokens=900, output_tokens=12, cost_usd=0.0021, quota_remaining=0.25,
+               error_message="Server Overloaded", retry_after_s=20.5, account="acct-a", error_class="transient")
     sink = TableSink(ch, EVENTS_TABLE, EVENT_COLUMNS)
     ingested = now_ms()  # recent: rows ingested over 30 days ago expire (TTL)
     sink.add([event_row(e, False, ["answer", "sources"], ingested)])
@@ -134,13 +145,15 @@ def test_event_row_holds_every_analyst_field(ch) -> None:
         "output_tokens": 12, "cost_usd": 0.0021, "quota_remaining": 0.25, "http_status": 503,
         "error_type": "upstream_5xx", "gateway_id": "gw-1", "trace_id": "t-9", "parse_ok": 0,
         "missing_fields": ["answer", "sources"], "ingested_at": datetime.fromtimestamp(ingested / 1000, tz=utc),
+        "error_message": "Server Overloaded", "retry_after_s": 20.5, "account": "acct-a", "error_class": "transient",
     }
 
 
 def test_json_event_payload_stores_exactly_what_event_row_stores(ch) -> None:
     full = dict(gateway_id="gw-1", trace_id="t-9", tier="free", http_status=503, error_type="upstream_5xx",
                 ttft_ms=120.0, max_stream_gap_ms=40.5, input_tokens=900, output_tokens=12, cost_usd=0.0021,
-                quota_remaining=0.25)
+                quota_remaining=0.25, error_message="余额不足", retry_after_s=3.0, account="acct-a",
+                error_class="quota_exhausted")
     stored = [(_event(1, status="error", latency_ms=812.5, **full), False, ["answer", "sources"]),
               (_event(2), None, None), (_event(3), True, []), (_event(4, channel="b/m@paid"), None, [])]
     ingested = now_ms()
@@ -153,8 +166,10 @@ def test_json_event_payload_stores_exactly_what_event_row_stores(ch) -> None:
     sink.add_events(stored)
     assert sink.events.pending_rows == 4 and sink.flush() == 4
     got = ch.query("SELECT * FROM channel_health.request_events ORDER BY event_id").result_rows
-    assert [r[:-1] for r in got] == [r[:-1] for r in rows]
-    assert all(0 <= (r[-1] - rows[0][-1]).total_seconds() < 60 for r in got)  # ingested_at: the time of the insert
+    at = EVENT_COLUMNS.index("ingested_at")
+    assert [r[:at] + r[at + 1:] for r in got] == [r[:at] + r[at + 1:] for r in rows]
+    assert all(0 <= (r[at] - rows[0][at]).total_seconds() < 60 for r in got)  # ingested_at: the time of the insert
+    assert [r[-1] for r in got] == ["", "quota_exhausted", "", ""]  # error_class ('' for ok events)
     by_id = {r[0]: r for r in rows}
     two, three = by_id["lepton/llama-70b@free-2"], by_id["lepton/llama-70b@free-3"]
     assert two[7] is None and two[17] is None and three[17] == 1  # ttft_ms NULL; parse_ok NULL / 1
@@ -431,7 +446,7 @@ def test_sink_on_missing_table_is_a_setup_error(ch) -> None:
 
 def test_wrong_row_width_is_refused(ch) -> None:
     sink = TableSink(ch, EVENTS_TABLE, EVENT_COLUMNS)
-    with pytest.raises(ValueError, match="row has 2 values, expected 20"):
+    with pytest.raises(ValueError, match="row has 2 values, expected 24"):
         sink.add([("a", 1)])
     assert sink.pending_rows == 0
 
