@@ -18,7 +18,7 @@ $(BIN)/.installed: pyproject.toml
 	@echo "==> Installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $@
 
-.PHONY: install demo test test-all bench
+.PHONY: install demo test test-all lint bench
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
@@ -31,11 +31,17 @@ demo: $(BIN)/.installed
 # chDB subprocesses, so the other process uses that time. Every test picks its own free port and
 # tmp_path, so two run side by side. Wall times of both forms: docs/THROUGHPUT.md, "Test suite".
 PYTEST_PAR ?= -n 2 --dist loadfile
-test: $(BIN)/.installed
+test: lint $(BIN)/.installed
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_PAR)
 
-test-all: $(BIN)/.installed
+test-all: lint $(BIN)/.installed
 	$(BIN)/python -m pytest -q $(PYTEST_PAR)
+
+# ruff (faults, not style) and mypy (strict on the core packages), configured in pyproject.toml;
+# each takes seconds (mypy about 40 s on a cold cache).
+lint: $(BIN)/.installed
+	$(BIN)/ruff check pipeline tests
+	$(BIN)/mypy
 
 bench: $(BIN)/.installed
 	$(BIN)/channel-health bench --repeat 3 --json bench.json
