@@ -29,7 +29,7 @@ demo: $(BIN)/.installed
 # Two pytest-xdist processes, one test file each at a time (--dist loadfile: a file's module and
 # session fixtures are built once): the integration tests mostly wait on their broker, worker and
 # chDB subprocesses, so the other process uses that time. Every test picks its own free port and
-# tmp_path, so two run side by side. Wall times of both forms: docs/THROUGHPUT.md, "Test suite".
+# tmp_path, so two run side by side. Wall times of both forms: docs/lab/test-suite.md.
 PYTEST_PAR ?= -n 2 --dist loadfile
 test: lint $(BIN)/.installed
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_PAR)
