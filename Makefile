@@ -13,12 +13,12 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	@echo "==> [1/2] torch 2.13.0 (CPU build, the largest download)"
 	$(BIN)/python -m pip install torch==2.13.0
-	@echo "==> [2/2] channel-health and its dependencies (faust, chDB, sentence-transformers, test tools)"
-	$(BIN)/python -m pip install -e '.[quality,test]'
+	@echo "==> [2/2] channel-health and its dependencies (faust, chDB, sentence-transformers, test tools, extras)"
+	$(BIN)/python -m pip install -e '.[quality,test,tools,embedded]'
 	@echo "==> Installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $@
 
-.PHONY: install demo test test-all bench
+.PHONY: install demo test test-all lint bench
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
@@ -29,13 +29,19 @@ demo: $(BIN)/.installed
 # Two pytest-xdist processes, one test file each at a time (--dist loadfile: a file's module and
 # session fixtures are built once): the integration tests mostly wait on their broker, worker and
 # chDB subprocesses, so the other process uses that time. Every test picks its own free port and
-# tmp_path, so two run side by side. Wall times of both forms: docs/THROUGHPUT.md, "Test suite".
+# tmp_path, so two run side by side. Wall times of both forms: docs/lab/test-suite.md.
 PYTEST_PAR ?= -n 2 --dist loadfile
-test: $(BIN)/.installed
+test: lint $(BIN)/.installed
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_PAR)
 
-test-all: $(BIN)/.installed
+test-all: lint $(BIN)/.installed
 	$(BIN)/python -m pytest -q $(PYTEST_PAR)
+
+# ruff (faults, not style) and mypy (strict on the core packages), configured in pyproject.toml;
+# each takes seconds (mypy about 40 s on a cold cache).
+lint: $(BIN)/.installed
+	$(BIN)/ruff check pipeline tests
+	$(BIN)/mypy
 
 bench: $(BIN)/.installed
 	$(BIN)/channel-health bench --repeat 3 --json bench.json

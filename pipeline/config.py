@@ -373,7 +373,7 @@ class Settings:
         """The ClickHouse URL with any password replaced by ``***`` (for logs)."""
         return redact_url(self.clickhouse_url)
 
-    def with_overrides(self, **changes: object) -> "Settings":
+    def with_overrides(self, **changes: Any) -> "Settings":
         """A copy with some fields replaced (e.g. the embedded broker address)."""
         from dataclasses import replace
 

@@ -196,6 +196,7 @@ class Decoder(EventLimits):
             return Decoded(fast, fast_at, [], [], [read(fast)] if read is not None and fast else None)
         parts: list[Any] | None = [] if read is not None and not fast else None
         results: dict[int, DecodeResult] = {}
+        res: DecodeResult | None
         for k in full:
             res = results[k] = self.decode(raws[k], now_ms)
             if parts is not None and res.events:

@@ -14,12 +14,12 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from pipeline.detectors.registry import SIGNALS
 
 
-def _thresholds_post_init(self) -> None:
+def _thresholds_post_init(self: Any) -> None:
     if not 0.0 < self.half_open_max_error_rate < 1.0:
         raise ValueError(f"half_open_max_error_rate must be in (0, 1), got {self.half_open_max_error_rate}")
     # each signal's own class validates its fields (errors name the key)
@@ -27,7 +27,7 @@ def _thresholds_post_init(self) -> None:
     object.__setattr__(self, "_by_signal", by_signal)
 
 
-def _thresholds_signal(self, name: str) -> Any:
+def _thresholds_signal(self: Any, name: str) -> Any:
     """The typed parameters of signal ``name`` (e.g. ``ErrorRateParams``); ``KeyError`` if not registered."""
     return self._by_signal[name]
 
@@ -48,12 +48,15 @@ def _threshold_fields() -> list[tuple[str, Any, Any]]:
 #: construction by each signal's class (``ValueError`` naming the key). ``signal(name)``
 #: returns one signal's typed parameters. Generated from the registry, so a new signal's
 #: parameters need no edit here.
-Thresholds = dataclasses.make_dataclass(
-    "Thresholds", _threshold_fields(), frozen=True,
-    namespace={"__post_init__": _thresholds_post_init, "signal": _thresholds_signal,
-               "__doc__": "Detector thresholds of one tier or channel: every registered signal's parameters "
-                          "(see the module's ``Thresholds`` comment)."})
-Thresholds.__module__ = __name__  # pickling and reprs find it here
+if TYPE_CHECKING:  # its fields are known at run time only: to mypy, any object
+    Thresholds = Any
+else:
+    Thresholds = dataclasses.make_dataclass(
+        "Thresholds", _threshold_fields(), frozen=True,
+        namespace={"__post_init__": _thresholds_post_init, "signal": _thresholds_signal,
+                   "__doc__": "Detector thresholds of one tier or channel: every registered signal's parameters "
+                              "(see the module's ``Thresholds`` comment)."})
+    Thresholds.__module__ = __name__  # pickling and reprs find it here
 
 #: Field name → the signal that declares it (None: the state machine's ``half_open_max_error_rate``).
 PARAM_SIGNAL: dict[str, str | None] = {f.name: f.metadata["signal"] for f in dataclasses.fields(Thresholds)}
@@ -150,6 +153,7 @@ def _thresholds_from(base: Any, table: Mapping[str, Any], where: str) -> Any:
     known = set(PARAM_SIGNAL)
     names = {s.name: s for s in SIGNALS}
     flat: dict[str, Any] = {}
+    items: Iterable[tuple[str, Any]]
     for key, value in table.items():
         if isinstance(value, Mapping):
             if key not in names:

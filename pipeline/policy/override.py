@@ -111,9 +111,9 @@ def validate(o: Override, max_ttl_ms: int = DEFAULT_MAX_TTL_MS) -> Override:
     for name, value, most in (("by", o.by, MAX_BY_CHARS), ("reason", o.reason, MAX_REASON_CHARS),
                               ("key_id", o.key_id, MAX_BY_CHARS)):
         _check_text(name, value, most)
-    for name, value in (("channel", o.channel), ("route", o.route)):
-        if value is not None:
-            _check_text(name, value, MAX_NAME_CHARS)
+    for name, optional in (("channel", o.channel), ("route", o.route)):
+        if optional is not None:
+            _check_text(name, optional, MAX_NAME_CHARS)
     for name, ts in (("set_ts_ms", o.set_ts_ms), ("expires_ts_ms", o.expires_ts_ms)):
         if type(ts) is not int or not 0 <= ts <= MAX_TS_MS:
             raise OverrideRefused("malformed", f"{name} must be an integer 0..{MAX_TS_MS} (UTC epoch ms), got {ts!r}")
@@ -263,8 +263,8 @@ class OverrideTable:
         metrics["engine_state"] = v.state
         metrics["engine_weight"] = v.weight
         state, weight = v.state, float(v.weight)
-        info: dict = {"kind": o.kind, "by": o.by, "reason": o.reason,
-                      "expires_ts_ms": o.expires_ts_ms, "set_ts_ms": o.set_ts_ms}
+        info: dict[str, object] = {"kind": o.kind, "by": o.by, "reason": o.reason,
+                                   "expires_ts_ms": o.expires_ts_ms, "set_ts_ms": o.set_ts_ms}
         if o.key_id:
             info["key_id"] = o.key_id
         if o.kind == "open":

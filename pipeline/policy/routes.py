@@ -30,11 +30,11 @@ def bounded_shares(weights: np.ndarray, prev_shares: np.ndarray | None, max_grow
     >>> bounded_shares(np.array([0.5, 1.0]), np.array([0.5, 0.5])).round(3).tolist()
     [0.333, 0.667]
     """
-    w = np.clip(np.asarray(weights, dtype=np.float64), 0.0, 1.0)
-    total = w.sum()
+    w: np.ndarray = np.clip(np.asarray(weights, dtype=np.float64), 0.0, 1.0)
+    total = float(w.sum())
     if total <= 0:
         return np.zeros_like(w)
-    target = w / total
+    target: np.ndarray = w / total
     if prev_shares is None or len(prev_shares) != len(w) or prev_shares.sum() <= 0:
         return target
     if max_growth < 1:
@@ -43,7 +43,7 @@ def bounded_shares(weights: np.ndarray, prev_shares: np.ndarray | None, max_grow
     cap = np.where(w > 0, cap, 0.0)
     if cap.sum() < 1.0:
         return target  # nothing can absorb the traffic within the bound
-    share = np.minimum(target, cap)
+    share: np.ndarray = np.minimum(target, cap)
     for _ in range(len(w)):
         rest = 1.0 - share.sum()
         room = (cap - share) * (w > 0)
@@ -51,4 +51,5 @@ def bounded_shares(weights: np.ndarray, prev_shares: np.ndarray | None, max_grow
             break
         add = np.minimum(room, rest * (w * (room > 0)) / max((w * (room > 0)).sum(), 1e-12))
         share = share + add
-    return share / share.sum()
+    out: np.ndarray = share / share.sum()
+    return out

@@ -215,9 +215,7 @@ class Embedder:
             raise EmbeddingModelError(f"cannot load embedding model from {path}: {exc}") from exc
         self.path = path
         self.max_chars = max_chars
-        get_dim = getattr(self.model, "get_embedding_dimension", None) or getattr(
-            self.model, "get_sentence_embedding_dimension"
-        )
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.info = EmbeddingInfo(
             name=model_name,
             dim=int(get_dim()),

@@ -218,7 +218,8 @@ class ProcessSink(FlushRetries):
             try:
                 reply = child.reply(FLUSH_REPLY_TIMEOUT_S)
             except TimeoutError:
-                raise self._restart(f"the sink process did not answer a flush within {FLUSH_REPLY_TIMEOUT_S:.0f} s")
+                raise self._restart(
+                    f"the sink process did not answer a flush within {FLUSH_REPLY_TIMEOUT_S:.0f} s") from None
             if reply is None:  # its socket closed: wait for the exit status (a process with many threads takes a moment)
                 raise self._restart(f"the sink process {describe_exit(child.exit_code(5.0))} before writing")
             if reply[0] not in ("flushed", "failed") or reply[1] != target:

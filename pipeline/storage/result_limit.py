@@ -86,7 +86,7 @@ def limit_error(exc: BaseException) -> QueryLimitExceeded | None:
     The detail keeps ClickHouse's own first line (its error name included).
     """
     text = str(exc)
-    for name, limit in (("TOO_MANY_ROWS_OR_BYTES", "rows"), ("TIMEOUT_EXCEEDED", "time"),
+    for name, limit in (("TOO_MANY_ROWS_OR_BYTES", "rows"), ("TIMEOUT_EXCEEDED", "time"),  # noqa: B007 (read after break)
                         ("MEMORY_LIMIT_EXCEEDED", "memory")):
         if name in text:
             break

@@ -7,7 +7,6 @@ drives); ``tests/integration`` runs a scenario through Kafka and chDB.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from pipeline.tools.simulate.traces import list_llmperf, load_llmperf
 

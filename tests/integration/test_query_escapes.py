@@ -127,7 +127,7 @@ def test_network_table_functions_are_refused_before_connecting(data, listener: s
     if gate == "no-gate":
         monkeypatch.setattr(query_module, "check_readonly_sql", _no_gate)
     port = listener.getsockname()[1]
-    for name, sql in NETWORK.items():
+    for sql in NETWORK.values():
         with pytest.raises(QueryRefused, match=r"reaches files, network|is not allowed"):
             run_readonly_query(data, sql.format(port=port), limits=LIMITS)
     with pytest.raises(BlockingIOError):

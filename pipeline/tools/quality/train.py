@@ -16,15 +16,11 @@ the reported metric.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import math
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -48,7 +44,6 @@ from pipeline.quality.features import (
 )
 from pipeline.quality.head import LogisticHead, fit_logistic, fit_platt, roc_auc
 
-log = logging.getLogger(__name__)
 from pipeline.tools.quality.labels import (  # noqa: F401  (re-exported: the data team's entry points)
     BAD_MAX,
     DEFAULT_L2_GRID,
@@ -70,6 +65,8 @@ from pipeline.tools.quality.labels import (  # noqa: F401  (re-exported: the dat
     repo_root,
     split_by_group,
 )
+
+log = logging.getLogger(__name__)
 
 
 def embed_rows(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import QueryLimits
+from pipeline.tools.extras import require_extra
 
 
 def write_report(client: Any, out: Path, source: str, *, channel: str | None = None, route: str | None = None,
@@ -22,9 +23,10 @@ def write_report(client: Any, out: Path, source: str, *, channel: str | None = N
     """Read the data (:func:`.data.load_report_data`), render it and write ``out``; returns its absolute path.
 
     ``source``: where the data came from, shown in the header (pass a redacted URL: it is printed as is).
-    Raises :class:`.data.ReportError` for a bad selection or no data, the query errors, and ``OSError``
-    when ``out`` cannot be written.
+    Raises :class:`.data.ReportError` for a bad selection or no data, the query errors, ``OSError``
+    when ``out`` cannot be written, and :class:`~pipeline.tools.extras.MissingExtra` without matplotlib.
     """
+    require_extra("matplotlib", "channel-health report")
     from pipeline.tools.report.data import load_report_data
     from pipeline.tools.report.html import render_html
 

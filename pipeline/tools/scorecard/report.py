@@ -120,7 +120,7 @@ def detail(doc: dict) -> str:
         inj = ", ".join(f"{k} {v:.4g}" for k, v in (d["injected_at_detection"] or {}).items()) or "—"
         rec = d.get("recovery")
         if rec:
-            def f(k):
+            def f(k, rec=rec):
                 return "—" if rec.get(k) is None else f"{rec[k]:.0f}"
             r = (f"{f('open_to_half_open_s')} / {f('half_open_to_recovering_s')} / {f('recovering_to_healthy_s')} s "
                  f"({f('spec_open_to_half_open_s')} / {f('spec_half_open_to_recovering_s')} / "
