@@ -28,7 +28,7 @@ Why logs: per-request cost per token is heavy-tailed (one long prompt with a
 short answer costs 100× the median per output token); a price change
 multiplies every request's cost, i.e. shifts the mean of its log. The mean
 and variance of the log unit cost are well behaved, so a two-sample z test
-on them (see :mod:`pipeline.detectors.cost`) holds its false-alarm rate
+on them (see :mod:`pipeline.signals.cost`) holds its false-alarm rate
 where a ratio of sums with a delta-method variance (Cochran 1977 §6.3) did
 not (2 of 40 simulated steady channel-days reported a +20 % rise at night).
 

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from pipeline.contracts import RequestEvent
-from pipeline.detectors.base import ThresholdArrays
-from pipeline.detectors.cost import SIGNAL, CostParams, CostRise
+from pipeline.signals.base import ThresholdArrays
+from pipeline.signals.cost import SIGNAL, CostParams, CostRise
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PAID_TIER, PolicyConfig
 from pipeline.windows.cost import CostWindows

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import theilslopes
 
-from pipeline.detectors.base import ThresholdArrays
-from pipeline.detectors.quota import SIGNAL, QuotaParams
+from pipeline.signals.base import ThresholdArrays
+from pipeline.signals.quota import SIGNAL, QuotaParams
 from pipeline.policy.defaults import PAID_TIER
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.detectors.base import ThresholdArrays
-from pipeline.detectors.slow_stream import SIGNAL, SlowStream, SlowStreamParams
+from pipeline.signals.base import ThresholdArrays
+from pipeline.signals.slow_stream import SIGNAL, SlowStream, SlowStreamParams
 from pipeline.policy.defaults import PAID_TIER
 from pipeline.tools.simulate.channels import LatencyModel
 from pipeline.tools.simulate.traces import load_llmperf

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, exact_lower, exact_upper, safe_ratio
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.stats import alpha_for, exact_lower, exact_upper, safe_ratio
 from pipeline.windows.quota import FEATURES, QuotaWindows
 from pipeline.windows.view import WindowView
 

@@ -54,8 +54,8 @@ import numpy as np
 
 from scipy.special import bdtrc, betaincinv
 
-from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.stats import safe_ratio
 from pipeline.windows.view import WindowView
 
 #: Level of the one-round shift test per round and channel (see the module docstring).

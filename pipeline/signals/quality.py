@@ -56,8 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf calls), without scipy.stats
 
-from pipeline.detectors.base import Finding, ThresholdArrays
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
 from pipeline.windows.view import WindowView
 
 

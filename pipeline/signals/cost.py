@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, z_for
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.stats import z_for
 from pipeline.windows.cost import CostWindows
 from pipeline.windows.view import WindowView
 

@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import (Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower_gate,
-                                     safe_ratio)
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.stats import alpha_for, cusum_alarm, exact_lower_gate, safe_ratio
 from pipeline.windows.cusum import BernoulliCusum, CusumDesign
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.view import WindowView

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
 from pipeline.windows.view import WindowView
 
 

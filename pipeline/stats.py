@@ -1,77 +1,12 @@
-"""The detector contract and the shared statistics.
-
-A detector is stateless: ``detect(view, th, active) -> Finding``. ``active``
-(bool (C,)) says whether the finding fired in the previous round, so a
-detector can apply hysteresis; the engine keeps that bit.
+"""The statistics the signals and the policy use: exact and Wilson binomial bounds, normal quantiles,
+CUSUM alarms, safe ratios. Plain numpy/scipy functions, no window or Kafka state; each docstring gives
+its guarantee and its source.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
-
 import numpy as np
 from scipy.special import betaincinv, ndtri  # what scipy.stats.norm.ppf / beta.ppf call; stats costs ~75 MB RSS
-
-from pipeline.windows.view import WindowView
-
-
-@dataclass(frozen=True)
-class Finding:
-    """A detector's result for all channels.
-
-    ``reason``: the verdict reason code (SPEC §3); ``fired`` bool (C,);
-    ``metrics``: name → float64 (C,) numbers behind the reason (NaN where
-    not computable).
-    """
-
-    reason: str
-    fired: np.ndarray
-    metrics: dict[str, np.ndarray]
-
-
-@dataclass(frozen=True)
-class ThresholdArrays:
-    """:class:`~pipeline.policy.defaults.Thresholds` fields as per-channel float64 arrays (C,)."""
-
-    values: dict[str, np.ndarray]
-
-    @classmethod
-    def build(cls, per_channel: Sequence[Any]) -> "ThresholdArrays":
-        """Stack one :class:`~pipeline.policy.defaults.Thresholds` per channel into arrays.
-
-        Channels mostly share their tier's object: each field is read once per distinct object and
-        spread by index (a read per channel and field cost ~5 ms per 1,000 channels, at every
-        channel registered).
-        """
-        from pipeline.policy.defaults import Thresholds  # built from the registry, which imports this module
-
-        names = [f.name for f in dataclasses.fields(Thresholds)]
-        slot: dict[int, int] = {}
-        distinct: list[Any] = []
-        for t in per_channel:
-            if id(t) not in slot:
-                slot[id(t)] = len(distinct)
-                distinct.append(t)
-        where = np.fromiter(map(slot.__getitem__, map(id, per_channel)), np.intp, len(per_channel))
-        return cls({n: np.array([getattr(t, n) for t in distinct], dtype=np.float64)[where] for n in names})
-
-    def __getattr__(self, name: str) -> np.ndarray:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-class Detector(Protocol):
-    """What every detector implements (see ``tests/unit/test_detectors_contract.py``)."""
-
-    reason: str
-
-    def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
-        """Evaluate all channels; arrays in ``view``/``th``/``active`` have shape (C,)."""
-        ...
 
 
 def z_for(confidence: float) -> float:

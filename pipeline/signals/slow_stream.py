@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays, alpha_for, exact_lower_gate, safe_ratio
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.stats import alpha_for, exact_lower_gate, safe_ratio
 from pipeline.windows.view import WindowView
 from pipeline.windows.streams import STALL_LADDER_MS, StreamWindows, stall_label, window_features
 

@@ -1,11 +1,11 @@
 """The signal plug-in contract: what one SPEC §4 signal module declares.
 
 A signal is one module holding a detector (stateless ``detect(view, th,
-active) -> Finding``, :mod:`pipeline.detectors.base`) and a :class:`Signal`
+active) -> Finding``, :mod:`pipeline.signals.base`) and a :class:`Signal`
 record: its typed parameters, the window features it reads, its reason
 codes and metric names, the counters it adds to the windows, its README
 line and example inputs for the shared battery
-(``tests/unit/test_detectors_contract.py``). :mod:`pipeline.detectors.registry`
+(``tests/unit/test_detectors_contract.py``). :mod:`pipeline.signals.registry`
 lists the signals; the engine, the policy loader (``[tier.X.<name>]``
 tables), snapshots and the README's policy table follow from that list.
 The recipe: ``docs/ADDING_A_SIGNAL.md``.
@@ -15,10 +15,70 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+
+import numpy as np
 
 from pipeline.windows.extension import SignalWindows, WindowSpec
 from pipeline.windows.features import Counter
+from pipeline.windows.view import WindowView
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A detector's result for all channels.
+
+    ``reason``: the verdict reason code (SPEC §3); ``fired`` bool (C,);
+    ``metrics``: name → float64 (C,) numbers behind the reason (NaN where
+    not computable).
+    """
+
+    reason: str
+    fired: np.ndarray
+    metrics: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class ThresholdArrays:
+    """:class:`~pipeline.policy.defaults.Thresholds` fields as per-channel float64 arrays (C,)."""
+
+    values: dict[str, np.ndarray]
+
+    @classmethod
+    def build(cls, per_channel: Sequence[Any]) -> "ThresholdArrays":
+        """Stack one :class:`~pipeline.policy.defaults.Thresholds` per channel into arrays.
+
+        Channels mostly share their tier's object: each field is read once per distinct object and
+        spread by index (a read per channel and field cost ~5 ms per 1,000 channels, at every
+        channel registered).
+        """
+        from pipeline.policy.defaults import Thresholds  # built from the registry, which imports this module
+
+        names = [f.name for f in dataclasses.fields(Thresholds)]
+        slot: dict[int, int] = {}
+        distinct: list[Any] = []
+        for t in per_channel:
+            if id(t) not in slot:
+                slot[id(t)] = len(distinct)
+                distinct.append(t)
+        where = np.fromiter(map(slot.__getitem__, map(id, per_channel)), np.intp, len(per_channel))
+        return cls({n: np.array([getattr(t, n) for t in distinct], dtype=np.float64)[where] for n in names})
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Detector(Protocol):
+    """What every detector implements (see ``tests/unit/test_detectors_contract.py``)."""
+
+    reason: str
+
+    def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
+        """Evaluate all channels; arrays in ``view``/``th``/``active`` have shape (C,)."""
+        ...
 
 
 @dataclass(frozen=True)
