@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
-from pipeline.stats import alpha_for, cusum_alarm, exact_lower_gate, safe_ratio
-from pipeline.windows.cusum import BernoulliCusum, CusumDesign
+from pipeline.stats import CusumDesign, alpha_for, cusum_alarm, exact_lower_gate, safe_ratio
+from pipeline.windows.cusum import BernoulliCusum
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.view import WindowView
 

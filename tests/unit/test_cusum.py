@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.signals.error_rate import ERROR_CUSUM, error_windows
 from pipeline.signals.missing_fields import MISSING_CUSUM
-from pipeline.windows.cusum import DAY_S, CusumDesign, design_h, kl_bernoulli, llr_weights, threshold_h
+from pipeline.stats import DAY_S, CusumDesign, design_h, kl_bernoulli, llr_weights, threshold_h
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
 
