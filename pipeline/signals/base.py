@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -82,6 +82,91 @@ class Detector(Protocol):
 
 
 @dataclass(frozen=True)
+class Bound:
+    """The values one parameter may take: ``gt``/``ge`` and ``lt``/``le`` (numbers, open or closed ends),
+    ``one_of`` (a tuple of allowed values) or ``boolean``; ``says``: how the error message states the
+    range (default: from the ends, e.g. ``in (0, 1)``, ``>= 1``). NaN is never in range."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    one_of: tuple[Any, ...] | None = None
+    boolean: bool = False
+    says: str | None = None
+
+    def holds(self, v: Any) -> bool:
+        """Whether ``v`` is in range."""
+        if self.boolean:
+            return isinstance(v, (bool, np.bool_))
+        if self.one_of is not None:
+            return v in self.one_of
+        return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+                and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+
+    def describe(self) -> str:
+        """The range in words, as the error message states it."""
+        if self.says is not None:
+            return self.says
+        if self.boolean:
+            return "true or false"
+        if self.one_of is not None:
+            return f"one of {self.one_of}"
+        lo = (f"({self.gt:g}" if self.gt is not None else f"[{self.ge:g}" if self.ge is not None else None)
+        hi = (f"{self.lt:g})" if self.lt is not None else f"{self.le:g}]" if self.le is not None else None)
+        if lo and hi:
+            return f"in {lo}, {hi}"
+        if lo:
+            return f"{'>' if self.gt is not None else '>='} {lo[1:]}"
+        return f"{'<' if self.lt is not None else '<='} {hi[:-1]}"  # type: ignore[index]
+
+
+def param(default: Any, **bound: Any) -> Any:
+    """A :class:`Params` field: its ``default`` and its :class:`Bound` (keyword arguments), e.g.
+    ``error_rate_trip: float = param(0.005, gt=0, lt=1)``."""
+    return field(default=default, metadata={"bound": Bound(**bound)})
+
+
+@dataclass(frozen=True)
+class Order:
+    """A rule between two parameters: ``floor <= low < high`` (and ``high <= ceiling`` when given)."""
+
+    low: str
+    high: str
+    floor: float
+    ceiling: float | None = None
+
+
+@dataclass(frozen=True)
+class Params:
+    """The validated parameter base every signal's ``params`` class derives from (a frozen dataclass).
+
+    Each field declares its range with :func:`param`; :attr:`ORDER` holds the rules between fields.
+    Construction raises ``ValueError`` naming the key and the range: ``"<key> must be in (0, 1), got
+    1.5"`` or ``"need 1 <= <low> < <high>, got 1.9 and 1.8"``; the rules between fields are checked
+    first, then the fields in declaration order. The policy loader builds these classes from
+    ``[tier.X.<signal>]`` tables, so a bad policy file names the key it got wrong.
+    """
+
+    #: Rules between two fields (checked before the per-field ranges).
+    ORDER: ClassVar[tuple[Order, ...]] = ()
+
+    def __post_init__(self) -> None:
+        for o in self.ORDER:
+            low, high = getattr(self, o.low), getattr(self, o.high)
+            top = o.ceiling is None or high <= o.ceiling
+            if not (o.floor <= low < high and top):
+                ceiling = "" if o.ceiling is None else f" <= {o.ceiling:g}"
+                raise ValueError(f"need {o.floor:g} <= {o.low} < {o.high}{ceiling}, got {low} and {high}")
+        for f in dataclasses.fields(self):
+            bound = f.metadata.get("bound")
+            value = getattr(self, f.name)
+            if bound is not None and not bound.holds(value):
+                got = repr(value) if bound.boolean else value
+                raise ValueError(f"{f.name} must be {bound.describe()}, got {got}")
+
+
+@dataclass(frozen=True)
 class Examples:
     """Example inputs for the shared battery: WindowView fields → value (scalars broadcast).
 
@@ -105,8 +190,8 @@ class Signal:
     (degrades) or ``"advisory"`` (its reason is published while the finding
     holds, in any state but ``no_data``, without changing state or weight;
     ``degrades`` optionally names a bool parameter that, true for a channel,
-    makes the finding degrade it like a soft one, SPEC §4.8); ``params``: frozen dataclass whose fields (with defaults and
-    ``__post_init__`` validation naming the key) are the thresholds the
+    makes the finding degrade it like a soft one, SPEC §4.8); ``params``: a frozen dataclass, normally a :class:`Params` subclass, whose fields (with defaults and
+    ranges declared by :func:`param`, validation naming the key) are the thresholds the
     detector reads from ``th``; field names must be unique over all signals;
     ``tier_defaults``: tier → field overrides of the built-in defaults (e.g.
     the free tier's lower error line); ``features``: the WindowView fields

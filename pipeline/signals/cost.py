@@ -90,7 +90,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.signals.base import Examples, Finding, Order, Params, Signal, ThresholdArrays, param
 from pipeline.stats import z_for
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
@@ -199,7 +199,7 @@ class CostWindows(RingWindows):
 
 
 @dataclass(frozen=True)
-class CostParams:
+class CostParams(Params):
     """Thresholds of ``cost`` (policy table ``[tier.X.cost]``)."""
 
     #: SPEC §4.8: cost per unit (10 min) / baseline cost per unit (24 h) that reports ``cost``
@@ -208,24 +208,16 @@ class CostParams:
     #: ... and the ratio at or below which the finding clears (hysteresis; >= 1).
     cost_ratio_clear: float = 1.1
     #: Minimum costed requests in the 10 min window (>= 1).
-    cost_min_requests: int = 100
+    cost_min_requests: int = param(100, ge=1)
     #: Minimum costed requests in the 24 h baseline (>= 1).
-    cost_baseline_min_requests: int = 1_000
+    cost_baseline_min_requests: int = param(1_000, ge=1)
     #: Minimum whole hours with cost in the baseline (>= 1).
-    cost_baseline_min_hours: int = 1
+    cost_baseline_min_hours: int = param(1, ge=1)
     #: SPEC §4.8 "does not lower the weight unless configured": true → the finding degrades
     #: the channel like a soft signal; false (default) → reported only (bool).
-    cost_degrades: bool = False
+    cost_degrades: bool = param(False, boolean=True)
 
-    def __post_init__(self) -> None:
-        if not 1.0 <= self.cost_ratio_clear < self.cost_ratio_trip:
-            raise ValueError(f"need 1 <= cost_ratio_clear < cost_ratio_trip, got "
-                             f"{self.cost_ratio_clear} and {self.cost_ratio_trip}")
-        for name in ("cost_min_requests", "cost_baseline_min_requests", "cost_baseline_min_hours"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not isinstance(self.cost_degrades, (bool, np.bool_)):
-            raise ValueError(f"cost_degrades must be true or false, got {self.cost_degrades!r}")
+    ORDER = (Order("cost_ratio_clear", "cost_ratio_trip", floor=1),)
 
 
 def _count(x: np.ndarray) -> np.ndarray:

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.signals.base import Examples, Finding, Params, Signal, ThresholdArrays, param
 from pipeline.stats import alpha_for, exact_lower, exact_upper, safe_ratio, theil_sen
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
@@ -180,27 +180,17 @@ class QuotaWindows(RingWindows):
 
 
 @dataclass(frozen=True)
-class QuotaParams:
+class QuotaParams(Params):
     """Thresholds of ``quota`` (policy table ``[tier.X.quota]``)."""
 
     #: SPEC §4.7: forecast time to exhaustion (s, > 0) at or under which the channel degrades.
-    quota_horizon_s: float = 1800.0
+    quota_horizon_s: float = param(1800.0, gt=0)
     #: SPEC §4.7: share of the quota left (0, 1) under which the channel degrades.
-    quota_low_share: float = 0.05
+    quota_low_share: float = param(0.05, gt=0, lt=1)
     #: Share left (0, 1) under which a rising 429 share counts as pre-rate-limit (SPEC §4.7 seed).
-    quota_pre_rl_level: float = 0.2
+    quota_pre_rl_level: float = param(0.2, gt=0, lt=1)
     #: Minutes with quota samples (2 .. 10, the recent fit's window) a fit needs to be judged.
-    quota_min_points: int = 6
-
-    def __post_init__(self) -> None:
-        if not self.quota_horizon_s > 0.0:
-            raise ValueError(f"quota_horizon_s must be > 0, got {self.quota_horizon_s}")
-        if not 0.0 < self.quota_low_share < 1.0:
-            raise ValueError(f"quota_low_share must be in (0, 1), got {self.quota_low_share}")
-        if not 0.0 < self.quota_pre_rl_level < 1.0:
-            raise ValueError(f"quota_pre_rl_level must be in (0, 1), got {self.quota_pre_rl_level}")
-        if not 2 <= self.quota_min_points <= 10:
-            raise ValueError(f"quota_min_points must be in 2 .. 10, got {self.quota_min_points}")
+    quota_min_points: int = param(6, ge=2, le=10, says="in 2 .. 10")
 
 
 class QuotaDrain:

@@ -71,7 +71,7 @@ from typing import Mapping
 
 import numpy as np
 
-from pipeline.signals.base import Examples, Finding, Signal, ThresholdArrays
+from pipeline.signals.base import Examples, Finding, Order, Params, Signal, ThresholdArrays, param
 from pipeline.stats import alpha_for, exact_lower_gate, safe_ratio
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
@@ -241,7 +241,7 @@ def window_features() -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class SlowStreamParams:
+class SlowStreamParams(Params):
     """Thresholds of ``slow_stream`` (policy table ``[tier.X.slow_stream]``)."""
 
     #: SPEC §4.6 (the §4.3 rule): P95 ratio of TTFT or stream gap that degrades (dimensionless, > clear) ...
@@ -249,33 +249,21 @@ class SlowStreamParams:
     #: ... and the ratio at or below which that rule clears (hysteresis; >= 1).
     stream_ratio_clear: float = 1.2
     #: Minimum ``ok`` streams with the field in 5 min for its P95 (>= 1); a P95 of 100 rests on its top 5.
-    stream_min_samples: int = 100
+    stream_min_samples: int = param(100, ge=1)
     #: Minimum streams with the field in the 24 h baseline (>= 1), as ``baseline_min_requests``.
-    stream_baseline_min_samples: int = 500
+    stream_baseline_min_samples: int = param(500, ge=1)
     #: Minimum whole hours of stream history before the baseline is trusted (>= 1).
-    stream_baseline_min_hours: int = 1
+    stream_baseline_min_hours: int = param(1, ge=1)
     #: SPEC §4.6: a stream that went this long (ms) without a chunk stalled; one of 4000, 8000, 12000.
-    stall_gap_ms: float = 8_000.0
+    stall_gap_ms: float = param(8_000.0, one_of=STALL_LADDER_MS, says=f"one of {STALL_LADDER_MS} (the lines the windows count)")
     #: Share in (0, 1) of judged streams stalled over 1 or 5 min that degrades (exact lower bound above it).
-    stall_share_trip: float = 0.02
+    stall_share_trip: float = param(0.02, gt=0, lt=1)
     #: Minimum judged streams in a window before its stall share is tested (>= 1).
-    stall_min_streams: int = 50
+    stall_min_streams: int = param(50, ge=1)
     #: Minimum stalled streams in a window before its stall share may trip (>= 1).
-    stall_min_stalls: int = 5
+    stall_min_stalls: int = param(5, ge=1)
 
-    def __post_init__(self) -> None:
-        if not 1.0 <= self.stream_ratio_clear < self.stream_ratio_trip:
-            raise ValueError(f"need 1 <= stream_ratio_clear < stream_ratio_trip, got "
-                             f"{self.stream_ratio_clear} and {self.stream_ratio_trip}")
-        if self.stall_gap_ms not in STALL_LADDER_MS:
-            raise ValueError(f"stall_gap_ms must be one of {STALL_LADDER_MS} (the lines the windows count), "
-                             f"got {self.stall_gap_ms}")
-        if not 0.0 < self.stall_share_trip < 1.0:
-            raise ValueError(f"stall_share_trip must be in (0, 1), got {self.stall_share_trip}")
-        for name in ("stream_min_samples", "stream_baseline_min_samples", "stream_baseline_min_hours",
-                     "stall_min_streams", "stall_min_stalls"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    ORDER = (Order("stream_ratio_clear", "stream_ratio_trip", floor=1),)
 
 
 def _at_line(view: WindowView, prefix: str, line_ms: np.ndarray, window: str) -> np.ndarray:
