@@ -50,11 +50,11 @@ class ThresholdArrays:
 
         Channels mostly share their tier's object: each field is read once per distinct object and
         spread by index (a read per channel and field cost ~5 ms per 1,000 channels, at every
-        channel registered). The fields are those of the objects (all of one dataclass; the policy's
-        ``Thresholds`` is built from the registry, so the signal contract does not import it); an
-        empty list gives no arrays.
+        channel registered).
         """
-        names = [f.name for f in dataclasses.fields(per_channel[0])] if len(per_channel) else []
+        from pipeline.policy.defaults import Thresholds  # built from the registry, which imports this module
+
+        names = [f.name for f in dataclasses.fields(Thresholds)]
         slot: dict[int, int] = {}
         distinct: list[Any] = []
         for t in per_channel:
