@@ -35,7 +35,7 @@ import numpy as np
 from pipeline import residency
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent, Verdict
-from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
+from pipeline.signals import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
@@ -78,7 +78,7 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
     ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
     channel limit and idle eviction (:class:`~pipeline.config.StateLimits`).
     ``signals``: the signals to evaluate (default: the registry,
-    :data:`pipeline.detectors.registry.SIGNALS`); their counters are added
+    :data:`pipeline.signals.registry.SIGNALS`); their counters are added
     to the windows. Per-channel state moves in and out through
     :meth:`export_state` / :meth:`import_state`.
     """

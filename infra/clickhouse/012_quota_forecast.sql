@@ -10,7 +10,7 @@
 -- quota_drain_per_h (share per hour, > 0 = draining) and quota_exhaustion_s
 -- (forecast seconds to empty, NULL when no significant drain): from the newest
 -- evaluation-round verdict of the minute (the Theil-Sen fit of
--- pipeline/detectors/quota.py); quota_exhausted_at = that verdict's ts +
+-- pipeline/signals/quota.py); quota_exhausted_at = that verdict's ts +
 -- quota_exhaustion_s; quota_in_30m = quota_last - drain x 0.5 h, floored at 0
 -- (the forecast line: it reaches 0 where the signal's 30 min horizon fires).
 CREATE VIEW IF NOT EXISTS channel_health.channel_quota_forecast AS

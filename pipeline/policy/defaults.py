@@ -5,7 +5,7 @@ and per channel from a TOML file (``[tier.free]``, ``[channel."name"]``
 tables, each optionally split into one sub-table per signal, e.g.
 ``[tier.free.error_rate]``). Unknown keys and out-of-range values are
 errors, never ignored. :data:`Thresholds` is generated from the signal
-registry (:mod:`pipeline.detectors.registry`).
+registry (:mod:`pipeline.signals.registry`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from pipeline.detectors.registry import SIGNALS
+from pipeline.signals.registry import SIGNALS
 
 
 def _thresholds_post_init(self: Any) -> None:
@@ -43,7 +43,7 @@ def _threshold_fields() -> list[tuple[str, Any, Any]]:
 
 
 #: Per-tier / per-channel detector thresholds: the fields of every registered signal's
-#: ``params`` class (:mod:`pipeline.detectors.registry`; their docs give unit, range and SPEC
+#: ``params`` class (:mod:`pipeline.signals.registry`; their docs give unit, range and SPEC
 #: source) plus ``half_open_max_error_rate`` (the state machine's). Frozen; validated on
 #: construction by each signal's class (``ValueError`` naming the key). ``signal(name)``
 #: returns one signal's typed parameters. Generated from the registry, so a new signal's

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from pipeline.detectors.base import wilson_bounds
+from pipeline.stats import wilson_bounds
 
 
 def learn_baseline(requests: float, failures: float, since_ms: int, now_ms: int, new_requests: float,
@@ -78,7 +78,7 @@ def probe_passes(failures: float, requests: float, fixed_rate: float, base_upper
     recovering channel is then judged by the error-rate detector on its
     traffic since it left ``open``). At 2 % (4x the baseline) a 900-request
     probe passes 9 % of the time. The bounds stay Wilson's, unlike the
-    detectors' exact ones (:func:`pipeline.detectors.base.exact_lower`): here
+    detectors' exact ones (:func:`pipeline.stats.exact_lower`): here
     the probe's lower bound only blocks recovery, and Wilson's lower bound is
     above the exact one at small counts, so it errs toward staying
     ``half_open``; the error rates above are exact sums for this rule.

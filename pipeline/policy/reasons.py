@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pipeline.detectors import ADVISORY_DETECTORS, SOFT_DETECTORS
+from pipeline.signals import ADVISORY_DETECTORS, SOFT_DETECTORS
 from pipeline.policy.state_machine import NO_DATA
 
 #: Soft reasons in detector order (latency, missing fields, quality), then the advisory ones (cost):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipeline.detectors.base import z_for
+from pipeline.stats import z_for
 from pipeline.policy.defaults import PolicyConfig, Thresholds
 from pipeline.policy.probe import baseline_upper, learn_baseline, probe_passes
 

@@ -46,112 +46,19 @@ Per event: one ring write (two counters), no optional column.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 
+from pipeline.stats import CusumDesign, design_h, llr_weights
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
 from pipeline.windows.ring import IntervalRing
 
 SLOT_MS = 10_000
 N_SLOTS = 12
-DAY_S = 86_400.0
 #: State columns: chart value, newest folded slot, chart start slot, weighted trials, events, seconds.
 S, LAST, START, TRIALS, EVENTS, SECONDS = range(6)
-
-
-@dataclass(frozen=True)
-class CusumDesign:
-    """Design of one Bernoulli CUSUM (see the module docstring).
-
-    ``p_floor`` in (0, 0.5): lowest in-control rate assumed; ``shift`` in
-    (0, 0.5): absolute rate increase the chart is tuned to (``p1 = max(p0 +
-    shift, 2 p0)``); ``arl0_days`` > 0: in-control average run length in
-    channel-days (1 / false alarms per channel-day); ``prior_rate`` in
-    (0, 0.5) and ``prior_trials`` >= 0: shrinkage of a young channel's rate;
-    ``baseline_s`` > 0: time constant of the learned rate (SPEC §4.3: 24 h);
-    ``min_rate_per_s`` > 0: lowest traffic assumed when setting ``h``;
-    ``cap_h`` > 1: ``S`` is held at most ``cap_h × h`` (how long an alarm
-    outlasts its fault, see the module docstring); ``overshoot`` in [0, 0.2]:
-    the overshoot correction of ``h`` in units of ``log(p1 / p0)`` (module
-    docstring: above 0.2 the exact ARL falls below the stated one).
-    Raises ``ValueError`` naming the field.
-    """
-
-    p_floor: float
-    shift: float
-    arl0_days: float = 1000.0
-    prior_rate: float = 0.005
-    prior_trials: float = 2_000.0
-    baseline_s: float = DAY_S
-    min_rate_per_s: float = 0.05
-    cap_h: float = 2.0
-    overshoot: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in ("p_floor", "shift", "prior_rate"):
-            if not 0.0 < getattr(self, name) < 0.5:
-                raise ValueError(f"{name} must be in (0, 0.5), got {getattr(self, name)}")
-        for name in ("arl0_days", "baseline_s", "min_rate_per_s"):
-            if not getattr(self, name) > 0.0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if not self.cap_h > 1.0:
-            raise ValueError(f"cap_h must be > 1, got {self.cap_h}")
-        if not 0.0 <= self.overshoot <= 0.2:
-            raise ValueError(f"overshoot must be in [0, 0.2], got {self.overshoot}")
-        if self.prior_trials < 0:
-            raise ValueError(f"prior_trials must be >= 0, got {self.prior_trials}")
-
-    def rates(self, trials: np.ndarray, events: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(p0, p1)`` float64 from the learned weighted ``trials`` and ``events`` (arrays, >= 0)."""
-        p = (np.asarray(events, np.float64) + self.prior_trials * self.prior_rate) / (
-            np.asarray(trials, np.float64) + self.prior_trials + 1e-12)
-        p0 = np.clip(p, self.p_floor, 0.45)
-        p1 = np.minimum(np.maximum(p0 + self.shift, 2.0 * p0), 0.95)
-        return p0, p1
-
-
-def llr_weights(p0: np.ndarray, p1: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Log-likelihood ratio per event ``log(p1/p0)`` and per non-event ``log((1-p1)/(1-p0))`` (0 < p0 < p1 < 1)."""
-    return np.log(p1 / p0), np.log1p(-p1) - np.log1p(-p0)
-
-
-def kl_bernoulli(p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
-    """Kullback-Leibler divergence KL(Bern(p0) || Bern(p1)) in nats (0 < p0, p1 < 1): the in-control
-    drift per trial of the chart, negated."""
-    a, b = llr_weights(p0, p1)
-    return -(p0 * a + (1.0 - p0) * b)
-
-
-def threshold_h(arl0_trials: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
-    """Decision threshold ``h`` (nats) with Siegmund's ``(e^h - h - 1) / KL(p0||p1) = arl0_trials``.
-
-    ``arl0_trials`` > 0 (float64, broadcast with ``p0``/``p1``); solved by the fixed point
-    ``h = log(1 + h + A)``, ``A = arl0_trials * KL`` (monotone, 8 steps reach 1e-6 for A >= 1).
-
-    >>> round(float(threshold_h(np.array(1e6), np.array(0.001), np.array(0.005))), 2)
-    7.79
-    """
-    a = np.asarray(arl0_trials, np.float64) * kl_bernoulli(np.asarray(p0, np.float64), np.asarray(p1, np.float64))
-    h = np.log1p(a)
-    for _ in range(8):
-        h = np.log1p(h + a)
-    return h
-
-
-def design_h(design: CusumDesign, rate_per_s: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
-    """The chart's threshold ``h`` (nats, float64 broadcast of the inputs) at traffic ``rate_per_s``
-    (trials/s, floored at ``design.min_rate_per_s``): Siegmund's :func:`threshold_h` for ``arl0_days``
-    channel-days, less the overshoot correction ``design.overshoot × log(p1 / p0)`` (module docstring).
-
-    >>> d = CusumDesign(p_floor=0.0001, shift=0.0045)
-    >>> round(float(design_h(d, np.array(4.0), np.array(0.0001), np.array(0.0046))), 2)
-    13.4
-    """
-    arl = design.arl0_days * DAY_S * np.maximum(np.asarray(rate_per_s, np.float64), design.min_rate_per_s)
-    return threshold_h(arl, p0, p1) - design.overshoot * np.log(np.asarray(p1, np.float64) / p0)
 
 
 class BernoulliCusum(RingWindows):

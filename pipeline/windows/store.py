@@ -41,7 +41,7 @@ P95_BOUND_CONFIDENCE = 0.99
 #: The same for the last 30 s slot alone: 95 %, so a P95 x2 swap at 4 req/s (120 samples) is certified in
 #: the round it happens; a clean channel still needs ~10 of 120 answers above 1.8x its P95 to trip.
 P95_BOUND_CONFIDENCE_30S = 0.95
-#: Null scale of the 30 s shift evidence: SPEC §4.3's clear ratio (:mod:`pipeline.detectors.latency`).
+#: Null scale of the 30 s shift evidence: SPEC §4.3's clear ratio (:mod:`pipeline.signals.latency_p95_ratio`).
 SHIFT_NULL_RATIO = 1.2
 
 

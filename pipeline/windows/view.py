@@ -33,7 +33,7 @@ class WindowView:
     ``p95_30s_ms`` that slot's P95 point estimate (NaN below ``min_latency``)
     and ``n_shift_30s`` its samples certainly above 1.2 × ``base_p95_ms``
     (:meth:`LatencyBuckets.count_above`; 0 without a baseline), the evidence
-    of :mod:`pipeline.detectors.latency`'s one-round shift rule.
+    of :mod:`pipeline.signals.latency_p95_ratio`'s one-round shift rule.
 
     Quality scores (SPEC §4.5, :mod:`pipeline.windows.quality`):
     ``quality_n_5m`` / ``quality_mean_5m`` / ``quality_var_5m`` are the

@@ -56,7 +56,7 @@ def test_gradual_degradation_shows_the_latency_creep_before_the_error_trip(scena
     assert first_latency.ts_ms < trip.ts_ms
     assert (first_latency.state, first_latency.reasons) == ("degraded", ["latency_p95_ratio"])
     # issue #19: the trip is on a lower confidence bound of the P95 (5 min, or the last 30 s), or on the last
-    # 30 s P95 with the binomial evidence that the bulk moved (pipeline.detectors.latency's shift rule)
+    # 30 s P95 with the binomial evidence that the bulk moved (pipeline.signals.latency_p95_ratio's shift rule)
     m = first_latency.metrics
     assert m["latency_p95_lower_ratio"] >= 1.8 or (m["latency_p95_30s_ratio"] >= 1.8 and m["latency_shift_p"] <= 1e-7)
     # the 30 s P95 passes 1.8 x baseline about when the injected P95 does (181 s into the ramp; one slot's

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from pipeline.contracts import RequestEvent
-from pipeline.detectors.base import ThresholdArrays
-from pipeline.detectors.cost import SIGNAL, CostParams, CostRise
+from pipeline.signals.base import ThresholdArrays
+from pipeline.signals.cost import SIGNAL, CostParams, CostRise
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PAID_TIER, PolicyConfig
-from pipeline.windows.cost import CostWindows
+from pipeline.signals.cost import CostWindows
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
 

@@ -1,6 +1,6 @@
 """The Bernoulli CUSUM (pipeline.windows.cusum): its stated guarantees over seeded streams, and its windows.
 
-Guarantees (module docstrings of pipeline.windows.cusum, pipeline.detectors.error_rate / structure):
+Guarantees (module docstrings of pipeline.stats, pipeline.windows.cusum, pipeline.signals.error_rate / missing_fields):
 * in control (rate = p0), at most 1 false alarm per 1000 channel-days (Siegmund's h less the overshoot
   correction); checked here as <= 3 alarms in 1000 simulated channel-days (default) or <= 12 in 10 000
   (slow), at 4 req/s, and by the exact ARL of the per-trial chart (Markov chain, Brook & Evans 1972) >= the
@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.detectors.error_rate import ERROR_CUSUM, error_windows
-from pipeline.detectors.structure import MISSING_CUSUM
-from pipeline.windows.cusum import DAY_S, CusumDesign, design_h, kl_bernoulli, llr_weights, threshold_h
+from pipeline.signals.error_rate import ERROR_CUSUM, error_windows
+from pipeline.signals.missing_fields import MISSING_CUSUM
+from pipeline.stats import DAY_S, CusumDesign, design_h, kl_bernoulli, llr_weights, threshold_h
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
 

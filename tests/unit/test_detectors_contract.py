@@ -11,9 +11,10 @@ import pytest
 from scipy.stats import binomtest, norm
 
 from pipeline.contracts import RequestEvent
-from pipeline.detectors import ADVISORY_DETECTORS, HARD_DETECTORS, SIGNALS, SOFT_DETECTORS, ErrorRate, LatencyRatio, MissingFields, Signal
-from pipeline.detectors.base import ThresholdArrays, exact_lower, safe_ratio, wilson_bounds, z_for
-from pipeline.detectors.consecutive import ConsecutiveFailures
+from pipeline.signals import ADVISORY_DETECTORS, HARD_DETECTORS, SIGNALS, SOFT_DETECTORS, ErrorRate, LatencyRatio, MissingFields, Signal
+from pipeline.signals.base import ThresholdArrays
+from pipeline.stats import exact_lower, safe_ratio, wilson_bounds, z_for
+from pipeline.signals.consecutive_failures import ConsecutiveFailures
 from pipeline.engine import Engine
 from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import FREE_TIER, PAID_TIER, Thresholds

@@ -1,6 +1,6 @@
-"""The latency signal's one-round shift rule (pipeline.detectors.latency): its guarantees over seeded streams.
+"""The latency signal's one-round shift rule (pipeline.signals.latency_p95_ratio): its guarantees over seeded streams.
 
-Guarantees (module docstring of pipeline.detectors.latency; issue #19):
+Guarantees (module docstring of pipeline.signals.latency_p95_ratio; issue #19):
 * the binomial shift test is calibrated: under H0 (the slot <=st 1.2 x the baseline, day/night swing
   included) it rejects at most its level; checked at a level that 20,000 rounds can see (1e-3, within
   3 binomial standard errors), so the shipped 1e-7 (exact binomial tail) holds a fortiori;
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from scipy.stats import lognorm
 
-from pipeline.detectors.base import ThresholdArrays
-from pipeline.detectors.latency import SHIFT_ALPHA, LatencyRatio, baseline_tail_share, shift_p_value
+from pipeline.signals.base import ThresholdArrays
+from pipeline.signals.latency_p95_ratio import SHIFT_ALPHA, LatencyRatio, baseline_tail_share, shift_p_value
 from pipeline.policy.defaults import PAID_TIER
 from pipeline.windows.histogram import LatencyBuckets
 from pipeline.windows.store import SHIFT_NULL_RATIO

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.detectors import SIGNALS
+from pipeline.signals import SIGNALS
 from pipeline.policy.defaults import FREE_TIER, PAID_TIER, PARAM_SIGNAL, Thresholds, load_policy
 
 

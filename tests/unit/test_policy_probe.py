@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.contracts import RequestEvent
-from pipeline.detectors.base import z_for
+from pipeline.stats import z_for
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PAID_TIER, PolicyConfig
 from pipeline.policy.probe import baseline_upper, learn_baseline, probe_passes

@@ -15,8 +15,8 @@ from scipy.stats import t as student_t
 from scipy.stats import ttest_ind, ttest_ind_from_stats
 
 from pipeline.contracts import RequestEvent
-from pipeline.detectors import QualityDrop
-from pipeline.detectors.base import ThresholdArrays
+from pipeline.signals import QualityDrop
+from pipeline.signals.base import ThresholdArrays
 from pipeline.engine import Engine
 from pipeline.engine_replay import replay
 from pipeline.policy.defaults import PAID_TIER, Thresholds

@@ -5,7 +5,7 @@ Guarantees checked over seeded samples (as sketches-py tests its accuracy bound)
 or below the true P95 in >= its confidence of the samples, the upper one at or above, up to a binomial
 tolerance of 3 standard errors over the trials; issue #19: a thin window (60 samples, two ~100 s answers)
 does not trip, a true x2 P95 shift at 4 req/s trips in the first round (30 s), also with real llmperf
-latencies (the shift rule of pipeline.detectors.latency).
+latencies (the shift rule of pipeline.signals.latency_p95_ratio).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def test_p95_doubling_at_four_per_second_trips_in_the_first_round(seed):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_p95_doubling_of_a_wider_distribution_trips_in_the_first_round(seed):
     """Lognormal sigma 0.3: the 95 % bound (~P92) of one slot does not always certify 1.8x, the shift rule
-    does (slot P95 ~2x, ~75 of 120 answers above 1.2x the baseline P95; pipeline.detectors.latency)."""
+    does (slot P95 ~2x, ~75 of 120 answers above 1.2x the baseline P95; pipeline.signals.latency_p95_ratio)."""
     shift = T0 + 2 * HOUR
     assert _first_degraded(_stream(seed, 4.0, 2.25, shift, sigma=0.3), shift) == 30_000
 

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 from scipy.stats import theilslopes
 
-from pipeline.detectors.base import ThresholdArrays
-from pipeline.detectors.quota import SIGNAL, QuotaParams
+from pipeline.signals.base import ThresholdArrays
+from pipeline.signals.quota import SIGNAL, QuotaParams
 from pipeline.policy.defaults import PAID_TIER
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
-from pipeline.windows.quota import FEATURES, QuotaWindows, theil_sen
+from pipeline.signals.quota import FEATURES, QuotaWindows
+from pipeline.stats import theil_sen
 from pipeline.windows.view import WindowView
 
 MIN = 60_000
@@ -182,7 +183,7 @@ def test_params_name_the_key(key, bad):
 
 def _reference_features(w: QuotaWindows, rows: np.ndarray, now_ms: int) -> dict[str, np.ndarray]:
     """``QuotaWindows.features`` before channels with 429s only left the fits (commit 11a95bd), verbatim."""
-    from pipeline.windows.quota import Q_N, Q_SUM, QUOTA_FIT_MS, QUOTA_RECENT_MS, QUOTA_RESET_JUMP, \
+    from pipeline.signals.quota import Q_N, Q_SUM, QUOTA_FIT_MS, QUOTA_RECENT_MS, QUOTA_RESET_JUMP, \
         QUOTA_SLOT_MS, REQ, RL, T_SUM
     ring = w.rings["minute"]
     out = {k: np.full(rows.shape[0], np.nan) for k in FEATURES}

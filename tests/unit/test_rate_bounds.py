@@ -1,6 +1,6 @@
 """The exact (Clopper-Pearson) rate bounds of the fast paths and their guarantee at the trip line.
 
-Guarantees (module docstrings of pipeline.detectors.base / error_rate / structure / slow_stream / quota):
+Guarantees (module docstrings of pipeline.stats / pipeline.signals.error_rate / missing_fields / slow_stream / quota):
 * ``exact_lower`` / ``exact_upper`` equal scipy's Beta quantiles (Clopper & Pearson 1934);
 * a window whose true rate is exactly at the trip line trips with probability <= alpha = 1 - confidence at
   every count: 1e-6 for ``error_rate`` (paid 0.5 %, free 0.35 %), 1e-4 for ``missing_fields`` (1 %) and the
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from scipy.stats import beta, binom
 
-from pipeline.detectors import ErrorRate, MissingFields
-from pipeline.detectors.base import exact_lower, exact_upper, wilson_bounds, z_for
+from pipeline.signals import ErrorRate, MissingFields
+from pipeline.stats import exact_lower, exact_upper, wilson_bounds, z_for
 from pipeline.policy.defaults import FREE_TIER, PAID_TIER
 from tests.unit.test_detectors_contract import th, view
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from pipeline.detectors import SIGNALS
-from pipeline.detectors.registry import policy_table
+from pipeline.signals import SIGNALS
+from pipeline.signals.registry import policy_table
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -11,7 +11,7 @@ README = Path(__file__).parents[2] / "README.md"
 def test_readme_policy_table_matches_the_registry():
     text = README.read_text()
     table = policy_table()
-    assert table in text, "README's policy table is stale: paste `python -m pipeline.detectors`"
+    assert table in text, "README's policy table is stale: paste `python -m pipeline.signals`"
     assert text.count("| signal | rule | default |") == 1
     for s in SIGNALS:
         assert f"| `{s.name}` ({s.kind}) |" in table

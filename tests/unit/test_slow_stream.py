@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.detectors.base import ThresholdArrays
-from pipeline.detectors.slow_stream import SIGNAL, SlowStream, SlowStreamParams
+from pipeline.signals.base import ThresholdArrays
+from pipeline.signals.slow_stream import SIGNAL, SlowStream, SlowStreamParams
 from pipeline.policy.defaults import PAID_TIER
 from pipeline.tools.simulate.channels import LatencyModel
 from pipeline.tools.simulate.traces import load_llmperf
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
-from pipeline.windows.streams import STREAM_BUCKETS, StreamWindows
+from pipeline.signals.slow_stream import STREAM_BUCKETS, StreamWindows
 
 H = 3_600_000
 T0 = 1_750_000_000_000 - 1_750_000_000_000 % H

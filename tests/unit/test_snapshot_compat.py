@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pipeline.contracts import RequestEvent
-from pipeline.detectors import SIGNALS, Examples, Finding, Signal
+from pipeline.signals import SIGNALS, Examples, Finding, Signal
 from pipeline.engine import Engine
 from pipeline.state.channel_state import MAX_SAVED_ROUTE
 from pipeline.state.snapshot import (COMPRESSED_MARK, SNAPSHOT_VERSION, SnapshotError, decode_snapshot,

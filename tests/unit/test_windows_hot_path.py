@@ -13,14 +13,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.windows.cost import CostWindows, cost_rows
-from pipeline.windows.cusum import BernoulliCusum, CusumDesign
+from pipeline.signals.cost import CostWindows, cost_rows
+from pipeline.stats import CusumDesign
+from pipeline.windows.cusum import BernoulliCusum
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
-from pipeline.windows.quota import QUOTA_SLOT_MS, QuotaWindows
+from pipeline.signals.quota import QUOTA_SLOT_MS, QuotaWindows
 from pipeline.windows.ring import IntervalRing
 from pipeline.windows.store import WindowStore
-from pipeline.windows.streams import BASE_SLOT_MS, STREAM_BUCKETS, StreamWindows, stall_classes
+from pipeline.signals.slow_stream import BASE_SLOT_MS, STREAM_BUCKETS, StreamWindows, stall_classes
 
 from test_ring_add import _assert_same, reference_add
 

@@ -186,11 +186,11 @@ def share_detection_ms(rate: float, trip: float, checked_per_s: float, policy: P
     """When a share detector (SPEC §4.4) can first trip, ms after a fault that ramps linearly over
     :data:`~.kinds.RAMP_S` to ``rate`` (in (0, 1]) on a clean channel checking ``checked_per_s`` answers/s:
     the first second at which the exact Clopper-Pearson lower bound (one-sided ``rate_confidence``, as the
-    detector: :func:`~pipeline.detectors.base.exact_lower`) of the expected faulty count over the
+    detector: :func:`~pipeline.stats.exact_lower`) of the expected faulty count over the
     ``window_ms`` window exceeds ``trip``. ``ValueError`` when it never can."""
     import numpy as np
 
-    from pipeline.detectors.base import alpha_for, exact_lower
+    from pipeline.stats import alpha_for, exact_lower
 
     alpha = alpha_for(policy.rate_confidence)
     win_s = policy.window_ms / 1000

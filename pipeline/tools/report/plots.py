@@ -162,7 +162,7 @@ def content(data: ReportData) -> Plot:
 def quota(data: ReportData) -> Plot:
     """Lowest ``quota_remaining`` per minute (share 0..1) and, where the ``quota`` signal judged the
     channel, its forecast of the share left in 30 min (remaining − drain per h × 0.5, floored at 0:
-    at 0 the signal's 30 min horizon fires; SPEC §4.7, :mod:`pipeline.detectors.quota`)."""
+    at 0 the signal's 30 min horizon fires; SPEC §4.7, :mod:`pipeline.signals.quota`)."""
     fig, ax = _figure()
     if not _lines(data, data.extras, "minute", "quota_remaining_min", ax, label="quota remaining"):
         return _none(fig, "Quota", "no quota data (no request reported quota_remaining)")

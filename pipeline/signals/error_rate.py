@@ -36,10 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import (Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower_gate,
-                                     safe_ratio)
-from pipeline.detectors.signal import Examples, Signal
-from pipeline.windows.cusum import BernoulliCusum, CusumDesign
+from pipeline.signals.base import Examples, Finding, Params, Signal, ThresholdArrays, param
+from pipeline.stats import CusumDesign, alpha_for, cusum_alarm, exact_lower_gate, safe_ratio
+from pipeline.windows.cusum import BernoulliCusum
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.view import WindowView
 
@@ -54,24 +53,17 @@ def error_windows(spec: WindowSpec) -> BernoulliCusum:
 
 
 @dataclass(frozen=True)
-class ErrorRateParams:
+class ErrorRateParams(Params):
     """Thresholds of ``error_rate`` (policy table ``[tier.X.error_rate]``)."""
 
     #: SPEC §4.1: trip line, a failure fraction in (0, 1): 0.5 % paid (0.35 % free, ``tier_defaults``).
-    error_rate_trip: float = 0.005
+    error_rate_trip: float = param(0.005, gt=0, lt=1)
     #: SPEC §4.1: minimum judged requests in a window before the test applies (>= 1).
-    error_min_requests: int = 30
+    error_min_requests: int = param(30, ge=1)
     #: Minimum failures in a window before it may trip (>= 1): keeps the 1 min window
     #: quiet on clean days (at 0.2 % and 10 req/s, P(>= 8 failures in 1 min)
     #: is about 1e-5).
-    error_min_failures: int = 8
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.error_rate_trip < 1.0:
-            raise ValueError(f"error_rate_trip must be in (0, 1), got {self.error_rate_trip}")
-        for name in ("error_min_requests", "error_min_failures"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    error_min_failures: int = param(8, ge=1)
 
 
 class ErrorRate:

@@ -56,13 +56,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf calls), without scipy.stats
 
-from pipeline.detectors.base import Finding, ThresholdArrays
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Order, Params, Signal, ThresholdArrays, param
 from pipeline.windows.view import WindowView
 
 
 @dataclass(frozen=True)
-class QualityParams:
+class QualityParams(Params):
     """Thresholds of ``quality`` (policy table ``[tier.X.quality]``); scores are P(good answer) in [0, 1]."""
 
     #: SPEC §4.5: drop of the 5 min mean score below the channel's baseline mean (score units)
@@ -72,19 +71,13 @@ class QualityParams:
     quality_clear_drop: float = 0.05
     #: Minimum scored samples in the 5 min window (>= 1; at the default sampling of one per 2 s per
     #: channel a window holds up to 150).
-    quality_min_samples: int = 20
+    quality_min_samples: int = param(20, ge=1)
     #: Minimum scored samples in the quality baseline (24 complete hours; >= 1).
-    quality_baseline_min_samples: int = 100
+    quality_baseline_min_samples: int = param(100, ge=1)
     #: Minimum whole hours with scores before the quality baseline is trusted (>= 1).
-    quality_baseline_min_hours: int = 1
+    quality_baseline_min_hours: int = param(1, ge=1)
 
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.quality_clear_drop < self.quality_min_drop <= 1.0:
-            raise ValueError(f"need 0 <= quality_clear_drop < quality_min_drop <= 1, got "
-                             f"{self.quality_clear_drop} and {self.quality_min_drop}")
-        for name in ("quality_min_samples", "quality_baseline_min_samples", "quality_baseline_min_hours"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    ORDER = (Order("quality_clear_drop", "quality_min_drop", floor=0, ceiling=1),)
 
 
 def _finite(x: np.ndarray) -> np.ndarray:

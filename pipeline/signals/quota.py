@@ -1,4 +1,34 @@
-"""The ``quota`` signal's windows: per-minute ``quota_remaining`` samples and their robust trend (SPEC §4.7).
+"""SPEC §4.7 quota drain: forecast the exhaustion of a channel's daily quota before the 429 wall.
+
+Features from :class:`QuotaWindows` (below): Theil–Sen fits (Theil 1950,
+Sen 1968) of the reported ``quota_remaining`` over the last 30 min and the
+last 10 min of event time, one point per minute, restarted at a refill.
+
+A fit is *judged* with at least ``quota_min_points`` minutes of samples and
+counts when its drain is significant (the lower 99 % confidence bound of the
+drain > 0). The drain used is the 30 min one, or the 10 min one where that is
+significant and faster (a drain that sped up shows within minutes instead of
+after half the window). The forecast time to exhaustion is the fit's level
+at ``now`` ÷ drain (seconds).
+
+Fires (soft, reason ``quota``) on a judged channel when
+
+- the forecast is within ``quota_horizon_s`` (30 min), or
+- the newest minute's share left is below ``quota_low_share`` (5 %), or
+- *pre-rate-limit*: the share left is below ``quota_pre_rl_level`` (20 %)
+  and the 429 share of the last 5 min is rising: its exact (Clopper-Pearson
+  1934) lower bound (99 %) is above the exact upper bound (99 %) of the 25 min
+  before; at an unchanged share each bound misses with probability <= 1 %
+  at every count, so a steady share rises falsely on <= 1 % of the judged
+  rounds whatever the traffic (the Wilson bounds did not hold that at small counts).
+
+Once fired it holds while the channel is judged and the forecast is within
+1.5 × the horizon or the share left below 2 × ``quota_low_share``
+(hysteresis); a refill restarts the fits, so the finding clears until
+``quota_min_points`` new minutes exist. Channels without ``quota_remaining``
+have NaN metrics and never fire.
+
+The signal's windows: per-minute ``quota_remaining`` samples and their robust trend (SPEC §4.7).
 
 Per channel, one :class:`~pipeline.windows.ring.IntervalRing` of
 :data:`QUOTA_SLOTS` one-minute slots of event time holds five float32
@@ -32,12 +62,16 @@ applied: the quota drains whatever the channel's state.
 
 from __future__ import annotations
 
-import numpy as np
-from scipy.special import ndtri
+from dataclasses import dataclass
 
+import numpy as np
+
+from pipeline.signals.base import Examples, Finding, Params, Signal, ThresholdArrays, param
+from pipeline.stats import alpha_for, exact_lower, exact_upper, safe_ratio, theil_sen
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
 from pipeline.windows.ring import IntervalRing
+from pipeline.windows.view import WindowView
 
 #: One slot per minute of event time (SPEC §4.7: a fit over 30 min of samples).
 QUOTA_SLOT_MS = 60_000
@@ -60,55 +94,6 @@ FEATURES: tuple[str, ...] = (
     "quota_recent_points", "quota_recent_drain_per_h", "quota_recent_drain_lower_per_h", "quota_recent_level",
     "quota_rl_5m", "quota_req_5m", "quota_rl_30m", "quota_req_30m",
 )
-
-
-def _order_stat(sorted_vals: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """``sorted_vals[r, k[r]]`` per row (``k`` clipped into range)."""
-    k = np.clip(k, 0, sorted_vals.shape[1] - 1).astype(np.int64)
-    return np.take_along_axis(sorted_vals, k[:, None], axis=1)[:, 0]
-
-
-def _median_sorted(sorted_vals: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Median of the first ``m`` (int (R,)) values of each sorted row; NaN where ``m`` is 0."""
-    med = 0.5 * (_order_stat(sorted_vals, (m - 1) // 2) + _order_stat(sorted_vals, m // 2))
-    return np.where(m > 0, med, np.nan)
-
-
-def theil_sen(x: np.ndarray, y: np.ndarray, keep: np.ndarray,
-              confidence: float = QUOTA_SLOPE_CONFIDENCE) -> tuple[np.ndarray, ...]:
-    """Theil–Sen fits of ``y`` on ``x``, one per row, over the points where ``keep``.
-
-    ``x``, ``y`` float64 (R, S) (``x`` distinct within a row where kept),
-    ``keep`` bool (R, S). Returns ``(slope, intercept, slope_lo, slope_hi,
-    n)``, each (R,): the median of the pairwise slopes (Theil 1950, Sen 1968),
-    the median of ``y - slope * x`` (the intercept at ``x = 0``, as
-    ``scipy.stats.theilslopes``), the ``confidence`` two-sided interval of the
-    slope from the normal approximation of Kendall's S (Sen 1968; the ranks
-    of ``scipy.stats.theilslopes``, without its tie correction, so never
-    narrower) and the number of points. NaN where fewer than 2 points.
-    ``confidence`` in (0, 1), else ``ValueError``.
-    """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    r, s = x.shape
-    n = keep.sum(axis=1)
-    iu, ju = np.triu_indices(s, 1)
-    pair = keep[:, iu] & keep[:, ju]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        slopes = np.where(pair, (y[:, ju] - y[:, iu]) / (x[:, ju] - x[:, iu]), np.nan)
-    slopes.sort(axis=1)  # NaN last
-    m = pair.sum(axis=1)
-    slope = _median_sorted(slopes, m)
-    z = float(ndtri(0.5 + confidence / 2.0))
-    half = z * np.sqrt(n * (n - 1.0) * (2.0 * n + 5.0) / 18.0)
-    hi = _order_stat(slopes, np.minimum(np.round((m + half) / 2.0), m - 1))
-    lo = _order_stat(slopes, np.maximum(np.round((m - half) / 2.0) - 1, 0))
-    resid = np.where(keep, y - np.nan_to_num(slope)[:, None] * x, np.nan)
-    resid.sort(axis=1)
-    icpt = _median_sorted(resid, n)
-    none = n < 2
-    return (np.where(none, np.nan, slope), np.where(none, np.nan, icpt), np.where(none, np.nan, lo),
-            np.where(none, np.nan, hi), n.astype(np.float64))
 
 
 class QuotaWindows(RingWindows):
@@ -186,9 +171,85 @@ class QuotaWindows(RingWindows):
         r = QUOTA_RECENT_MS // QUOTA_SLOT_MS + 1  # the recent points are among the newest 11 (time order)
         for prefix, (xs, ys, mask) in (("quota_", (x_s, y, keep)),
                                        ("quota_recent_", (x_s[:, -r:], y[:, -r:], recent[:, -r:]))):
-            slope, icpt, _, s_hi, n = theil_sen(xs, ys, mask)
+            slope, icpt, _, s_hi, n = theil_sen(xs, ys, mask, QUOTA_SLOPE_CONFIDENCE)
             out[f"{prefix}points"][live] = n
             out[f"{prefix}drain_per_h"][live] = -3600.0 * slope
             out[f"{prefix}drain_lower_per_h"][live] = -3600.0 * s_hi
             out[f"{prefix}level"][live] = icpt
         return out
+
+
+@dataclass(frozen=True)
+class QuotaParams(Params):
+    """Thresholds of ``quota`` (policy table ``[tier.X.quota]``)."""
+
+    #: SPEC §4.7: forecast time to exhaustion (s, > 0) at or under which the channel degrades.
+    quota_horizon_s: float = param(1800.0, gt=0)
+    #: SPEC §4.7: share of the quota left (0, 1) under which the channel degrades.
+    quota_low_share: float = param(0.05, gt=0, lt=1)
+    #: Share left (0, 1) under which a rising 429 share counts as pre-rate-limit (SPEC §4.7 seed).
+    quota_pre_rl_level: float = param(0.2, gt=0, lt=1)
+    #: Minutes with quota samples (2 .. 10, the recent fit's window) a fit needs to be judged.
+    quota_min_points: int = param(6, ge=2, le=10, says="in 2 .. 10")
+
+
+class QuotaDrain:
+    """Soft signal ``quota`` (see the module docstring)."""
+
+    reason = "quota"
+
+    def __init__(self, confidence: float = 0.99):
+        self.alpha = alpha_for(confidence)
+
+    def detect(self, view: WindowView, th: ThresholdArrays, active: np.ndarray) -> Finding:
+        """Forecast, low-share and pre-rate-limit rules over arrays (C,); NaN features never fire."""
+        min_pts = th.quota_min_points
+        judged = np.nan_to_num(view.quota_points) >= min_pts
+        sig_long = judged & (np.nan_to_num(view.quota_drain_lower_per_h) > 0)
+        sig_recent = ((np.nan_to_num(view.quota_recent_points) >= min_pts)
+                      & (np.nan_to_num(view.quota_recent_drain_lower_per_h) > 0))
+        recent = sig_recent & judged & (~sig_long | (np.nan_to_num(view.quota_recent_drain_per_h)
+                                                     > np.nan_to_num(view.quota_drain_per_h)))
+        drain = np.where(recent, view.quota_recent_drain_per_h, np.where(sig_long, view.quota_drain_per_h, np.nan))
+        level = np.where(recent, view.quota_recent_level, view.quota_level)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            exh_s = np.where(drain > 0, np.clip(level, 0.0, None) / drain * 3600.0, np.nan)
+        exh_s = np.where(judged, exh_s, np.nan)
+        left = np.where(judged, view.quota_remaining, np.nan)
+        rl_before = view.quota_rl_30m - view.quota_rl_5m
+        req_before = view.quota_req_30m - view.quota_req_5m
+        near = judged & (np.nan_to_num(left, nan=1.0) < th.quota_pre_rl_level)  # only these need the bounds
+        lo_now = exact_lower(view.quota_rl_5m, view.quota_req_5m, self.alpha, near)
+        hi_before = exact_upper(rl_before, req_before, self.alpha, near)
+        rising = np.nan_to_num(lo_now) > np.nan_to_num(hi_before, nan=1.0)
+        pre_rl = near & rising
+        soon = np.nan_to_num(exh_s, nan=np.inf) <= th.quota_horizon_s
+        low = np.nan_to_num(left, nan=1.0) < th.quota_low_share
+        keep = active & judged & ((np.nan_to_num(exh_s, nan=np.inf) <= 1.5 * th.quota_horizon_s)
+                                  | (np.nan_to_num(left, nan=1.0) < 2.0 * th.quota_low_share))
+        return Finding(self.reason, soon | low | pre_rl | keep, {
+            "quota_remaining": left,
+            "quota_drain_per_h": np.where(judged, drain, np.nan),
+            "quota_exhaustion_s": exh_s,
+            "quota_points": np.nan_to_num(view.quota_points),
+            "quota_rate_limited_share_5m": np.where(judged, safe_ratio(view.quota_rl_5m, view.quota_req_5m), np.nan),
+            "quota_pre_rate_limit": np.where(judged, pre_rl.astype(np.float64), np.nan),
+        })
+
+
+SIGNAL = Signal(
+    name="quota", kind="soft", params=QuotaParams, detector=QuotaDrain(), windows=QuotaWindows,
+    features=FEATURES,
+    metrics=("quota_remaining", "quota_drain_per_h", "quota_exhaustion_s", "quota_points",
+             "quota_rate_limited_share_5m", "quota_pre_rate_limit"),
+    examples=Examples(
+        firing={"quota_points": 30, "quota_remaining": 0.3, "quota_drain_per_h": 1.2,
+                "quota_drain_lower_per_h": 1.0, "quota_level": 0.3},
+        thin=({"quota_points": 5, "quota_recent_points": 5, "quota_remaining": 0.01, "quota_level": 0.01,
+               "quota_drain_per_h": 5.0, "quota_drain_lower_per_h": 4.0, "quota_recent_drain_per_h": 5.0,
+               "quota_recent_drain_lower_per_h": 4.0, "quota_rl_5m": 50, "quota_req_5m": 50,
+               "quota_req_30m": 300, "quota_rl_30m": 50},)),
+    rule="Theil–Sen drain of `quota_remaining` over 30 min (or 10 min when faster), ≥ 6 minutes of samples: "
+         "forecast exhaustion within 30 min, or under 5 % left, or under 20 % left with a rising 429 share",
+    default="30 min / 5 % (holds to 45 min / 10 %)",
+)

@@ -54,8 +54,8 @@ import numpy as np
 
 from scipy.special import bdtrc, betaincinv
 
-from pipeline.detectors.base import Finding, ThresholdArrays, safe_ratio
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Order, Params, Signal, ThresholdArrays, param
+from pipeline.stats import safe_ratio
 from pipeline.windows.view import WindowView
 
 #: Level of the one-round shift test per round and channel (see the module docstring).
@@ -97,7 +97,7 @@ def shift_p_value(k: np.ndarray, n: np.ndarray, p0: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class LatencyParams:
+class LatencyParams(Params):
     """Thresholds of ``latency_p95_ratio`` (policy table ``[tier.X.latency_p95_ratio]``)."""
 
     #: SPEC §4.3: P95(5 min) / P95(24 h baseline) that degrades the channel (dimensionless, > clear) ...
@@ -105,19 +105,13 @@ class LatencyParams:
     #: ... and the ratio at or below which the finding clears (hysteresis; >= 1).
     latency_ratio_clear: float = 1.2
     #: Minimum successful requests in the 5 min window for a P95 (>= 1).
-    latency_min_requests: int = 50
+    latency_min_requests: int = param(50, ge=1)
     #: Minimum successful requests in the 24 h baseline (>= 1).
-    baseline_min_requests: int = 500
+    baseline_min_requests: int = param(500, ge=1)
     #: Minimum whole hours of history before the baseline is trusted (>= 1).
-    baseline_min_hours: int = 1
+    baseline_min_hours: int = param(1, ge=1)
 
-    def __post_init__(self) -> None:
-        if not 1.0 <= self.latency_ratio_clear < self.latency_ratio_trip:
-            raise ValueError(f"need 1 <= latency_ratio_clear < latency_ratio_trip, got "
-                             f"{self.latency_ratio_clear} and {self.latency_ratio_trip}")
-        for name in ("latency_min_requests", "baseline_min_requests", "baseline_min_hours"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    ORDER = (Order("latency_ratio_clear", "latency_ratio_trip", floor=1),)
 
 
 class LatencyRatio:

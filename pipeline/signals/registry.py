@@ -1,20 +1,21 @@
 """The registered signals, in publication order: hard signals first, then soft, then advisory (SPEC §4).
 
-Adding a signal = one module declaring a :class:`~pipeline.detectors.signal.Signal`
+Adding a signal = one module declaring a :class:`~pipeline.signals.base.Signal`
 (see ``docs/ADDING_A_SIGNAL.md``) + one line here + its tests. The order
 is the order of reasons in a verdict among signals of the same kind.
 """
 
 from __future__ import annotations
 
-from pipeline.detectors import consecutive, cost, error_rate, latency, quality, quota, slow_stream, structure
-from pipeline.detectors.signal import Signal, check_registry
+from pipeline.signals import (consecutive_failures, cost, error_rate, latency_p95_ratio, missing_fields, quality, quota,
+                              slow_stream)
+from pipeline.signals.base import Signal, check_registry
 
 SIGNALS: tuple[Signal, ...] = (
-    consecutive.SIGNAL,
+    consecutive_failures.SIGNAL,
     error_rate.SIGNAL,
-    latency.SIGNAL,
-    structure.SIGNAL,
+    latency_p95_ratio.SIGNAL,
+    missing_fields.SIGNAL,
     quality.SIGNAL,
     slow_stream.SIGNAL,
     quota.SIGNAL,

@@ -10,22 +10,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import Finding, ThresholdArrays
-from pipeline.detectors.signal import Examples, Signal
+from pipeline.signals.base import Examples, Finding, Params, Signal, ThresholdArrays, param
 from pipeline.windows.view import WindowView
 
 
 @dataclass(frozen=True)
-class ConsecutiveParams:
+class ConsecutiveParams(Params):
     """Thresholds of ``consecutive_failures`` (policy table ``[tier.X.consecutive_failures]``)."""
 
     #: SPEC §4.2: a run of this many consecutive failures pre-trips the channel (requests, 1..100).
-    consecutive_failures: int = 5
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.consecutive_failures <= 100:
-            raise ValueError(f"consecutive_failures must be in 1..100 (the run window, SPEC §4.2), "
-                             f"got {self.consecutive_failures}")
+    consecutive_failures: int = param(5, ge=1, le=100, says="in 1..100 (the run window, SPEC §4.2)")
 
 
 class ConsecutiveFailures:

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.detectors.base import (Finding, ThresholdArrays, alpha_for, cusum_alarm, exact_lower_gate,
-                                     safe_ratio)
-from pipeline.detectors.signal import Examples, Signal
-from pipeline.windows.cusum import BernoulliCusum, CusumDesign
+from pipeline.signals.base import Examples, Finding, Params, Signal, ThresholdArrays, param
+from pipeline.stats import CusumDesign, alpha_for, cusum_alarm, exact_lower_gate, safe_ratio
+from pipeline.windows.cusum import BernoulliCusum
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.view import WindowView
 
@@ -46,19 +45,13 @@ def missing_windows(spec: WindowSpec) -> BernoulliCusum:
 
 
 @dataclass(frozen=True)
-class MissingFieldsParams:
+class MissingFieldsParams(Params):
     """Thresholds of ``missing_fields`` (policy table ``[tier.X.missing_fields]``)."""
 
     #: SPEC §4.4: share in (0, 1) of checked ``ok`` answers missing a field that degrades.
-    missing_rate_trip: float = 0.01
+    missing_rate_trip: float = param(0.01, gt=0, lt=1)
     #: Minimum checked ``ok`` answers in 5 min (>= 1).
-    missing_min_checked: int = 50
-
-    def __post_init__(self) -> None:
-        if not 0.0 < self.missing_rate_trip < 1.0:
-            raise ValueError(f"missing_rate_trip must be in (0, 1), got {self.missing_rate_trip}")
-        if self.missing_min_checked < 1:
-            raise ValueError(f"missing_min_checked must be >= 1, got {self.missing_min_checked}")
+    missing_min_checked: int = param(50, ge=1)
 
 
 class MissingFields:
