@@ -113,7 +113,7 @@ class QuotaWindows(RingWindows):
         if not sel.any():
             return
         q, has, ts = q[sel], has[sel], cols.ts_ms[sel]
-        columns = [None] * 5  # in column order Q_SUM .. REQ
+        columns: list[np.ndarray] = [np.empty(0)] * 5  # in column order Q_SUM .. REQ; every entry set below
         columns[Q_SUM] = np.where(has, np.clip(q, 0.0, 1.0), 0.0)
         columns[Q_N] = has
         columns[T_SUM] = np.where(has, (ts % QUOTA_SLOT_MS) / 1000.0, 0.0)
