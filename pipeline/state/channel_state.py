@@ -19,7 +19,7 @@ MAX_SAVED_ROUTE = 64
 
 @dataclass(frozen=True)
 class RouteShareRecord:
-    """A route's traffic shares (:mod:`pipeline.engine_routes`), as saved with each of its channels.
+    """A route's traffic shares (:mod:`pipeline.engine.route_shares`), as saved with each of its channels.
 
     ``version``: >= 1, raised with every change of the shares, so that the
     newest of the records a route's channels carry wins on restore (an idle or

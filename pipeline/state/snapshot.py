@@ -289,7 +289,7 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
     in ``raw`` until the channel's next event (:meth:`pipeline.engine.Engine.process` imports it then).
     Raises :class:`SnapshotError` when the bucket layout differs from the engine's or the machine's
     fields are out of range (before the engine changes). The windows in ``raw`` are checked when they
-    are loaded (:func:`pipeline.residency.restore`: a bad one then starts the channel's windows empty).
+    are loaded (:func:`pipeline.engine.residency.restore`: a bad one then starts the channel's windows empty).
     """
     if snap.n_buckets != engine.store.buckets.n_buckets:
         raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {engine.store.buckets.n_buckets}")

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.contracts import Verdict
 from pipeline.engine import Engine
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.tools.simulate.scenarios import Scenario, get_scenario
 from pipeline.tools.simulate.traces import DataNotFoundError
 

@@ -1,7 +1,7 @@
 """Acceptance, SPEC §5.4 quality drift and §4.5: the in-process engine with quality scoring.
 
 Replays run the real quality model (v1, all-MiniLM-L6-v2 on CPU) through
-:func:`pipeline.engine_replay.replay` with a scorer: the default sampler (at most
+:func:`pipeline.engine.replay.replay` with a scorer: the default sampler (at most
 one response per 2 s of event time per channel) picks responses, they are
 scored synchronously, and the scores feed the ``quality`` detector. The
 answers come from a fixed pool (32 good MT-bench answers + their useless
@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.quality.sampler import QualitySampler
 from pipeline.tools.simulate.chat_answers import load_chat_pool
 from pipeline.tools.simulate.scenarios import WARMUP_S

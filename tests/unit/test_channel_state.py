@@ -9,7 +9,7 @@ from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PolicyConfig
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 T0 = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
 MIN = 60_000
@@ -191,11 +191,11 @@ def test_a_restart_holds_idle_channels_evicted_and_they_return_exactly() -> None
 
 
 def test_machine_dict_is_asdict_with_its_own_reasons_list() -> None:
-    """The snapshot's machine dict (:func:`pipeline.engine_state.machine_dict`) equals ``dataclasses.asdict``
+    """The snapshot's machine dict (:func:`pipeline.engine.state_io.machine_dict`) equals ``dataclasses.asdict``
     and shares no list with the machine; every field is flat (what makes the shallow copy enough)."""
     import dataclasses
 
-    from pipeline.engine_state import machine_dict
+    from pipeline.engine.state_io import machine_dict
     from pipeline.policy.state_machine import ChannelMachine
 
     m = ChannelMachine(state="open", weight=0.25, entered_ms=7, penalty=1.5, reasons=["error_rate"], base_ms=3)

@@ -1,4 +1,4 @@
-"""Fields read once per message (:class:`pipeline.engine_columns.EventFields`) change nothing the engine
+"""Fields read once per message (:class:`pipeline.engine.columns.EventFields`) change nothing the engine
 does: the same verdicts byte for byte, the same late and refused events and the same window state as
 when the engine reads the events itself, on seeded streams that cross round boundaries out of order,
 carry late events, optional fields present and absent, structure flags, and channels that are
@@ -13,7 +13,7 @@ import pytest
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
-from pipeline.engine_columns import EventFields
+from pipeline.engine.columns import EventFields
 from pipeline.ingest.structure import resolve_onto
 from pipeline.state.snapshot import export_channel
 from pipeline.tools.bench import workload as W

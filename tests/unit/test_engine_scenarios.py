@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.engine import Engine
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 
 H = 3_600_000
 T0 = 1_750_032_000_000 // H * H  # an hour boundary in June 2025

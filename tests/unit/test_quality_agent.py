@@ -19,7 +19,7 @@ from pipeline.engine import Engine
 from pipeline.sinks.errors import SinkBackpressure
 from pipeline.sinks.rows import MAX_TEXT_CHARS, QUALITY_SCORE_COLUMNS
 from pipeline.stream import quality_agent as qa
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 T0 = 1_780_002_000_000 - 1_780_002_000_000 % 3_600_000
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "quality_score.v1.json").read_text())

@@ -18,7 +18,7 @@ from pipeline.contracts import RequestEvent
 from pipeline.detectors import QualityDrop
 from pipeline.detectors.base import ThresholdArrays
 from pipeline.engine import Engine
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.policy.defaults import PAID_TIER, Thresholds
 from pipeline.quality.cache import CachedScorer, CachingEmbedder, pair_key
 from pipeline.quality.sampler import QualitySampler, SamplerConfig, safe_text
@@ -263,7 +263,7 @@ def test_engine_and_replay_stay_free_of_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from pipeline.engine_replay import replay; from pipeline.quality.sampler import QualitySampler; "
+    code = ("import sys; from pipeline.engine.replay import replay; from pipeline.quality.sampler import QualitySampler; "
             "import pipeline.stream.quality_agent; "
             "print(sorted(m for m in ('torch', 'sentence_transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
-from pipeline.engine_state import machine_dict
+from pipeline.engine.state_io import machine_dict
 from pipeline.ingest.structure import resolve_onto
 from pipeline.state.channel_state import MAX_SAVED_ROUTE
 from pipeline.policy.routes import MIN_GROWTH_ABS

@@ -11,7 +11,7 @@ import pytest
 from pipeline.contracts import RequestEvent
 from pipeline.detectors import SIGNALS, Examples, Finding, Signal
 from pipeline.engine import Engine
-from pipeline.engine_columns import event_arrays, make_columns, structure_flags
+from pipeline.engine.columns import event_arrays, make_columns, structure_flags
 from pipeline.state.snapshot import SnapshotError, decode_snapshot, export_channel, import_channel
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns

@@ -7,7 +7,7 @@ older committed offset publishes exactly the verdicts that a restart from full s
 points publishes, and those are the verdicts of the worker that never stopped (same ``(channel, seq)``
 set, same content), on seeded streams where channels go idle for hours (``no_data``, heartbeats,
 eviction), return, and trip, with restarts at 3 points per stream and captures every 3-40 input
-messages. Source of the argument: :mod:`pipeline.stream.capture`.
+messages. Source of the argument: :mod:`pipeline.engine.capture`.
 
 One exception: ``route_share`` depends on where the worker's batches are cut (a channel's share at a
 round boundary is computed with the weights of the route's channels that have reached that boundary in
@@ -28,7 +28,7 @@ import pytest
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 from tests.unit.test_restart_shares import final_state
 from tests.unit.test_stream_delivery import key, run_batches
 

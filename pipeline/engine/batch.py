@@ -27,8 +27,8 @@ import numpy as np
 
 from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict, encode
-from pipeline.engine import Engine
-from pipeline.engine_columns import EventFields
+from pipeline.engine.core import Engine
+from pipeline.engine.columns import EventFields
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
@@ -39,7 +39,7 @@ from pipeline.sinks.batches import split_stored
 from pipeline.state.refusals import RefusalLog
 
 if TYPE_CHECKING:
-    from pipeline.stream.capture import Capture
+    from pipeline.engine.capture import Capture
 
 log = logging.getLogger(__name__)
 
@@ -494,11 +494,11 @@ class BatchProcessor:
 
     def snapshot_capture(self, offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
                          changed_only: bool = False, refresh_every: int = 0, refresh_phase: int = 0) -> "Capture":
-        """Capture the state now; calling the returned :class:`~pipeline.stream.capture.Capture` encodes it
-        into :meth:`snapshot_records`' records (see :func:`pipeline.stream.capture.capture`: ``start``/``stop``
+        """Capture the state now; calling the returned :class:`~pipeline.engine.capture.Capture` encodes it
+        into :meth:`snapshot_records`' records (see :func:`pipeline.engine.capture.capture`: ``start``/``stop``
         positions in the append-only channel list, ``changed_only`` only channels changed since their last
         capture). The copy is cheap; the encoding reads only it, so it may run in another thread."""
-        from pipeline.stream.capture import capture
+        from pipeline.engine.capture import capture
 
         return capture(self, offsets, start, stop, changed_only, refresh_every, refresh_phase)
 

@@ -67,7 +67,7 @@ class EngineStateIO:
     evicted: dict[str, bytes]
     #: Make room for ``n`` channels in the per-channel arrays (:meth:`pipeline.engine.Engine._grow`).
     _grow: Callable[[int], None]
-    #: Route shares in and out of snapshots (:class:`pipeline.engine_routes.RouteShares`).
+    #: Route shares in and out of snapshots (:class:`pipeline.engine.route_shares.RouteShares`).
     export_route_shares: Callable[[int], RouteShareRecord | None]
     restore_route_shares: Callable[[str, RouteShareRecord | None], None]
 
@@ -120,7 +120,7 @@ class EngineStateIO:
         Window counters and soft findings are matched by name: one the state
         lacks starts empty/inactive, one the engine no longer has is dropped
         (counted in :attr:`dropped_state`). The route's shares are handed to
-        :meth:`~pipeline.engine_routes.RouteShares.restore_route_shares`. Raises
+        :meth:`~pipeline.engine.route_shares.RouteShares.restore_route_shares`. Raises
         ``ValueError`` when the bucket layout or ring sizes differ from the
         engine's configuration or a field is out of range (:meth:`_check_head`,
         ``fail_since_eval`` and ``judged_since_eval`` finite >= 0): all checked
@@ -147,7 +147,7 @@ class EngineStateIO:
 
     def hold_channel(self, head: HeldChannel, raw: bytes) -> int:
         """Register ``head``'s channel as evicted, its windows left in ``raw`` (its snapshot bytes) until its
-        next event (:func:`pipeline.residency.restore` imports them then); returns the channel's row.
+        next event (:func:`pipeline.engine.residency.restore` imports them then); returns the channel's row.
 
         Loads what the route shares and the channel limit need without the windows: registry row, state
         machine, ``seq``, newest event time, next round, the route's shares. Raises ``ValueError`` (before

@@ -32,7 +32,7 @@ class QualityScores:
         """File sampled answers' quality scores (P(good) in [0, 1]) at their events' time.
 
         The engine holds no model: scoring happens elsewhere (the worker's quality
-        agent, :mod:`pipeline.stream.quality_agent`, or :func:`pipeline.engine_replay.replay` with a
+        agent, :mod:`pipeline.stream.quality_agent`, or :func:`pipeline.engine.replay.replay` with a
         scorer); this only adds the numbers to the per-channel quality windows that
         the ``quality`` detector reads. A score counts in every later round whose
         5 min window covers its event time. ``channels`` are channel names the

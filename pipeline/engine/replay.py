@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from pipeline.contracts import RequestEvent, Verdict
-from pipeline.engine import Engine
+from pipeline.engine.core import Engine
 from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import PolicyConfig
 

@@ -20,7 +20,7 @@ event-time order, split at the 30 s round boundaries:
    (see :meth:`Engine.advance`).
 
 Bounded state (SPEC §8): idle channels are evicted, new ones over the
-limit refused (:mod:`pipeline.residency`).
+limit refused (:mod:`pipeline.engine.residency`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline import residency
+from pipeline.engine import residency
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.detectors import SIGNALS, Signal, ThresholdArrays
@@ -40,12 +40,12 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
 from pipeline.state.channel_state import RouteShareRecord
-from pipeline.engine_metrics import clean_value, published_values
-from pipeline.engine_columns import (EventFields, channel_keys, event_arrays, make_columns, picker,
+from pipeline.engine.published import clean_value, published_values
+from pipeline.engine.columns import (EventFields, channel_keys, event_arrays, make_columns, picker,
                                      resolve_structure, structure_flags)
-from pipeline.engine_quality import QualityScores
-from pipeline.engine_routes import RouteShares
-from pipeline.engine_state import EngineStateIO
+from pipeline.engine.quality_scores import QualityScores
+from pipeline.engine.route_shares import RouteShares
+from pipeline.engine.state_io import EngineStateIO
 from pipeline.windows.store import EventColumns, WindowStore
 
 _STATE = attrgetter("state")

@@ -28,8 +28,8 @@ from pipeline.contracts import RequestEvent
 from pipeline.state.refusals import RefusalLog
 
 if TYPE_CHECKING:
-    from pipeline.engine import Engine
-    from pipeline.engine_columns import EventFields
+    from pipeline.engine.core import Engine
+    from pipeline.engine.columns import EventFields
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
-"""Capturing channel snapshots from a :class:`~pipeline.stream.processor.BatchProcessor`: :class:`Capture`.
+"""Capturing channel snapshots from a :class:`~pipeline.engine.batch.BatchProcessor`: :class:`Capture`.
 
 A capture copies the state of some channels now (under the worker's lock) and
 encodes it later, in another thread (:meth:`Capture.encode`). With
 ``changed_only`` it takes only the channels flagged changed since their last
-capture (:meth:`pipeline.engine_state.EngineStateIO.take_changed`), plus a
+capture (:meth:`pipeline.engine.state_io.EngineStateIO.take_changed`), plus a
 rotating share of all of them, so every channel's record is re-published at
 least every ``refresh_every`` captures (the state topic keeps one record per
 channel, and a restore then never depends on very old records). A capture
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import numpy as np
 
 if TYPE_CHECKING:
-    from pipeline.engine import Engine
-    from pipeline.stream.processor import BatchProcessor
+    from pipeline.engine.core import Engine
+    from pipeline.engine.batch import BatchProcessor
 
 #: One state-topic record: ``(channel, snapshot bytes, covered input offsets, input partition or None)``.
 Record = tuple[str, bytes, dict[int, int], "int | None"]
