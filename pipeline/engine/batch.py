@@ -176,7 +176,7 @@ class BatchProcessor:
         Drops pending snapshots, restore bookkeeping, partition watermarks and the ``event_id`` memory;
         call :meth:`load_snapshots` afterwards.
         """
-        self.bad_snapshots += self.engine.bad_snapshots  # the engine's count goes with it
+        self.bad_snapshots += self.engine.residency.bad_snapshots  # the engine's count goes with it
         self.engine = engine
         # Input after a rebalance is re-read from the committed offsets: rows of the old assignment that
         # were not yet written must be stored again, so the ids of the old assignment are forgotten.
@@ -467,14 +467,14 @@ class BatchProcessor:
     @property
     def refused_snapshots(self) -> int:
         """Snapshots refused so far (:attr:`bad_snapshots` and those of evicted channels the engine refused
-        on their return: ``engine.bad_snapshots``); monotonic across :meth:`reset`."""
-        return self.bad_snapshots + self.engine.bad_snapshots
+        on their return: ``engine.residency.bad_snapshots``); monotonic across :meth:`reset`."""
+        return self.bad_snapshots + self.engine.residency.bad_snapshots
 
     def snapshots(self) -> list[tuple[str, bytes]]:
         """``(channel, snapshot bytes)`` for every channel this worker holds."""
         from pipeline.state.snapshot import export_channel
 
-        evicted = self.engine.evicted
+        evicted = self.engine.residency.evicted
         return [(name, evicted.get(name) or export_channel(self.engine, i))
                 for i, name in enumerate(self.engine.store.names)]
 

@@ -3,7 +3,7 @@
 A capture copies the state of some channels now (under the worker's lock) and
 encodes it later, in another thread (:meth:`Capture.encode`). With
 ``changed_only`` it takes only the channels flagged changed since their last
-capture (:meth:`pipeline.engine.state_io.EngineStateIO.take_changed`), plus a
+capture (:meth:`pipeline.engine.core.Engine.take_changed`), plus a
 rotating share of all of them, so every channel's record is re-published at
 least every ``refresh_every`` captures (the state topic keeps one record per
 channel, and a restore then never depends on very old records). A capture
@@ -76,7 +76,7 @@ def capture(processor: "BatchProcessor", offsets: Mapping[int, int], start: int 
         rows = engine.take_changed(start, stop, refresh_every, refresh_phase)
     else:
         rows = np.arange(start, len(names_all) if stop is None else min(stop, len(names_all)), dtype=np.int64)
-    evicted = engine.evicted
+    evicted = engine.residency.evicted
     picked = [(int(i), names_all[i]) for i in rows.tolist()]
     held = {name: evicted[name] for _, name in picked if name in evicted}  # immutable bytes: nothing to copy
     resident = [i for i, name in picked if name not in held]

@@ -20,7 +20,7 @@ def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_siz
     """Feed JSON-ready event dicts through an :class:`Engine` (default: a fresh one) in batches.
 
     ``events`` is consumed lazily, so a generator may read the engine's
-    state (e.g. :attr:`Engine.shares_by_route`) to close the routing loop.
+    state (e.g. ``engine.routes.shares_by_route``) to close the routing loop.
     Returns the engine and every verdict in publication order.
 
     Quality scoring (SPEC §4.5), optional: ``scorer`` is any object with

@@ -112,7 +112,7 @@ def test_quality_drift_raises_quality_on_the_drifting_channel_within_5_min(drift
 def test_quality_drift_sampling_is_rate_limited_per_channel(drift_run):
     run = drift_run
     c = run.sampler.counters  # type: ignore[attr-defined]
-    assert c["sampled"] == run.engine.quality_added and not run.engine.quality_dropped
+    assert c["sampled"] == run.engine.quality.added and not run.engine.quality.dropped
     assert c["throttled"] > 0 and c["no_text"] > 0
     per5 = [v.metrics["quality_samples_5m"] for v in run.verdicts if v.metrics.get("quality_samples_5m")]
     assert max(per5) <= 153  # <= one sample / 2 s of event time per channel (+ a burst of 3)

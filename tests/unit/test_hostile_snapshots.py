@@ -224,20 +224,20 @@ def test_a_refused_state_leaves_no_trace_in_the_engine():
     eng = Engine()
     bad_machine = dict(good.machine, weight="abc")
     with pytest.raises(ValueError, match="weight"):
-        eng.import_state(type(good)(**{**vars(good), "machine": bad_machine}))
+        eng.state.import_state(type(good)(**{**vars(good), "machine": bad_machine}))
     ext = dict(good.windows.extensions)
     last = list(ext)[-1]
     ext[last] = {k: a[:-1] for k, a in ext[last].items()}  # the last signal's rows are short
     windows = type(good.windows)(**{**vars(good.windows), "extensions": ext})
     with pytest.raises(ValueError):
-        eng.import_state(type(good)(**{**vars(good), "windows": windows}))
+        eng.state.import_state(type(good)(**{**vars(good), "windows": windows}))
     assert eng.store.n_channels == 0 and eng.channel_rows == {}
 
 
 def test_reasons_the_engine_does_not_know_are_dropped_and_counted():
     eng = Engine()
     i = import_channel(eng, decode_snapshot(_with(("machine", "reasons"), ["error_rate", "retired_signal"])))
-    assert eng.machines[i].reasons == ["error_rate"] and eng.dropped_state == {"reason retired_signal": 1}
+    assert eng.machines[i].reasons == ["error_rate"] and eng.state.dropped_state == {"reason retired_signal": 1}
 
 
 def test_machine_wire_has_the_machine_fields_and_defaults():
@@ -254,11 +254,11 @@ def test_a_bad_held_record_starts_the_channel_windows_empty_on_its_return(caplog
     d["base_hist"] = d["base_hist"][:-4]
     proc = BatchProcessor(clock_ms=lambda: NOW + 3 * HOUR)
     assert proc.load_snapshots({"x": (_record(d), {}, 0)}, assigned={0}) == 1
-    assert "x" in proc.engine.evicted
+    assert "x" in proc.engine.residency.evicted
     msgs = [_enc.encode(e) for e in _events(d["watermark_ms"] + 1000, 60)]
     with caplog.at_level(logging.WARNING, logger="pipeline.engine.residency"):
         out = proc.process(msgs, partitions=[0] * len(msgs), offsets=list(range(len(msgs))))
-    assert proc.engine.bad_snapshots == 1 and proc.refused_snapshots == 1 and out.verdicts
+    assert proc.engine.residency.bad_snapshots == 1 and proc.refused_snapshots == 1 and out.verdicts
     assert [r.getMessage() for r in caplog.records if r.name == "pipeline.engine.residency"] == [
         "evicted snapshot of channel 'x' refused (corrupt or mismatched snapshot array: 33396 bytes, shape "
         "(25, 334) of <f4 needs 33400); its windows start empty"]

@@ -112,12 +112,12 @@ def test_signal_windows_move_with_a_snapshot_and_start_empty_without_one():
     for i in range(plain.store.n_channels):
         import_channel(fresh, decode_snapshot(export_channel(plain, i)))
     assert np.isnan(fresh.store.view(now).test_ttft_mean_5m).all()
-    assert fresh.dropped_state == {}
+    assert fresh.state.dropped_state == {}
     # and the other way: an engine without the signal drops its windows and counts them
     old = Engine()
     for b in blobs:
         import_channel(old, decode_snapshot(b))
-    assert old.dropped_state == {"windows test_ttft": 2, "test_ttft": 2}
+    assert old.state.dropped_state == {"windows test_ttft": 2, "test_ttft": 2}
 
 
 def test_store_state_round_trip_and_eviction_clear_the_signal_windows():

@@ -119,7 +119,7 @@ def test_restarts_from_records_of_changed_channels_only_are_exact(seed: int, ref
     ref = {key(v): _without_share(v) for v in reference}
     assert len(ref) == len(reference) > 500
     assert {"no_data", "open", "half_open", "healthy"} <= {v.state for v in reference}
-    assert worker.engine.evictions >= 2 and worker.engine.returns >= 1
+    assert worker.engine.residency.evictions >= 2 and worker.engine.residency.returns >= 1
     # b1, idle from 10 min on, is captured for its own changes (events, rounds until no_data, heartbeats until
     # its eviction, the eviction) and once per refresh_every captures: 20-30 of ~220 captures without refresh
     idle = sum("b1/m@paid" in names for names in captured)
@@ -190,7 +190,7 @@ def test_restarts_continue_route_shares_and_probe_baselines_exactly(seed: int = 
         committed = captures[max(0, k - rng.randrange(0, 3))][0]
         after = _processor()
         after.load_snapshots(state_topic, assigned=[0])
-        held += len(after.engine.evicted)  # idle channels restored as evicted: their route shares too
+        held += len(after.engine.residency.evicted)  # idle channels restored as evicted: their route shares too
         got = {key(v): v for v in _feed(after, msgs, cuts, committed, len(msgs))}
         ref = {key(v): v for v in reference}
         assert all(ref[k2] == v for k2, v in got.items()), f"restart at capture {k} (input {pos})"
@@ -230,7 +230,7 @@ def test_changed_flags_follow_events_rounds_and_verdicts() -> None:
 
 def test_take_changed_adds_the_refresh_share_and_checks_its_arguments() -> None:
     eng = Engine()
-    eng._grow(10)
+    eng.grow(10)
     eng.store.reserve(10)
     for i in range(10):
         eng.store.channel_index(f"c{i}", "r", None)
