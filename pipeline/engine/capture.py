@@ -1,4 +1,5 @@
-"""Capturing channel snapshots from a :class:`~pipeline.engine.batch.BatchProcessor`: :class:`Capture`.
+"""Capturing channel snapshots of an engine (for :meth:`pipeline.engine.batch.BatchProcessor.snapshot_capture`):
+:class:`Capture`.
 
 A capture copies the state of some channels now (under the worker's lock) and
 encodes it later, in another thread (:meth:`Capture.encode`). With
@@ -30,7 +31,6 @@ import numpy as np
 
 if TYPE_CHECKING:
     from pipeline.engine.core import Engine
-    from pipeline.engine.batch import BatchProcessor
 
 #: One state-topic record: ``(channel, snapshot bytes, covered input offsets, input partition or None)``.
 Record = tuple[str, bytes, dict[int, int], "int | None"]
@@ -57,20 +57,21 @@ class Capture:
             self.engine.mark_changed(self.rows)
 
 
-def capture(processor: "BatchProcessor", offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
+def capture(engine: "Engine", offsets: Mapping[int, int], partition: Mapping[str, int],
+            covered: Mapping[str, Mapping[int, int]], start: int = 0, stop: int | None = None,
             changed_only: bool = False, refresh_every: int = 0, refresh_phase: int = 0) -> Capture:
-    """Copy the state of the processor's channels at positions ``start:stop`` (all, or with ``changed_only``
+    """Copy the state of ``engine``'s channels at positions ``start:stop`` (all, or with ``changed_only``
     those flagged changed and the refresh share; see the module docstring) for :meth:`Capture.encode`.
 
     Each record covers ``offsets`` (partition → last input offset processed), raised to what a restored
-    channel's own snapshot covered. An evicted channel's record is its eviction bytes (nothing copied).
+    channel's own snapshot covered (``covered``: channel → partition → offset); ``partition``: channel →
+    the input partition its events come from. An evicted channel's record is its eviction bytes (nothing copied).
     Raises ``ValueError`` for ``start < 0``.
     """
     from pipeline.state.snapshot import copy_state, encode_state
 
     if start < 0:
         raise ValueError(f"start must be >= 0, got {start!r}")
-    engine = processor.engine
     names_all = engine.store.names
     if changed_only:
         rows = engine.take_changed(start, stop, refresh_every, refresh_phase)
@@ -81,7 +82,7 @@ def capture(processor: "BatchProcessor", offsets: Mapping[int, int], start: int 
     held = {name: evicted[name] for _, name in picked if name in evicted}  # immutable bytes: nothing to copy
     resident = [i for i, name in picked if name not in held]
     frozen = dict(zip(resident, copy_state(engine, resident)))
-    part, covered = processor.input_partition, processor.covered
+    part = partition
     meta = []
     for i, name in picked:
         cov = dict(offsets)

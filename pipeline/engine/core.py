@@ -45,8 +45,7 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
-from pipeline.engine.columns import (EventFields, channel_keys, event_arrays, make_columns, picker,
-                                     resolve_structure, structure_flags)
+from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
 from pipeline.engine.quality_scores import QualityScores
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
@@ -182,12 +181,11 @@ class Engine:
 
     # -- ingestion ----------------------------------------------------------
     def _chunk_columns(self, events: Sequence[RequestEvent], ts: np.ndarray, code: np.ndarray,
-                       latency: np.ndarray, checked: np.ndarray, missing: np.ndarray,
-                       keys: tuple[list, list, list] | None = None,
-                       optional: dict[str, np.ndarray] | None = None) -> EventColumns:
-        """``keys``: the chunk's ``(channel, route, tier)`` lists and ``optional`` its optional columns,
-        when already read (:class:`EventFields`); else they are read from ``events``."""
-        channel = self.store.channel_indices(*(channel_keys(events) if keys is None else keys))
+                       latency: np.ndarray, checked: np.ndarray, missing: np.ndarray, keys: tuple[list, list, list],
+                       optional: dict[str, np.ndarray]) -> EventColumns:
+        """``keys``: the chunk's ``(channel, route, tier)`` lists and ``optional`` its optional columns
+        (:class:`EventFields`)."""
+        channel = self.store.channel_indices(*keys)
         self.grow(self.store.n_channels)
         return make_columns(channel, events, ts, code, latency, checked, missing, optional)
 
@@ -249,15 +247,19 @@ class Engine:
         ``max_advance_ms`` when given (the clock plus its allowed skew: a chunk
         stamped beyond it evaluates only its own channels, SPEC §8).
 
-        ``fields``: the events' fields already read (:meth:`read_fields`, same
-        order and length as ``events``): the same result, without reading the
-        events again. Raises ``ValueError`` when its length differs.
+        ``fields``: the events' fields (:meth:`read_fields`, same order and
+        length as ``events``), the one form in which the batch travels from
+        here on; read here, once, when not given (the stream processor reads
+        them per message while the decoder has the events in cache). Raises
+        ``ValueError`` when its length differs.
         """
         result = BatchResult()
         if not events:
             return result
         self._batch_wm = low_watermark_ms or 0
-        if fields is not None and len(fields) != len(events):
+        if fields is None:
+            fields = self.read_fields(events)
+        elif len(fields) != len(events):
             raise ValueError(f"fields hold {len(fields)} events, the batch {len(events)}")
         if self.residency.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
             events, structure, fields = self.residency.admit(events, structure, result.refused, self.channel_rows,
@@ -266,16 +268,13 @@ class Engine:
                 return result
         n = len(events)
         if structure is None:
-            structure, checked, missing = resolve_structure(events, None if fields is None else fields.parse_ok)
+            structure, checked, missing = resolve_structure(events, fields.parse_ok)
         else:
             checked, missing = structure_flags(structure)
         step = self.policy.eval_interval_ms
-        if fields is None:
-            ts, code, latency = event_arrays(events)
-            keys, optional = None, None
-        else:  # from here on only these columns of the fields are read
-            ts, code, latency = fields.ts_ms, fields.code, fields.latency_ms
-            keys, optional = (fields.channel, fields.route, fields.tier), fields.optional
+        # from here on only these columns of the fields are read
+        ts, code, latency = fields.ts_ms, fields.code, fields.latency_ms
+        keys, optional = (fields.channel, fields.route, fields.tier), fields.optional
         bucket = ts // step
         if bucket.min() != bucket.max():
             order = np.argsort(ts, kind="stable")
@@ -285,9 +284,8 @@ class Engine:
             events = get(events)
             if checked.any():  # else every entry is the same "not checked"
                 structure = get(structure)
-            if keys is not None:
-                keys = tuple(map(get, keys))  # type: ignore[assignment]
-                optional = {k: v[order] for k, v in optional.items()}  # type: ignore[union-attr]
+            keys = tuple(map(get, keys))  # type: ignore[assignment]
+            optional = {k: v[order] for k, v in optional.items()}
             bounds = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), n]
         else:
             bounds = [0, n]  # the slices below copy; a list is only read
@@ -299,8 +297,8 @@ class Engine:
                 result.verdicts.extend(self.advance(at if max_advance_ms is None else min(at, max_advance_ms)))
             cols = self._chunk_columns(events[start:end], ts[start:end], code[start:end], latency[start:end],
                                        checked[start:end], missing[start:end],
-                                       None if keys is None else tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
-                                       None if optional is None else {k: v[start:end] for k, v in optional.items()})
+                                       tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
+                                       {k: v[start:end] for k, v in optional.items()})
             self._process_chunk(events[start:end], structure[start:end], result, cols)
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 from itertools import compress
-from operator import attrgetter
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
     from pipeline.engine.columns import EventFields
 
 log = logging.getLogger(__name__)
-
-_CHANNEL = attrgetter("channel")
 
 #: At most this many channels are evicted per call of :meth:`Residency.evict_idle` (each costs a snapshot
 #: export, ~0.5 ms with the rounds around it), so a sweep over thousands of idle channels is spread over many
@@ -91,29 +88,29 @@ class Residency:
         return int(self.resident[:n].sum())
 
     def admit(self, events: Sequence[RequestEvent], structure: Sequence | None, refused: list[RequestEvent],
-              rows: Mapping[str, int], fields: EventFields | None = None
-              ) -> tuple[Sequence[RequestEvent], Sequence | None, EventFields | None]:
+              rows: Mapping[str, int], fields: EventFields
+              ) -> tuple[Sequence[RequestEvent], Sequence | None, EventFields]:
         """Restore the evicted channels of ``events``; refuse new channels over the limit.
 
         ``rows``: channel name → row of the channels registered. Returns ``(events, structure, fields)``
-        without the refused events (``structure``, per event, and ``fields``, the events' fields already
-        read, may be None); the refused ones are appended to ``refused`` and counted in ``refused_count``.
+        without the refused events (``structure``, per event, may be None; ``fields``: the events' fields);
+        the refused ones are appended to ``refused`` and counted in ``refused_count``.
         """
-        names = set(map(_CHANNEL, events) if fields is None else fields.channel)
+        names = set(fields.channel)
         if self.evicted and not names.isdisjoint(self.evicted):
             self.restore(names.intersection(self.evicted), rows)
         new = names.difference(rows)
         room = max(self.limits.max_channels - self.store.n_channels, 0)
         if len(new) <= room:
             return events, structure, fields
-        order = [c for c in dict.fromkeys(map(_CHANNEL, events)) if c in new]
+        order = [c for c in dict.fromkeys(fields.channel) if c in new]
         out = set(order[room:])
-        keep = [e.channel not in out for e in events]
+        keep = [c not in out for c in fields.channel]
         before = len(refused)
         refused.extend(compress(events, [not k for k in keep]))
         self.refused_count += len(refused) - before
         return (list(compress(events, keep)), (list(compress(structure, keep)) if structure is not None else None),
-                None if fields is None else fields.take(np.flatnonzero(keep)))
+                fields.take(np.flatnonzero(keep)))
 
     def restore(self, names: set[str], rows: Mapping[str, int]) -> None:
         """Load evicted channels ``names`` back from their snapshots (their registry ``rows`` stay).
