@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping, Protocol
 
 import msgspec
 import numpy as np
@@ -30,9 +30,9 @@ import numpy as np
 from pipeline.policy.state_machine import NO_DATA, ChannelMachine
 from pipeline.state.channel_state import ChannelState, HeldChannel
 from pipeline.state.wire import MAX_SEQ, MachineWire
-
-if TYPE_CHECKING:
-    from pipeline.engine.core import Engine
+from pipeline.engine.residency import Residency
+from pipeline.engine.route_shares import RouteShares
+from pipeline.windows.store import WindowStore
 
 #: :class:`ChannelMachine`'s fields, in order (its dict form in :class:`ChannelState`).
 _MACHINE_FIELDS = tuple(f.name for f in dataclasses.fields(ChannelMachine))
@@ -49,6 +49,28 @@ def machine_dict(m: ChannelMachine) -> dict[str, object]:
     return out
 
 
+class EngineParts(Protocol):
+    """What :class:`StateIO` reads and writes of its engine (:class:`~pipeline.engine.core.Engine` has it);
+    a protocol, so that this module does not import the engine that holds it."""
+
+    store: WindowStore
+    machines: list[ChannelMachine]
+    seq: list[int]
+    active: dict[str, np.ndarray]
+    next_eval: np.ndarray
+    fail_since_eval: np.ndarray
+    judged_since_eval: np.ndarray
+    hard: tuple
+    soft: tuple
+    advisory: tuple
+    routes: RouteShares
+    residency: Residency
+
+    def grow(self, n: int) -> None: ...
+
+    def mark_changed(self, rows) -> None: ...
+
+
 class StateIO:
     """Per-channel state in and out of one engine (``engine.state``): export, import, hold.
 
@@ -58,7 +80,7 @@ class StateIO:
     :meth:`~pipeline.engine.core.Engine.grow` / :meth:`~pipeline.engine.core.Engine.mark_changed`.
     """
 
-    def __init__(self, engine: "Engine"):
+    def __init__(self, engine: EngineParts):
         self.engine = engine
         #: Restored state a signal no longer uses (window counter or soft finding name → channels).
         self.dropped_state: dict[str, int] = {}
