@@ -151,7 +151,7 @@ class PipelineMetrics:
 
     def track_processor(self, get_processor: Callable[[], Any]) -> None:
         """Events in, refused snapshots and dead letters by reason from a
-        :class:`~pipeline.stream.processor.BatchProcessor` (its ``events_in``, ``refused_snapshots`` and
+        :class:`~pipeline.engine.batch.BatchProcessor` (its ``events_in``, ``refused_snapshots`` and
         ``counters.by_reason``), read at scrape time."""
         self.track("channel_health_events_in_total", "Request events decoded (duplicates included).",
                    lambda: None if (p := get_processor()) is None else p.events_in, kind="counter")

@@ -221,7 +221,8 @@ class Signal:
     def __post_init__(self) -> None:
         if self.kind not in ("hard", "soft", "advisory"):
             raise ValueError(f"signal {self.name}: kind must be 'hard', 'soft' or 'advisory', got {self.kind!r}")
-        if not (dataclasses.is_dataclass(self.params) and getattr(self.params, "__dataclass_params__").frozen):
+        dc_params = getattr(self.params, "__dataclass_params__", None)  # set on every dataclass type
+        if not dataclasses.is_dataclass(self.params) or dc_params is None or not dc_params.frozen:
             raise TypeError(f"signal {self.name}: params must be a frozen dataclass")
         if getattr(self.detector, "reason", None) != self.name:
             raise ValueError(f"signal {self.name}: detector.reason is {getattr(self.detector, 'reason', None)!r}")

@@ -1,4 +1,4 @@
-"""The typed per-channel state the engine exports and imports (:meth:`pipeline.engine.Engine.export_state`).
+"""The typed per-channel state the engine exports and imports (:meth:`pipeline.engine.state_io.StateIO.export_state`).
 
 :mod:`pipeline.state.snapshot` turns it into bytes and back; nothing outside
 the engine reaches into the engine's or the store's arrays.
@@ -19,7 +19,7 @@ MAX_SAVED_ROUTE = 64
 
 @dataclass(frozen=True)
 class RouteShareRecord:
-    """A route's traffic shares (:mod:`pipeline.engine_routes`), as saved with each of its channels.
+    """A route's traffic shares (:mod:`pipeline.engine.route_shares`), as saved with each of its channels.
 
     ``version``: >= 1, raised with every change of the shares, so that the
     newest of the records a route's channels carry wins on restore (an idle or
@@ -72,7 +72,7 @@ class ChannelState:
 
 @dataclass(frozen=True)
 class HeldChannel:
-    """What the engine keeps of a channel restored as evicted (:meth:`pipeline.engine.Engine.hold_channel`):
+    """What the engine keeps of a channel restored as evicted (:meth:`pipeline.engine.state_io.StateIO.hold_channel`):
     its state without the windows, which stay in the snapshot bytes until the channel's next event.
 
     Fields as in :class:`ChannelState`, plus ``last_ts_ms``: its newest event time (event time, ms).

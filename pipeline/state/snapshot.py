@@ -1,7 +1,7 @@
 """Export / import one channel's complete detector state as bytes.
 
 A snapshot is the wire form of :class:`pipeline.state.channel_state.ChannelState`
-(:meth:`pipeline.engine.Engine.export_state` / ``import_state``): the
+(:meth:`pipeline.engine.state_io.StateIO.export_state` / ``import_state``): the
 channel's rows of its rings (30 × 10 s counters, 10 × 30 s latency
 histograms, 25 × 1 h baseline histograms), its quality-score rings (30 × 10 s and
 25 × 1 h of count / sum / sum of squares, with the model version they came
@@ -20,7 +20,7 @@ each array zlib-compressed; they still restore. Version 2 keeps the 10 s counter
 (``counters``: name → array), so a snapshot written before a signal added a
 counter restores with that counter empty and everything else intact (a
 counter the engine no longer keeps is dropped and counted in
-``Engine.dropped_state``). Version 1 (before 2026-12) kept them positional
+``Engine.state.dropped_state``). Version 1 (before 2026-12) kept them positional
 in ``short_counts``, in the order of
 :data:`pipeline.windows.features.V1_COUNTER_NAMES`; it still restores.
 Snapshots written before the quality rings existed load with empty ones;
@@ -31,7 +31,7 @@ Decoding is typed and bounded (SPEC §8): :func:`decode_snapshot` checks every f
 contract of :mod:`pipeline.state.wire` (types, ranges, sizes) and a compressed record's stated size
 against :data:`MAX_RECORD_BYTES` before allocating; :func:`to_state` checks each packed array's size
 against the engine's layout before decompressing it, inflates at most that many bytes (a zlib bomb
-costs nothing) and refuses NaN or infinity; :meth:`pipeline.engine.Engine.import_state` checks the
+costs nothing) and refuses NaN or infinity; :meth:`pipeline.engine.state_io.StateIO.import_state` checks the
 rest before it changes anything. Whatever breaks the contract raises :class:`SnapshotError`, which
 the worker counts, logs (bounded) and answers by starting the channel fresh.
 
@@ -132,7 +132,7 @@ def _unpack_extension(name: str, key: str, dtype: str, shape: list[int], b: byte
 
 def export_channel(engine, index: int) -> bytes:
     """Snapshot bytes (current version) of channel ``index`` of ``engine`` (a :class:`pipeline.engine.Engine`)."""
-    return encode_state(engine.export_state(index))
+    return encode_state(engine.state.export_state(index))
 
 
 def encode_state(state: ChannelState) -> bytes:
@@ -162,7 +162,7 @@ def encode_state(state: ChannelState) -> bytes:
 
 
 def copy_state(engine, rows: Sequence[int]) -> list[ChannelState]:
-    """Copies of channels ``rows``' state (:meth:`pipeline.engine.Engine.export_state`), to encode later.
+    """Copies of channels ``rows``' state (:meth:`pipeline.engine.state_io.StateIO.export_state`), to encode later.
 
     A worker takes them while its state is consistent (between two batches,
     under its lock) and encodes them (:func:`encode_state`, mostly zlib, which
@@ -170,7 +170,7 @@ def copy_state(engine, rows: Sequence[int]) -> list[ChannelState]:
     resident channels: an evicted one has its snapshot bytes already, and
     copying its released rows would commit their memory again.
     """
-    return [engine.export_state(i) for i in rows]
+    return [engine.state.export_state(i) for i in rows]
 
 
 def decode_snapshot(raw: bytes) -> ChannelSnapshot:
@@ -276,7 +276,7 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     state = to_state(snap, st.short.n_slots, st.base.n_slots, st.quality.short.n_counters, st.short_lat.n_slots,
                      st.windows_layout())
     try:
-        return engine.import_state(state)
+        return engine.state.import_state(state)
     except ValueError as exc:
         raise SnapshotError(str(exc)) from None
 
@@ -285,16 +285,16 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
     """Register ``snap``'s channel in ``engine`` as evicted (``raw``: its snapshot bytes); returns its index.
 
     Only the registry, state machine, ``seq``, newest event time and next round are loaded (for
-    route shares and the channel limit; :meth:`pipeline.engine.Engine.hold_channel`); the windows stay
+    route shares and the channel limit; :meth:`pipeline.engine.state_io.StateIO.hold_channel`); the windows stay
     in ``raw`` until the channel's next event (:meth:`pipeline.engine.Engine.process` imports it then).
     Raises :class:`SnapshotError` when the bucket layout differs from the engine's or the machine's
     fields are out of range (before the engine changes). The windows in ``raw`` are checked when they
-    are loaded (:func:`pipeline.residency.restore`: a bad one then starts the channel's windows empty).
+    are loaded (:func:`pipeline.engine.residency.restore`: a bad one then starts the channel's windows empty).
     """
     if snap.n_buckets != engine.store.buckets.n_buckets:
         raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {engine.store.buckets.n_buckets}")
     try:
-        return engine.hold_channel(HeldChannel(
+        return engine.state.hold_channel(HeldChannel(
             channel=snap.channel, route=snap.route, tier=snap.tier, last_ts_ms=snap.last_ts_ms,
             watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms, seq=snap.seq,
             machine=_machine_fields(snap.machine), route_shares=_route_shares(snap)), raw)

@@ -24,7 +24,7 @@ not stop the verdicts:
 
 After a crash the worker reloads the snapshots and re-reads the messages
 after the committed offsets; events a restored snapshot already holds are
-not counted again (:mod:`pipeline.stream.processor`), so windows, baselines,
+not counted again (:mod:`pipeline.engine.batch`), so windows, baselines,
 runs, circuit timers and verdict ``seq`` continue exactly. Re-sent verdicts
 carry the same ``seq`` (routers ignore them) and re-inserted rows are
 deduplicated by ClickHouse (``event_id``, ``(channel, seq)``).
@@ -76,7 +76,7 @@ from pipeline.stream.flushing import FLUSH_BACKOFF_MAX_S, FLUSH_BACKOFF_MIN_S, F
 from pipeline.stream.intake import IDLE_ADVANCE_AFTER_S, IDLE_STEP_MS, Assignment, Intake
 from pipeline.stream.offsets import start_offsets
 from pipeline.stream.take import batches
-from pipeline.stream.processor import BatchProcessor, ProcessedBatch
+from pipeline.engine.batch import BatchProcessor, ProcessedBatch
 from pipeline.stream.quality_agent import install_quality
 from pipeline.stream.runtime import (
     CHUNK_BYTES,

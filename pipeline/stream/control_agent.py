@@ -108,7 +108,7 @@ def install_control(app: Any, state: Any, settings: Settings,
 
     @app.task
     async def follow_control() -> None:
-        from pipeline.stream.processor import ProcessedBatch
+        from pipeline.engine.batch import ProcessedBatch
 
         reader = ControlReader(settings.kafka_bootstrap or "", settings.topics.control,
                                settings.kafka_security.aiokafka_kwargs(), settings.control)

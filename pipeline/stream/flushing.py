@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from pipeline.sinks.buffer import FLUSH_SHARE
 from pipeline.sinks.errors import SinkBackpressure
-from pipeline.stream.processor import ProcessedBatch
+from pipeline.engine.batch import ProcessedBatch
 from pipeline.stream.worker_state import WorkerState
 
 log = logging.getLogger("channel_health.worker")

@@ -7,7 +7,7 @@ offsets read back, :meth:`Assignment.reset`). :class:`Intake` takes the
 messages of one ``noack_take`` batch: it drops those of an older generation
 or out of order (:class:`~pipeline.stream.offsets.OffsetGate`; a partition
 whose records arrived ahead of its start is re-read from there), runs the
-fresh ones through the :class:`~pipeline.stream.processor.BatchProcessor`
+fresh ones through the :class:`~pipeline.engine.batch.BatchProcessor`
 in chunks of at most ``CHUNK_BYTES``, publishes each chunk's verdicts and
 dead letters, puts its rows in the sink (:class:`~pipeline.stream.flushing.SinkWriter`)
 and records the batch in the delivery ledger (acked after the next snapshot).
@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 from pipeline.engine import Engine
 from pipeline.stream.flushing import SinkWriter
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate
-from pipeline.stream.processor import ProcessedBatch
+from pipeline.engine.batch import ProcessedBatch
 from pipeline.stream.worker_state import WorkerState, byte_chunks
 
 log = logging.getLogger("channel_health.worker")

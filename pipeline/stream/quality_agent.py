@@ -19,7 +19,7 @@ behind the round (:mod:`pipeline.windows.quality`), so a lag delays a
 ``quality`` verdict instead of thinning or clearing it. In a backlog or a
 replay much faster than real time the lag grows, the queue overflows (drops
 are counted) and quality verdicts come late; the in-process replay
-(:func:`pipeline.engine_replay.replay` with a scorer) scores synchronously and is
+(:func:`pipeline.engine.replay.replay` with a scorer) scores synchronously and is
 exact in event time.
 
 Quality scores are samples, not records: the stream's at-least-once

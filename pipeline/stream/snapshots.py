@@ -4,7 +4,7 @@ Every ``SNAPSHOT_INTERVAL_S`` the state of the channels changed since their
 last capture is captured, with a rotating share of the others so that each
 channel is re-published at least every ``REFRESH_EVERY_CAPTURES`` captures
 (:meth:`SnapshotPublisher.capture`, in slices of channels with the agent's
-batches in between; :mod:`pipeline.stream.capture` says why a clean channel's
+batches in between; :mod:`pipeline.engine.capture` says why a clean channel's
 older record still restores exactly); once every row of the batches before its last slice is
 written (:class:`~pipeline.stream.delivery.DeliveryLedger`), it is sent to
 the state topic, each channel with the input offsets it covers, and only then

@@ -11,7 +11,7 @@ malformed one reads as absent.
 Each message carries, in the header ``input_offsets``, the input offsets the
 snapshot covers: JSON ``{"<partition>": <last offset included>}`` of the
 ``gateway.requests`` topic (see :func:`offsets_header`). A restarted worker
-skips events its restored state already holds (:mod:`pipeline.stream.processor`).
+skips events its restored state already holds (:mod:`pipeline.engine.batch`).
 The header ``input_partition`` names the input partition the channel's events
 come from (SPEC §3: key = channel), so a worker restores the channels of its
 assigned partitions as soon as it starts (see :func:`snapshot_headers`).

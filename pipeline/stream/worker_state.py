@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.stream.delivery import DeliveryLedger
 from pipeline.stream.offsets import OffsetGate
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 if TYPE_CHECKING:
     from pipeline.sinks.protocol import Sink

@@ -51,7 +51,7 @@ class SignalWindows(ABC):
     ``columns``: the optional event columns :meth:`add` reads
     (:meth:`EventColumns.column`). They are read with the batch's other
     fields, while the decoder still has the events in cache
-    (:class:`pipeline.engine_columns.EventFields`); a column not declared
+    (:class:`pipeline.engine.columns.EventFields`); a column not declared
     here is read from the events when asked for (same values, one more pass).
     """
 

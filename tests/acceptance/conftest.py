@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.contracts import Verdict
 from pipeline.engine import Engine
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.tools.simulate.scenarios import Scenario, get_scenario
 from pipeline.tools.simulate.traces import DataNotFoundError
 
@@ -68,7 +68,7 @@ def run_scenario(name: str, closed_loop: bool = False, seed: int = 0) -> Run:
 
     def shares(route: str, ts_ms: int):
         eng = holder.get("engine")
-        return eng.shares_by_route.get(route, {}) if eng is not None else {}
+        return eng.routes.shares_by_route.get(route, {}) if eng is not None else {}
 
     def gen():
         for e in sc.events(start_ms=START_MS, seed=seed, shares=shares if closed_loop else None):

@@ -1,7 +1,7 @@
 """Acceptance, SPEC §5.4 quality drift and §4.5: the in-process engine with quality scoring.
 
 Replays run the real quality model (v1, all-MiniLM-L6-v2 on CPU) through
-:func:`pipeline.engine_replay.replay` with a scorer: the default sampler (at most
+:func:`pipeline.engine.replay.replay` with a scorer: the default sampler (at most
 one response per 2 s of event time per channel) picks responses, they are
 scored synchronously, and the scores feed the ``quality`` detector. The
 answers come from a fixed pool (32 good MT-bench answers + their useless
@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.quality.sampler import QualitySampler
 from pipeline.tools.simulate.chat_answers import load_chat_pool
 from pipeline.tools.simulate.scenarios import WARMUP_S
@@ -112,7 +112,7 @@ def test_quality_drift_raises_quality_on_the_drifting_channel_within_5_min(drift
 def test_quality_drift_sampling_is_rate_limited_per_channel(drift_run):
     run = drift_run
     c = run.sampler.counters  # type: ignore[attr-defined]
-    assert c["sampled"] == run.engine.quality_added and not run.engine.quality_dropped
+    assert c["sampled"] == run.engine.quality.added and not run.engine.quality.dropped
     assert c["throttled"] > 0 and c["no_text"] > 0
     per5 = [v.metrics["quality_samples_5m"] for v in run.verdicts if v.metrics.get("quality_samples_5m")]
     assert max(per5) <= 153  # <= one sample / 2 s of event time per channel (+ a burst of 3)

@@ -87,7 +87,7 @@ def _cost_creep():
 
 def test_cost_creep_reported_within_ten_minutes_with_state_and_weight_unchanged():
     """Issue #18: ``cost`` within 10 min of a +30 % step; advisory: healthy, full weight, others quiet."""
-    from pipeline.engine_replay import replay
+    from pipeline.engine.replay import replay
 
     from .conftest import START_MS
 

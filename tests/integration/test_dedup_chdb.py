@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 from pipeline.sinks.clickhouse import ClickHouseSink
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 pytest.importorskip("chdb", reason="chdb (embedded ClickHouse) not installed")
 pytestmark = pytest.mark.integration

@@ -26,7 +26,7 @@ CHANNEL = "replicate/llama-13b@free"
 #: Runs in the clone: the demo's data path (build the scenario's events), then the in-process engine.
 REPLAY = """
 import json, pipeline
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.tools.simulate import WARMUP_S, get_scenario
 from pipeline.tools.simulate.traces import describe_data_source, resolve_data_dir
 start = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000

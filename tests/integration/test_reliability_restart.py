@@ -7,7 +7,7 @@ restores the per-channel state from the state topic -- without replaying
 the day -- and then the other channel's latency triples (at 1 request/s the
 P95's 99 % lower bound over 5 min needs a clear step to pass 1.8 x baseline). Every verdict,
 before and after the restart, must equal the in-process reference replay of
-the same events (:func:`pipeline.engine_replay.replay`): same states at the same
+the same events (:func:`pipeline.engine.replay.replay`): same states at the same
 event times, same weights, reasons, numbers and ``seq``; the breaker moves
 to half_open on time; the latency rise is detected exactly as without the
 restart, and the restart causes no state change of its own.
@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from workers import Stack, VerdictTap, dedup_by_seq, latest_by_channel, publish, steady_events
 
 pytestmark = pytest.mark.integration

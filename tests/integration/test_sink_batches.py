@@ -18,7 +18,7 @@ from pipeline.sinks.clickhouse import ClickHouseSink
 from pipeline.sinks.process import ProcessSink
 from pipeline.storage.client import close_clients, open_client
 from pipeline.storage.schema import apply_ddl
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 pytest.importorskip("chdb", reason="chdb (embedded ClickHouse) not installed")
 pytestmark = pytest.mark.integration

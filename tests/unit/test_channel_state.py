@@ -9,7 +9,7 @@ from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
 from pipeline.policy.defaults import PolicyConfig
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 T0 = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
 MIN = 60_000
@@ -67,7 +67,7 @@ def _run(evict_idle_ms: int) -> tuple[Engine, list, dict]:
         batch = events[k:k + 100]
         verdicts += engine.process(batch, low_watermark_ms=batch[-1].ts_ms).verdicts
         hour = batch[-1].ts_ms // HOUR
-        seen.setdefault(hour, (engine.n_resident, "x" in engine.evicted))
+        seen.setdefault(hour, (engine.n_resident, "x" in engine.residency.evicted))
     return engine, verdicts, seen
 
 
@@ -76,8 +76,8 @@ def test_an_idle_channel_is_evicted_and_returns_with_its_baseline_and_identical_
     evicted, evicted_verdicts, seen = _run(evict_idle_ms=HOUR)
     hour0 = T0 // HOUR
     assert seen[hour0 + 2] == (2, False) and seen[hour0 + 4] == (1, True)  # idle 1 h: evicted
-    assert evicted.evictions == 1 and evicted.returns == 1 and evicted.n_resident == 2 and not evicted.evicted
-    assert kept.evictions == 0 and kept.n_resident == 2
+    assert evicted.residency.evictions == 1 and evicted.residency.returns == 1 and evicted.n_resident == 2 and not evicted.residency.evicted
+    assert kept.residency.evictions == 0 and kept.n_resident == 2
     xs = [msgspec.to_builtins(v) for v in evicted_verdicts if v.channel == "x"]
     assert xs == [msgspec.to_builtins(v) for v in kept_verdicts if v.channel == "x"]
     # The 24 h baseline came back: the latency step after the return is judged against it.
@@ -90,12 +90,12 @@ def test_eviction_empties_the_rows_and_the_snapshot_restores_them() -> None:
     engine.process(_traffic("a", "r", T0, T0 + 20 * MIN, 5_000, 100.0), low_watermark_ms=T0 + 20 * MIN)
     i = engine.store.index["a"]
     hist = engine.store.base.hist[i].copy()
-    assert engine.advance(T0 + 2 * HOUR) and engine.evicted.keys() == {"a"} and engine.n_resident == 0
+    assert engine.advance(T0 + 2 * HOUR) and engine.residency.evicted.keys() == {"a"} and engine.n_resident == 0
     assert not engine.store.base.hist[i].any() and not engine.store.short.hist[i].any()
     assert (engine.store.base.slot_id[i] == -1).all()
     assert engine.advance(T0 + 3 * HOUR) == []  # an evicted channel is not evaluated
     engine.process([_ev(999, T0 + 3 * HOUR, "a")], low_watermark_ms=T0 + 3 * HOUR)
-    assert engine.n_resident == 1 and not engine.evicted
+    assert engine.n_resident == 1 and not engine.residency.evicted
     pos = (T0 // HOUR) % engine.store.base.n_slots  # the hour of the first traffic: back as it was
     assert engine.store.base.slot_id[i, pos] == T0 // HOUR and hist[pos].sum() == 240
     np.testing.assert_array_equal(engine.store.base.hist[i, pos], hist[pos])
@@ -106,7 +106,7 @@ def test_an_evicted_channel_keeps_its_snapshot_in_the_state_records() -> None:
     proc.engine.process(_traffic("a", "r", T0, T0 + 10 * MIN, 5_000, 100.0), low_watermark_ms=T0 + 10 * MIN)
     proc.engine.advance(T0 + 2 * HOUR)
     records = dict(proc.snapshots())
-    assert records["a"] is proc.engine.evicted["a"]
+    assert records["a"] is proc.engine.residency.evicted["a"]
 
 
 def test_no_data_is_published_on_the_transition_then_at_the_heartbeat() -> None:
@@ -118,7 +118,7 @@ def test_no_data_is_published_on_the_transition_then_at_the_heartbeat() -> None:
     entered = T0 + 5 * MIN  # the round 5 min after the event
     assert [v.ts_ms - entered for v in out] == [0, 10 * MIN, 20 * MIN, 30 * MIN, 40 * MIN, 50 * MIN]
     assert [v.seq for v in out] == list(range(out[0].seq, out[0].seq + 6))
-    assert engine.evicted.keys() == {"a"}  # idle 1 h: evicted, no more heartbeats
+    assert engine.residency.evicted.keys() == {"a"}  # idle 1 h: evicted, no more heartbeats
 
 
 def test_the_limits_are_read_from_the_environment() -> None:
@@ -184,18 +184,18 @@ def _restarted(evict_idle_ms: int) -> tuple[BatchProcessor, list]:
 def test_a_restart_holds_idle_channels_evicted_and_they_return_exactly() -> None:
     held, held_verdicts = _restarted(evict_idle_ms=HOUR)
     loaded, loaded_verdicts = _restarted(evict_idle_ms=0)
-    assert held.engine.returns == 1 and loaded.engine.returns == 0  # a was held evicted until its event
+    assert held.engine.residency.returns == 1 and loaded.engine.residency.returns == 0  # a was held evicted until its event
     assert [msgspec.to_builtins(v) for v in held_verdicts if v.channel == "a"] == [
         msgspec.to_builtins(v) for v in loaded_verdicts if v.channel == "a"]
     assert any(v.channel == "a" and v.metrics["baseline_samples"] == 720 for v in held_verdicts)
 
 
 def test_machine_dict_is_asdict_with_its_own_reasons_list() -> None:
-    """The snapshot's machine dict (:func:`pipeline.engine_state.machine_dict`) equals ``dataclasses.asdict``
+    """The snapshot's machine dict (:func:`pipeline.engine.state_io.machine_dict`) equals ``dataclasses.asdict``
     and shares no list with the machine; every field is flat (what makes the shallow copy enough)."""
     import dataclasses
 
-    from pipeline.engine_state import machine_dict
+    from pipeline.engine.state_io import machine_dict
     from pipeline.policy.state_machine import ChannelMachine
 
     m = ChannelMachine(state="open", weight=0.25, entered_ms=7, penalty=1.5, reasons=["error_rate"], base_ms=3)

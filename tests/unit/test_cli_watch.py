@@ -45,7 +45,7 @@ def events() -> list[dict]:
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[VerdictBook, Path]:
     from pipeline.config import Settings
-    from pipeline.engine_replay import replay
+    from pipeline.engine.replay import replay
     from pipeline.sinks.clickhouse import ClickHouseSink
     from pipeline.storage.client import close_clients
 
@@ -168,7 +168,7 @@ def test_the_book_feeds_each_new_verdict_to_the_prometheus_gauges() -> None:
     """Issue #21: `watch` is a long-running process with metrics; each verdict it reads sets the gauges once."""
     from prometheus_client import CollectorRegistry
 
-    from pipeline.engine_replay import replay
+    from pipeline.engine.replay import replay
     from pipeline.metrics import PipelineMetrics
 
     _, verdicts = replay(events()[:4000])

@@ -7,7 +7,7 @@ import msgspec
 import numpy as np
 import pytest
 
-import pipeline.engine as engine_module
+import pipeline.engine.core as engine_module
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
 from pipeline.tools.bench import workload as W

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.engine_metrics import published_values
+from pipeline.engine.published import published_values
 
 
 def reference(values) -> list:

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.engine import Engine
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 
 H = 3_600_000
 T0 = 1_750_032_000_000 // H * H  # an hour boundary in June 2025
@@ -85,7 +85,7 @@ def test_failure_run_opens_at_the_fifth_failure_single_event_batches(failure_run
     assert abs(first.ts_ms - fifth) <= 500
     assert first.metrics["consecutive_failures"] == 5.0
     assert all(v.state == "healthy" for v in verdicts if v.channel == "a" and v.ts_ms < fifth)
-    assert engine.route_weights()["chat"] == {"a": 0.0, "b": 1.0}
+    assert engine.routes.route_weights()["chat"] == {"a": 0.0, "b": 1.0}
 
 
 def test_failure_run_opens_with_replay(failure_run):
@@ -198,7 +198,7 @@ def test_day_night_swing_stays_healthy():
     assert counts["p"] == counts["f"] > 2_500
     ratios = [v.metrics["latency_p95_ratio"] for v in verdicts if v.metrics.get("latency_p95_ratio") is not None]
     assert len(ratios) > 2_500 and max(ratios) < 1.5
-    assert engine.route_weights() == {"chat": {"p": 1.0, "f": 1.0}}
+    assert engine.routes.route_weights() == {"chat": {"p": 1.0, "f": 1.0}}
 
 
 def test_every_30s_round_is_evaluated_at_low_rate():
@@ -328,24 +328,24 @@ def test_route_growth_bound_applies_once_per_round_however_the_channels_come_due
 
     split, whole = engine_with_weights([0.0, 1.0, 1.0]), engine_with_weights([0.0, 1.0, 1.0])
     for eng in (split, whole):
-        eng._route_shares(np.arange(3), 30_000)
+        eng.routes.after_round(np.arange(3), 30_000)
         for m in eng.machines:
             m.weight = 1.0  # channel a is back: its share may grow only by the bound in the next round
-    whole_shares = whole._route_shares(np.arange(3), 60_000)
-    split._route_shares(np.array([0]), 60_000)
-    split_shares = split._route_shares(np.array([1, 2]), 60_000)
+    whole_shares = whole.routes.after_round(np.arange(3), 60_000)
+    split.routes.after_round(np.array([0]), 60_000)
+    split_shares = split.routes.after_round(np.array([1, 2]), 60_000)
     assert split_shares == whole_shares
     assert whole_shares[0] == pytest.approx(0.05) and whole_shares[1] == pytest.approx(0.475)
-    assert split.shares_by_route == whole.shares_by_route
+    assert split.routes.shares_by_route == whole.routes.shares_by_route
 
 
 def test_settled_route_shares_are_reused_and_follow_a_weight_change():
     eng = Engine()
     eng.process([_event(i, 1_000, channel=c) for i, c in enumerate("abc")])
-    first = eng._route_shares(np.arange(3), 30_000)
+    first = eng.routes.after_round(np.arange(3), 30_000)
     assert first == {0: pytest.approx(1 / 3), 1: pytest.approx(1 / 3), 2: pytest.approx(1 / 3)}
-    settled = eng.prev_shares["chat"]
-    assert eng._route_shares(np.arange(3), 60_000) == first and eng.prev_shares["chat"] is settled
+    settled = eng.routes.prev_shares["chat"]
+    assert eng.routes.after_round(np.arange(3), 60_000) == first and eng.routes.prev_shares["chat"] is settled
     eng.machines[0].weight = 0.0  # channel a opens: its share drops at once
-    assert eng._route_shares(np.array([0]), 90_000) == {0: 0.0, 1: 0.5, 2: 0.5}
-    assert eng.shares_by_route["chat"] == {"a": 0.0, "b": 0.5, "c": 0.5}
+    assert eng.routes.after_round(np.array([0]), 90_000) == {0: 0.0, 1: 0.5, 2: 0.5}
+    assert eng.routes.shares_by_route["chat"] == {"a": 0.0, "b": 0.5, "c": 0.5}

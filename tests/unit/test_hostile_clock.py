@@ -22,7 +22,7 @@ from hypothesis import given, settings, strategies as st
 
 from pipeline.config import ConfigError, load_settings
 from pipeline.contracts import encode
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 T0 = 1_780_000_200_000 - 1_780_000_200_000 % 30_000  # a round boundary
 #: One batch per 30 s of wall clock, ending on a round boundary: an event up to the 5 s skew ahead may move
@@ -165,7 +165,7 @@ def test_d_a_replay_on_its_own_clock_with_one_far_future_event():
 
 def test_ahead_events_are_counted_and_named_in_one_log_line(caplog):
     flood = lambda k, wall: [(_ev(f"x-{k}-{j}", wall + 30 * MIN + j, X), 0) for j in range(25)] if k < 4 else []
-    with caplog.at_level(logging.WARNING, logger="pipeline.stream.processor"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.engine.batch"):
         p, _, dead = _run(6, flood)
     lines = [r.getMessage() for r in caplog.records if "ahead of the wall clock" in r.getMessage()]
     assert p.ahead_of_clock == 100 and dead == []

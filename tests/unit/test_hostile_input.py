@@ -41,7 +41,7 @@ from pipeline.engine import Engine
 from pipeline.ingest import reasons as R
 from pipeline.ingest.decode import Decoded, DecodeResult, Decoder
 from pipeline.policy.defaults import PolicyConfig
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 from pipeline.windows.store import BASE_SLOT_MS, FAILURES, JUDGED, NEUTRAL, OK, RATE_LIMITED, SHORT_SLOT_MS
 
 NOW = 1_780_000_000_000  # the decoder's wall clock in this test

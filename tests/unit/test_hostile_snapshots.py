@@ -31,7 +31,7 @@ from pipeline.state.refusals import BURST
 from pipeline.state.snapshot import (COMPRESSED_MARK, SnapshotError, decode_snapshot, export_channel,
                                      import_channel, to_state)
 from pipeline.state.wire import ChannelSnapshot, MachineWire
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 from pipeline.stream.state_topic import fold_record, parse_offsets_header, parse_partition_header
 
 DATA = Path(__file__).parents[1] / "data"
@@ -101,10 +101,10 @@ def fresh_verdicts() -> list[bytes]:
 
 def _assert_refused_and_fresh(bad: bytes, caplog) -> None:
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="pipeline.stream.processor"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.engine.batch"):
         proc = _run(bad)
     assert proc.bad_snapshots == 1 and proc.restored == 0
-    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.stream.processor"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.engine.batch"]
     assert len(lines) == 1 and "snapshot of channel 'x' refused" in lines[0], lines
     assert [_enc.encode(v) for v in proc.verdicts] == fresh_verdicts()  # fresh, then normal verdicts
 
@@ -224,20 +224,20 @@ def test_a_refused_state_leaves_no_trace_in_the_engine():
     eng = Engine()
     bad_machine = dict(good.machine, weight="abc")
     with pytest.raises(ValueError, match="weight"):
-        eng.import_state(type(good)(**{**vars(good), "machine": bad_machine}))
+        eng.state.import_state(type(good)(**{**vars(good), "machine": bad_machine}))
     ext = dict(good.windows.extensions)
     last = list(ext)[-1]
     ext[last] = {k: a[:-1] for k, a in ext[last].items()}  # the last signal's rows are short
     windows = type(good.windows)(**{**vars(good.windows), "extensions": ext})
     with pytest.raises(ValueError):
-        eng.import_state(type(good)(**{**vars(good), "windows": windows}))
+        eng.state.import_state(type(good)(**{**vars(good), "windows": windows}))
     assert eng.store.n_channels == 0 and eng.channel_rows == {}
 
 
 def test_reasons_the_engine_does_not_know_are_dropped_and_counted():
     eng = Engine()
     i = import_channel(eng, decode_snapshot(_with(("machine", "reasons"), ["error_rate", "retired_signal"])))
-    assert eng.machines[i].reasons == ["error_rate"] and eng.dropped_state == {"reason retired_signal": 1}
+    assert eng.machines[i].reasons == ["error_rate"] and eng.state.dropped_state == {"reason retired_signal": 1}
 
 
 def test_machine_wire_has_the_machine_fields_and_defaults():
@@ -254,12 +254,12 @@ def test_a_bad_held_record_starts_the_channel_windows_empty_on_its_return(caplog
     d["base_hist"] = d["base_hist"][:-4]
     proc = BatchProcessor(clock_ms=lambda: NOW + 3 * HOUR)
     assert proc.load_snapshots({"x": (_record(d), {}, 0)}, assigned={0}) == 1
-    assert "x" in proc.engine.evicted
+    assert "x" in proc.engine.residency.evicted
     msgs = [_enc.encode(e) for e in _events(d["watermark_ms"] + 1000, 60)]
-    with caplog.at_level(logging.WARNING, logger="pipeline.residency"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.engine.residency"):
         out = proc.process(msgs, partitions=[0] * len(msgs), offsets=list(range(len(msgs))))
-    assert proc.engine.bad_snapshots == 1 and proc.refused_snapshots == 1 and out.verdicts
-    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.residency"] == [
+    assert proc.engine.residency.bad_snapshots == 1 and proc.refused_snapshots == 1 and out.verdicts
+    assert [r.getMessage() for r in caplog.records if r.name == "pipeline.engine.residency"] == [
         "evicted snapshot of channel 'x' refused (corrupt or mismatched snapshot array: 33396 bytes, shape "
         "(25, 334) of <f4 needs 33400); its windows start empty"]
     m = PipelineMetrics()
@@ -273,9 +273,9 @@ def test_a_flood_of_bad_records_is_counted_in_full_and_logged_in_a_bounded_numbe
     bad = _with(("machine", "weight"), "abc")
     records = {f"c{i}": (bad, {}, 0) for i in range(1000)}
     proc = BatchProcessor(clock_ms=lambda: NOW)
-    with caplog.at_level(logging.WARNING, logger="pipeline.stream.processor"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.engine.batch"):
         proc.load_snapshots(records, assigned={0})
-    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.stream.processor"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "pipeline.engine.batch"]
     assert proc.bad_snapshots == 1000 and proc.engine.store.n_channels == 0
     assert len(lines) == BURST + 1
     assert lines[0].startswith("snapshot of channel 'c0' refused (")

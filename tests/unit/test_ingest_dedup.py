@@ -7,7 +7,7 @@ import msgspec
 
 from pipeline.contracts import RequestEvent
 from pipeline.ingest.dedup import EventIdDedup
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 from pipeline.windows.store import JUDGED
 
 NOW = 1_780_000_000_000

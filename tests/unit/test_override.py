@@ -167,7 +167,7 @@ def test_hook_republishes_with_next_seq_and_moves_engine_seq() -> None:
 def test_freeze_holds_weights_through_an_engine_outage_and_releases_on_expiry() -> None:
     """Engine replay: the primary fails hard under a route freeze; its verdicts go open with their reasons,
     weight and route_share stay at the pre-freeze values; after the TTL they follow the engine again."""
-    from pipeline.engine_replay import replay
+    from pipeline.engine.replay import replay
 
     start, warm_s, outage_s = 1_700_000_040_000, 600, 300
     events = []

@@ -3,7 +3,7 @@
 The engine exports and imports a typed per-channel state; the store offers
 its registry read-only (``WindowStore.index``, ``Engine.channel_rows``); the
 snapshot module registers an evicted channel through
-``Engine.hold_channel``. This test reads every module of ``pipeline`` (AST,
+``Engine.state.hold_channel``. This test reads every module of ``pipeline`` (AST,
 no import) and lists each ``x._name`` whose ``x`` is not ``self`` or ``cls``.
 The few allowed ones are named below with the reason.
 """

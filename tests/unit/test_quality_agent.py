@@ -19,7 +19,7 @@ from pipeline.engine import Engine
 from pipeline.sinks.errors import SinkBackpressure
 from pipeline.sinks.rows import MAX_TEXT_CHARS, QUALITY_SCORE_COLUMNS
 from pipeline.stream import quality_agent as qa
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 T0 = 1_780_002_000_000 - 1_780_002_000_000 % 3_600_000
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "quality_score.v1.json").read_text())
@@ -96,7 +96,7 @@ def test_samples_flow_to_engine_topic_and_sink(tmp_path):
 
     agent, proc, sent, made = asyncio.run(main())
     eng = proc.engine
-    assert eng.quality_added == 7 and eng.store.quality.version[:2] == ["v1", "v1"]
+    assert eng.quality.added == 7 and eng.store.quality.version[:2] == ["v1", "v1"]
     docs = [json.loads(v) for _, v in sent]
     for d in docs:
         jsonschema.validate(d, SCHEMA)
@@ -200,7 +200,7 @@ def test_model_roll_without_restart(tmp_path):
         return proc.engine
 
     eng = asyncio.run(main())
-    assert eng.quality_resets == 1 and eng.store.quality.version[0] == "v2"
+    assert eng.quality.resets == 1 and eng.store.quality.version[0] == "v2"
     assert eng.store.quality.base.counts[0, :, 0].sum() == 2  # v1 scores cleared
 
 

@@ -18,7 +18,7 @@ from pipeline.contracts import RequestEvent
 from pipeline.signals import QualityDrop
 from pipeline.signals.base import ThresholdArrays
 from pipeline.engine import Engine
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.policy.defaults import PAID_TIER, Thresholds
 from pipeline.quality.cache import CachedScorer, CachingEmbedder, pair_key
 from pipeline.quality.sampler import QualitySampler, SamplerConfig, safe_text
@@ -229,12 +229,12 @@ def test_engine_add_quality_scores_counts_drops():
     eng, _ = replay(list(_events(0.01)))
     assert eng.add_quality_scores(["a/x@paid", "nope", "b/y@paid"], [T0 + 1, T0 + 1, T0 + 2], [1.5, 0.5, np.nan],
                                   "v1") == 1
-    assert eng.quality_dropped == {"unknown_channel": 1, "not_finite": 1}
+    assert eng.quality.dropped == {"unknown_channel": 1, "not_finite": 1}
     assert eng.store.quality.short.counts[0, :, 1].sum() == pytest.approx(1.0)  # clipped to 1
     assert eng.add_quality_scores(["a/x@paid"], [T0 - 3_600_000], [0.5], "v1") == 0
-    assert eng.quality_dropped["too_old"] == 1
+    assert eng.quality.dropped["too_old"] == 1
     eng.add_quality_scores(["a/x@paid"], [T0 + 3], [0.5], "v2")
-    assert eng.quality_resets == 1
+    assert eng.quality.resets == 1
     with pytest.raises(ValueError):
         eng.add_quality_scores(["a/x@paid"], [], [0.5])
 
@@ -244,7 +244,7 @@ def test_replay_with_scorer_detects_drop_on_one_channel_only():
     sampler = QualitySampler(SamplerConfig(interval_ms=2_000, burst=1))
     eng, verdicts = replay(_events(2.25, bad_from_s=7200, bad_channel="a/x@paid"), scorer=scorer, sampler=sampler)
     assert sampler.counters["sampled"] > 0 and sampler.counters["throttled"] > 0
-    assert eng.quality_added == sampler.counters["sampled"]
+    assert eng.quality.added == sampler.counters["sampled"]
     a = [v for v in verdicts if v.channel == "a/x@paid"]
     b = [v for v in verdicts if v.channel == "b/y@paid"]
     first = next(v for v in a if "quality" in v.reasons)
@@ -263,7 +263,7 @@ def test_engine_and_replay_stay_free_of_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from pipeline.engine_replay import replay; from pipeline.quality.sampler import QualitySampler; "
+    code = ("import sys; from pipeline.engine.replay import replay; from pipeline.quality.sampler import QualitySampler; "
             "import pipeline.stream.quality_agent; "
             "print(sorted(m for m in ('torch', 'sentence_transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

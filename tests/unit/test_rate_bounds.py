@@ -109,7 +109,7 @@ def test_quota_rising_share_bounds_hold_their_level():
 def test_slow_failure_seed_18_clean_free_channel_stays_closed():
     """The scorecard's false verdict (slow-failure, seed 18): the clean 0.2 % free control channel opened on
     ``error_rate`` at t = 1890 s on 10 failures in ~691 requests (Wilson bound 0.36 % > 0.35 %)."""
-    from pipeline.engine_replay import replay
+    from pipeline.engine.replay import replay
     from pipeline.policy.defaults import PolicyConfig
     from pipeline.tools.scorecard.runner import START_MS
     from pipeline.tools.simulate.scenarios import get_scenario

@@ -6,7 +6,7 @@ import json
 
 from pipeline.config import Settings
 from pipeline.ingest.decode import Decoder
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 NOW = 1_780_000_000_000  # the wall clock of these tests
 DAY = 86_400_000

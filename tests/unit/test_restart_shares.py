@@ -18,7 +18,7 @@ import pytest
 
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
-from pipeline.engine_state import machine_dict
+from pipeline.engine.state_io import machine_dict
 from pipeline.ingest.structure import resolve_onto
 from pipeline.state.channel_state import MAX_SAVED_ROUTE
 from pipeline.policy.routes import MIN_GROWTH_ABS
@@ -53,7 +53,7 @@ def final_state(eng: Engine) -> dict:
     requests, and its route's shares (without the version, which counts changes, not state)."""
     out = {}
     for name, i in eng.channel_rows.items():
-        shares = eng.export_route_shares(i)
+        shares = eng.routes.export_route_shares(i)
         out[name] = (machine_dict(eng.machines[i]), eng.seq[i], float(eng.judged_since_eval[i]),
                      float(eng.fail_since_eval[i]),
                      None if shares is None else (shares.shares, shares.round_ms, shares.round_start))
@@ -110,13 +110,13 @@ def test_a_change_of_the_shares_flags_every_channel_of_the_route_for_its_snapsho
     for events in calls[:k]:
         eng.process(events, low_watermark_ms=0)
     eng.take_changed()
-    before = eng.export_route_shares(1)
+    before = eng.routes.export_route_shares(1)
     eng.process(calls[k], low_watermark_ms=0)  # x's round at 15.5 min: its share grows under the bound
     assert eng.take_changed().tolist() == [0, 1]
-    after = eng.export_route_shares(1)
+    after = eng.routes.export_route_shares(1)
     assert after.version == before.version + 1 and after.shares["x"] == pytest.approx(1 / 11 + MIN_GROWTH_ABS)
     eng.process(calls[k + 1], low_watermark_ms=0)  # y's round at the same boundary: the same shares
-    assert eng.take_changed().tolist() == [1] and eng.export_route_shares(0) == after
+    assert eng.take_changed().tolist() == [1] and eng.routes.export_route_shares(0) == after
 
 
 def test_the_newest_of_the_route_records_wins_on_restore(reference):
@@ -128,8 +128,8 @@ def test_the_newest_of_the_route_records_wins_on_restore(reference):
         eng = Engine()
         rows = {import_channel(eng, decode_snapshot(blob)) for blob in order}
         assert rows == {0, 1}
-        assert eng.export_route_shares(0) == eng.export_route_shares(1)
-        assert eng.export_route_shares(0).version == decode_snapshot(new_x).route_shares.version
+        assert eng.routes.export_route_shares(0) == eng.routes.export_route_shares(1)
+        assert eng.routes.export_route_shares(0).version == decode_snapshot(new_x).route_shares.version
 
 
 def test_a_route_larger_than_the_saved_limit_is_not_in_the_records():
@@ -138,9 +138,9 @@ def test_a_route_larger_than_the_saved_limit_is_not_in_the_records():
     events = [RequestEvent(event_id=f"e{k}", ts_ms=T0 + k, channel=f"c{k}", route="big", status="ok",
                            latency_ms=100.0, tier="paid") for k in range(n)]
     eng.process(events, low_watermark_ms=0)
-    eng._route_shares(np.arange(n), T0 + 30_000)
-    assert len(eng.prev_shares["big"]) == n and eng.export_route_shares(0) is None
+    eng.routes.after_round(np.arange(n), T0 + 30_000)
+    assert len(eng.routes.prev_shares["big"]) == n and eng.routes.export_route_shares(0) is None
     small = Engine()
     small.process(events[:MAX_SAVED_ROUTE], low_watermark_ms=0)
-    small._route_shares(np.arange(MAX_SAVED_ROUTE), T0 + 30_000)
-    assert len(small.export_route_shares(0).shares) == MAX_SAVED_ROUTE
+    small.routes.after_round(np.arange(MAX_SAVED_ROUTE), T0 + 30_000)
+    assert len(small.routes.export_route_shares(0).shares) == MAX_SAVED_ROUTE

@@ -242,7 +242,7 @@ def test_channel_override_counts_with_its_forced_weight(table: HealthTable) -> N
 def test_router_shares_grow_within_the_engine_bound_when_the_primary_flips(clock: FakeClock) -> None:
     """Primary open for 4 min (backup takes the load), then recovers: per round, the router's shares
     grow at most by the engine's bound (x1.5 or +0.05), while raw weights would jump."""
-    from pipeline.engine_replay import replay
+    from pipeline.engine.replay import replay
     from pipeline.policy.defaults import PolicyConfig
     from pipeline.policy.routes import MIN_GROWTH_ABS
 

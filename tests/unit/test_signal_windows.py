@@ -11,7 +11,7 @@ import pytest
 from pipeline.contracts import RequestEvent
 from pipeline.signals import SIGNALS, Examples, Finding, Signal
 from pipeline.engine import Engine
-from pipeline.engine_columns import event_arrays, make_columns, structure_flags
+from pipeline.engine.columns import event_arrays, make_columns, structure_flags
 from pipeline.state.snapshot import SnapshotError, decode_snapshot, export_channel, import_channel
 from pipeline.windows.extension import RingWindows, WindowSpec
 from pipeline.windows.features import EventColumns
@@ -112,12 +112,12 @@ def test_signal_windows_move_with_a_snapshot_and_start_empty_without_one():
     for i in range(plain.store.n_channels):
         import_channel(fresh, decode_snapshot(export_channel(plain, i)))
     assert np.isnan(fresh.store.view(now).test_ttft_mean_5m).all()
-    assert fresh.dropped_state == {}
+    assert fresh.state.dropped_state == {}
     # and the other way: an engine without the signal drops its windows and counts them
     old = Engine()
     for b in blobs:
         import_channel(old, decode_snapshot(b))
-    assert old.dropped_state == {"windows test_ttft": 2, "test_ttft": 2}
+    assert old.state.dropped_state == {"windows test_ttft": 2, "test_ttft": 2}
 
 
 def test_store_state_round_trip_and_eviction_clear_the_signal_windows():

@@ -58,7 +58,7 @@ def test_version_1_snapshot_restores_exactly():
     eng = _restored_v1()
     assert eng.store.names == ["snap/model@free"] and eng.store.tiers == ["free"]
     _check_against_v1_expectation(eng)
-    assert eng.dropped_state == {}
+    assert eng.state.dropped_state == {}
 
 
 def test_version_1_snapshot_rewritten_as_current_version_restores_the_same():
@@ -94,10 +94,10 @@ def test_records_written_before_the_round_counts_and_route_shares_restore_them_e
         assert snap.judged_since_eval == 0.0 and snap.route_shares is None
         eng = Engine()
         i = import_channel(eng, snap)
-        assert eng.judged_since_eval[i] == 0.0 and eng.export_route_shares(i) is None
+        assert eng.judged_since_eval[i] == 0.0 and eng.routes.export_route_shares(i) is None
     eng = _restored_v1()
     eng.judged_since_eval[0] = 7.0
-    share = eng._route_shares(np.array([0]), T0)[0]  # the route's first round (its one channel is open: 0)
+    share = eng.routes.after_round(np.array([0]), T0)[0]  # the route's first round (its one channel is open: 0)
     snap = decode_snapshot(export_channel(eng, 0))
     assert snap.judged_since_eval == 7.0 and eng.machines[0].weight == share == 0.0
     assert (snap.route_shares.version, snap.route_shares.shares) == (1, {"snap/model@free": 0.0})
@@ -195,7 +195,7 @@ def test_new_signal_with_new_feature_restores_baselines_and_changes_nothing():
     assert [c.name for c in new.store.counters][-1] == "over_1s"
     for b in blobs:
         import_channel(new, decode_snapshot(b))
-    assert new.dropped_state == {}
+    assert new.state.dropped_state == {}
     now = day[-1].ts_ms + 1
     v_old, v_new = old.store.view(now), new.store.view(now)
     for f in dataclasses.fields(v_old):
@@ -233,7 +233,7 @@ def test_snapshot_with_a_feature_the_engine_lacks_drops_it_and_counts_it():
     old = Engine()
     for i in range(new.store.n_channels):
         import_channel(old, decode_snapshot(export_channel(new, i)))
-    assert old.dropped_state == {"over_1s": 3, "test_over_1s": 3}
+    assert old.state.dropped_state == {"over_1s": 3, "test_over_1s": 3}
     now = T0 + HOUR
     np.testing.assert_array_equal(old.store.view(now).judged_5m, new.store.view(now).judged_5m)
 

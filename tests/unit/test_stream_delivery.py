@@ -16,9 +16,9 @@ import msgspec
 import pytest
 
 from pipeline.engine import Engine
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.stream.delivery import DeliveryLedger
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 _enc = msgspec.json.Encoder()
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000

@@ -24,7 +24,7 @@ from pipeline.sinks.process import ProcessSink
 from pipeline.sinks.protocol import Sink
 from pipeline.stream.flushing import SinkWriter
 from pipeline.stream.intake import Assignment, Intake
-from pipeline.stream.processor import BatchProcessor, ProcessedBatch
+from pipeline.engine.batch import BatchProcessor, ProcessedBatch
 from pipeline.stream.snapshots import SnapshotPublisher, drain
 from pipeline.stream.worker_state import WorkerState
 

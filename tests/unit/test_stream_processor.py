@@ -15,10 +15,10 @@ from collections import defaultdict
 import msgspec
 import pytest
 
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.tools.simulate.scenarios import get_scenario
 from pipeline.tools.simulate.traces import DataNotFoundError
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
 _enc = msgspec.json.Encoder()

@@ -7,7 +7,7 @@ older committed offset publishes exactly the verdicts that a restart from full s
 points publishes, and those are the verdicts of the worker that never stopped (same ``(channel, seq)``
 set, same content), on seeded streams where channels go idle for hours (``no_data``, heartbeats,
 eviction), return, and trip, with restarts at 3 points per stream and captures every 3-40 input
-messages. Source of the argument: :mod:`pipeline.stream.capture`.
+messages. Source of the argument: :mod:`pipeline.engine.capture`.
 
 One exception: ``route_share`` depends on where the worker's batches are cut (a channel's share at a
 round boundary is computed with the weights of the route's channels that have reached that boundary in
@@ -28,7 +28,7 @@ import pytest
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
-from pipeline.stream.processor import BatchProcessor
+from pipeline.engine.batch import BatchProcessor
 from tests.unit.test_restart_shares import final_state
 from tests.unit.test_stream_delivery import key, run_batches
 
@@ -119,7 +119,7 @@ def test_restarts_from_records_of_changed_channels_only_are_exact(seed: int, ref
     ref = {key(v): _without_share(v) for v in reference}
     assert len(ref) == len(reference) > 500
     assert {"no_data", "open", "half_open", "healthy"} <= {v.state for v in reference}
-    assert worker.engine.evictions >= 2 and worker.engine.returns >= 1
+    assert worker.engine.residency.evictions >= 2 and worker.engine.residency.returns >= 1
     # b1, idle from 10 min on, is captured for its own changes (events, rounds until no_data, heartbeats until
     # its eviction, the eviction) and once per refresh_every captures: 20-30 of ~220 captures without refresh
     idle = sum("b1/m@paid" in names for names in captured)
@@ -190,7 +190,7 @@ def test_restarts_continue_route_shares_and_probe_baselines_exactly(seed: int = 
         committed = captures[max(0, k - rng.randrange(0, 3))][0]
         after = _processor()
         after.load_snapshots(state_topic, assigned=[0])
-        held += len(after.engine.evicted)  # idle channels restored as evicted: their route shares too
+        held += len(after.engine.residency.evicted)  # idle channels restored as evicted: their route shares too
         got = {key(v): v for v in _feed(after, msgs, cuts, committed, len(msgs))}
         ref = {key(v): v for v in reference}
         assert all(ref[k2] == v for k2, v in got.items()), f"restart at capture {k} (input {pos})"
@@ -230,7 +230,7 @@ def test_changed_flags_follow_events_rounds_and_verdicts() -> None:
 
 def test_take_changed_adds_the_refresh_share_and_checks_its_arguments() -> None:
     eng = Engine()
-    eng._grow(10)
+    eng.grow(10)
     eng.store.reserve(10)
     for i in range(10):
         eng.store.channel_index(f"c{i}", "r", None)

@@ -1,6 +1,6 @@
 """Stage (c): the full pipeline -- validate → detectors → verdicts → ClickHouse sink.
 
-Two drivers of the same hot path (:class:`~pipeline.stream.processor.BatchProcessor`
+Two drivers of the same hot path (:class:`~pipeline.engine.batch.BatchProcessor`
 and :class:`~pipeline.sinks.clickhouse.ClickHouseSink` on chDB):
 
 ``faust``
@@ -252,7 +252,7 @@ async def _aiokafka(args: dict[str, Any], sampler: RssSampler) -> dict[str, Any]
     from pipeline.sinks.buffer import FLUSH_SHARE
     from pipeline.sinks.errors import SinkBackpressure
     from pipeline.sinks.process import open_sink
-    from pipeline.stream.processor import BatchProcessor
+    from pipeline.engine.batch import BatchProcessor
     from pipeline.stream.state_topic import load_snapshot_records
 
     settings = bench_settings(args, scratch_dir(args, "chdb-"))

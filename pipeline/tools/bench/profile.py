@@ -54,7 +54,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     from pipeline.contracts import RequestEvent
     from pipeline.ingest.decode import Decoder
     from pipeline.sinks.clickhouse import ClickHouseSink
-    from pipeline.stream.processor import BatchProcessor
+    from pipeline.engine.batch import BatchProcessor
     from pipeline.stream.runtime import tune_gc
 
     n = int(args.get("events", 200_000))

@@ -64,7 +64,7 @@ def _rate(n: int, fn: Callable[[], Any]) -> float:
 def stream_rate(stop_after_s: float, messages: list[bytes]) -> float:
     """Events/s of a fresh :class:`BatchProcessor` over ``messages`` (repeated) for about ``stop_after_s``."""
     from pipeline.engine import Engine
-    from pipeline.stream.processor import BatchProcessor
+    from pipeline.engine.batch import BatchProcessor
 
     proc = BatchProcessor(Engine())
     proc.process(messages[:8], [0] * len(messages[:8]))  # register the channels first

@@ -69,7 +69,7 @@ def _changed_capture(engine, share: float, repeat: int) -> dict:
     changed (seeded choice), and the records' bytes."""
     import numpy as np
 
-    from pipeline.stream.processor import BatchProcessor
+    from pipeline.engine.batch import BatchProcessor
     from pipeline.stream.snapshots import REFRESH_EVERY_CAPTURES
 
     if not 0 < share <= 1:

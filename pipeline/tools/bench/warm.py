@@ -35,7 +35,7 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     from pipeline.engine import Engine
     from pipeline.sinks.clickhouse import ClickHouseSink
     from pipeline.state.snapshot import export_channel
-    from pipeline.stream.processor import BatchProcessor
+    from pipeline.engine.batch import BatchProcessor
 
     sampler = RssSampler().start()
     sampler.mark("start")

@@ -2,7 +2,7 @@
 
 Three ways to drive it, the same judgement (:func:`judge`):
 
-* :func:`run_in_process` — the engine in this process (:func:`pipeline.engine_replay.replay`),
+* :func:`run_in_process` — the engine in this process (:func:`pipeline.engine.replay.replay`),
   no Kafka, no worker: checks the policy's own timeline.
 * :class:`ShadowStack` + :func:`drive` — ``--shadow``: every topic under the prefix
   ``drill.<run_id>.``, a worker process the drill starts with its own consumer group, on the
@@ -154,7 +154,7 @@ def judge(plan: DrillPlan, verdicts: list[Verdict], *, shadow: bool, topic_prefi
 
 def run_in_process(plan: DrillPlan, policy: PolicyConfig, scorer: Any = None) -> DrillResult:
     """Replay the drill through a fresh :class:`~pipeline.engine.Engine` in this process and judge it."""
-    from pipeline.engine_replay import replay
+    from pipeline.engine.replay import replay
 
     _, verdicts = replay(plan.events(), policy, scorer=scorer)
     return judge(plan, verdicts, shadow=True, note="in process (engine replay)")

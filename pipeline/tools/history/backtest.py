@@ -170,7 +170,7 @@ def feed(engine: Engine, chunk: ChannelEvents, batch_events: int = BATCH_EVENTS)
 
     With quality scores, batches are cut at every evaluation boundary and a
     round's scores (event time before the boundary) are added after its
-    events, as :func:`pipeline.engine_replay.replay` does with a scorer: each
+    events, as :func:`pipeline.engine.replay.replay` does with a scorer: each
     round sees the scores of all events before it. The live worker scores
     asynchronously, so a recorded ``quality`` verdict may come a round later
     than the replayed one.

@@ -1,7 +1,7 @@
 """One scenario x seed, offline: events -> the engine (channel-health) and the baseline breakers.
 
 No services: events come from the simulator in event time, verdicts from
-:func:`pipeline.engine_replay.replay` (open loop: traffic follows the scenario's static shares, so
+:func:`pipeline.engine.replay.replay` (open loop: traffic follows the scenario's static shares, so
 every policy sees the same stream). Times are scenario seconds.
 
 Definitions (the same for every policy):
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.engine_replay import replay
+from pipeline.engine.replay import replay
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.simulate.scenario import BAD_STATES, Scenario
 

@@ -151,7 +151,7 @@ def quality_drift() -> Scenario:
     """SPEC §5.4: answers keep their status, latency and fields but turn useless.
 
     The expectations need quality scoring (the worker's quality agent, or
-    :func:`pipeline.engine_replay.replay` with a scorer): without it no signal sees
+    :func:`pipeline.engine.replay.replay` with a scorer): without it no signal sees
     anything, which is the point of the scenario.
     """
     t0, fault, after = WARMUP_S, 1200, 1200

@@ -1,13 +1,13 @@
 """Quality scores (SPEC §4.5) into an :class:`~pipeline.engine.Engine`'s windows.
 
-:class:`QualityScores` is the engine's part that files sampled answers'
+:class:`QualityScores` (the engine's ``quality``) is the engine's part that files sampled answers'
 quality scores, computed elsewhere (the worker's quality agent or a replay's
 scorer), in the per-channel quality windows the ``quality`` detector reads.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -15,24 +15,27 @@ from pipeline.windows.store import WindowStore
 
 
 class QualityScores:
-    """Mixin of :class:`~pipeline.engine.Engine`: quality scores in, counted by outcome.
+    """The engine's quality scores (``engine.quality``): scores in, counted by outcome.
 
-    Reads ``store`` and ``changed``; keeps ``quality_added``, ``quality_dropped``
-    and ``quality_resets`` (set by the engine).
+    Files scores in ``store``'s quality windows; calls ``mark_changed(rows)`` for
+    the channels that got scores.
     """
 
-    store: WindowStore
-    changed: np.ndarray
-    quality_added: int
-    quality_dropped: dict[str, int]
-    quality_resets: int
+    def __init__(self, store: WindowStore, mark_changed: Callable[[np.ndarray], None]):
+        self.store = store
+        self.mark_changed = mark_changed
+        #: Scores counted in the windows; not counted, by reason (``unknown_channel``, ``not_finite``,
+        #: ``too_old``); channels whose quality windows restarted for another model version.
+        self.added = 0
+        self.dropped: dict[str, int] = {}
+        self.resets = 0
 
-    def add_quality_scores(self, channels: Sequence[str], ts_ms: Sequence[int], scores: Sequence[float],
+    def add(self, channels: Sequence[str], ts_ms: Sequence[int], scores: Sequence[float],
                            model_version: str | None = None) -> int:
         """File sampled answers' quality scores (P(good) in [0, 1]) at their events' time.
 
         The engine holds no model: scoring happens elsewhere (the worker's quality
-        agent, :mod:`pipeline.stream.quality_agent`, or :func:`pipeline.engine_replay.replay` with a
+        agent, :mod:`pipeline.stream.quality_agent`, or :func:`pipeline.engine.replay.replay` with a
         scorer); this only adds the numbers to the per-channel quality windows that
         the ``quality`` detector reads. A score counts in every later round whose
         5 min window covers its event time. ``channels`` are channel names the
@@ -42,7 +45,7 @@ class QualityScores:
         they are cleared first (scores of two model versions are not comparable,
         so that channel's quality baseline restarts).
 
-        Not counted, by reason in :attr:`quality_dropped`: ``unknown_channel``,
+        Not counted, by reason in :attr:`dropped`: ``unknown_channel``,
         ``not_finite``, ``too_old`` (older than the 5 min ring; still in the
         baseline when its hour is held). Returns the number counted.
         """
@@ -57,14 +60,14 @@ class QualityScores:
         keep = (idx >= 0) & np.isfinite(s)
         drops = {"unknown_channel": int((idx < 0).sum()), "not_finite": int(((idx >= 0) & ~np.isfinite(s)).sum())}
         if keep.any():
-            self.changed[idx[keep]] = True
+            self.mark_changed(idx[keep])
             too_old, reset = self.store.quality.add(idx[keep], np.asarray(ts_ms, dtype=np.int64).reshape(n)[keep],
                                                     np.clip(s[keep], 0.0, 1.0), model_version)
             drops["too_old"] = int(too_old.sum())
-            self.quality_resets += len(reset)
+            self.resets += len(reset)
         for k, v in drops.items():
             if v:
-                self.quality_dropped[k] = self.quality_dropped.get(k, 0) + v
+                self.dropped[k] = self.dropped.get(k, 0) + v
         added = int(keep.sum()) - drops.get("too_old", 0)
-        self.quality_added += added
+        self.added += added
         return added

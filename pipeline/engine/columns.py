@@ -51,7 +51,7 @@ def resolve_structure(events: Sequence[RequestEvent],
 
     Events come with ``parse_ok`` / ``missing_fields`` resolved by
     :func:`pipeline.ingest.structure.resolve_onto` (the decoder and
-    :func:`pipeline.engine_replay.replay` call it): ``parse_ok`` None is "not
+    :func:`pipeline.engine.replay.replay` call it): ``parse_ok`` None is "not
     checked", True/False "checked"; no rule is applied here. Unchecked
     events share one ``(None, None)`` (one C-level scan finds the others).
     ``parse``: the events' ``parse_ok`` values, when already read (:class:`EventFields`).

@@ -1,9 +1,10 @@
-"""Capturing channel snapshots from a :class:`~pipeline.stream.processor.BatchProcessor`: :class:`Capture`.
+"""Capturing channel snapshots of an engine (for :meth:`pipeline.engine.batch.BatchProcessor.snapshot_capture`):
+:class:`Capture`.
 
 A capture copies the state of some channels now (under the worker's lock) and
 encodes it later, in another thread (:meth:`Capture.encode`). With
 ``changed_only`` it takes only the channels flagged changed since their last
-capture (:meth:`pipeline.engine_state.EngineStateIO.take_changed`), plus a
+capture (:meth:`pipeline.engine.core.Engine.take_changed`), plus a
 rotating share of all of them, so every channel's record is re-published at
 least every ``refresh_every`` captures (the state topic keeps one record per
 channel, and a restore then never depends on very old records). A capture
@@ -29,8 +30,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import numpy as np
 
 if TYPE_CHECKING:
-    from pipeline.engine import Engine
-    from pipeline.stream.processor import BatchProcessor
+    from pipeline.engine.core import Engine
 
 #: One state-topic record: ``(channel, snapshot bytes, covered input offsets, input partition or None)``.
 Record = tuple[str, bytes, dict[int, int], "int | None"]
@@ -57,31 +57,32 @@ class Capture:
             self.engine.mark_changed(self.rows)
 
 
-def capture(processor: "BatchProcessor", offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
+def capture(engine: "Engine", offsets: Mapping[int, int], partition: Mapping[str, int],
+            covered: Mapping[str, Mapping[int, int]], start: int = 0, stop: int | None = None,
             changed_only: bool = False, refresh_every: int = 0, refresh_phase: int = 0) -> Capture:
-    """Copy the state of the processor's channels at positions ``start:stop`` (all, or with ``changed_only``
+    """Copy the state of ``engine``'s channels at positions ``start:stop`` (all, or with ``changed_only``
     those flagged changed and the refresh share; see the module docstring) for :meth:`Capture.encode`.
 
     Each record covers ``offsets`` (partition → last input offset processed), raised to what a restored
-    channel's own snapshot covered. An evicted channel's record is its eviction bytes (nothing copied).
+    channel's own snapshot covered (``covered``: channel → partition → offset); ``partition``: channel →
+    the input partition its events come from. An evicted channel's record is its eviction bytes (nothing copied).
     Raises ``ValueError`` for ``start < 0``.
     """
     from pipeline.state.snapshot import copy_state, encode_state
 
     if start < 0:
         raise ValueError(f"start must be >= 0, got {start!r}")
-    engine = processor.engine
     names_all = engine.store.names
     if changed_only:
         rows = engine.take_changed(start, stop, refresh_every, refresh_phase)
     else:
         rows = np.arange(start, len(names_all) if stop is None else min(stop, len(names_all)), dtype=np.int64)
-    evicted = engine.evicted
+    evicted = engine.residency.evicted
     picked = [(int(i), names_all[i]) for i in rows.tolist()]
     held = {name: evicted[name] for _, name in picked if name in evicted}  # immutable bytes: nothing to copy
     resident = [i for i, name in picked if name not in held]
     frozen = dict(zip(resident, copy_state(engine, resident)))
-    part, covered = processor.input_partition, processor.covered
+    part = partition
     meta = []
     for i, name in picked:
         cov = dict(offsets)

@@ -20,7 +20,13 @@ event-time order, split at the 30 s round boundaries:
    (see :meth:`Engine.advance`).
 
 Bounded state (SPEC §8): idle channels are evicted, new ones over the
-limit refused (:mod:`pipeline.residency`).
+limit refused (:mod:`pipeline.engine.residency`).
+
+The engine's named parts, each holding its own state: ``routes``
+(:class:`~pipeline.engine.route_shares.RouteShares`), ``quality``
+(:class:`~pipeline.engine.quality_scores.QualityScores`), ``residency``
+(:class:`~pipeline.engine.residency.Residency`) and ``state``
+(:class:`~pipeline.engine.state_io.StateIO`, per-channel state in and out).
 """
 
 from __future__ import annotations
@@ -28,24 +34,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from pipeline import residency
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.signals import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
-from pipeline.state.channel_state import RouteShareRecord
-from pipeline.engine_metrics import clean_value, published_values
-from pipeline.engine_columns import (EventFields, channel_keys, event_arrays, make_columns, picker,
-                                     resolve_structure, structure_flags)
-from pipeline.engine_quality import QualityScores
-from pipeline.engine_routes import RouteShares
-from pipeline.engine_state import EngineStateIO
+from pipeline.engine.published import clean_value, published_values
+from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
+from pipeline.engine.quality_scores import QualityScores
+from pipeline.engine.residency import Residency
+from pipeline.engine.route_shares import RouteShares
+from pipeline.engine.state_io import StateIO
 from pipeline.windows.store import EventColumns, WindowStore
 
 _STATE = attrgetter("state")
@@ -72,7 +76,7 @@ class BatchResult:
     refused: list[RequestEvent] = field(default_factory=list)
 
 
-class Engine(EngineStateIO, RouteShares, QualityScores):
+class Engine:
     """Windows + detectors + policy for all channels of one worker.
 
     ``policy``: thresholds and timings (SPEC §4 defaults). ``limits``:
@@ -80,7 +84,8 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
     ``signals``: the signals to evaluate (default: the registry,
     :data:`pipeline.signals.registry.SIGNALS`); their counters are added
     to the windows. Per-channel state moves in and out through
-    :meth:`export_state` / :meth:`import_state`.
+    ``state`` (:meth:`StateIO.export_state <pipeline.engine.state_io.StateIO.export_state>` /
+    ``import_state``).
     """
 
     def __init__(self, policy: PolicyConfig | None = None, limits: StateLimits | None = None,
@@ -92,15 +97,7 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         self.soft = tuple(s.detector for s in self.signals if s.kind == "soft")
         #: Advisory detectors with the parameter that makes each degrade (None: never), SPEC §4.8.
         self.advisory = tuple((s.detector, s.degrades) for s in self.signals if s.kind == "advisory")
-        #: channel → snapshot bytes of an evicted channel; per channel: windows in memory (see residency).
-        self.evicted: dict[str, bytes] = {}
-        self.resident = np.zeros(0, bool)
-        self.changed = np.zeros(0, bool)  #: per channel: changed since its last captured snapshot (engine_state)
-        self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
-        #: bounded warnings about evicted channels' snapshots that cannot be loaded back (``bad_snapshots``)
-        self.snapshot_refusals = residency.refusal_log()
-        self._evict_round: int | None = None  # event-time round of the last idle scan (see advance)
-        self._evict_backlog = False
+        self.changed = np.zeros(0, bool)  #: per channel: changed since its last captured snapshot (state_io)
         self.store = WindowStore(window_ms=self.policy.window_ms, short_window_ms=self.policy.short_window_ms,
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000,
                                  counters=tuple(c for s in self.signals for c in s.counters),
@@ -109,16 +106,6 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         self.seq: list[int] = []
         self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool)
                                               for d in (*self.soft, *(a for a, _ in self.advisory))}
-        self.prev_shares: dict[str, np.ndarray] = {}
-        #: route → channel → traffic share after the last round (bounded shifts).
-        self.shares_by_route: dict[str, dict[str, float]] = {}
-        #: route -> (round boundary, shares before it): the growth bound's start (see :meth:`_route_shares`).
-        self._share_round: dict[str, tuple[int, np.ndarray | None]] = {}
-        #: route -> (weights, start shares, shares, shares as floats) of its last computation.
-        self._share_cache: dict[str, tuple[tuple[float, ...], np.ndarray | None, np.ndarray, list[float]]] = {}
-        #: route -> version of its shares; route -> restored record (see :class:`RouteShares`).
-        self._share_version: dict[str, int] = {}
-        self._restored_routes: dict[str, RouteShareRecord] = {}
         #: Per channel: the next round boundary (event time, ms; 0 = not yet scheduled).
         self.next_eval = np.zeros(0, np.int64)
         self.low_watermark_ms: int | None = None
@@ -133,27 +120,77 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         #: baseline rate of the half-open probe (issue #18 item 4). In snapshots with it.
         self.judged_since_eval = np.zeros(0, np.float64)
         self.late_count = 0
-        #: Quality scores (SPEC §4.5) counted in the windows, and the ones not counted by reason
-        #: (``unknown_channel``, ``not_finite``, ``too_old``); ``quality_resets``: channels whose
-        #: quality windows restarted because the scores came from another model version.
-        self.quality_added = 0
-        self.quality_dropped: dict[str, int] = {}
-        self.quality_resets = 0
-        #: Restored state a signal no longer uses (window counter or soft finding name → channels).
-        self.dropped_state: dict[str, int] = {}
+        #: The engine's named parts (see the module docstring).
+        self.routes = RouteShares(self.store, self.machines, self.policy, self.mark_changed)
+        self.quality = QualityScores(self.store, self.mark_changed)
+        self.residency = Residency(self.limits, self.store, self._export_channel, self._load_channel,
+                                   self.mark_changed)
+        self.state = StateIO(self)
+
+    def _export_channel(self, i: int) -> bytes:
+        """Snapshot bytes of channel row ``i`` (for :class:`Residency` to evict it)."""
+        from pipeline.state.snapshot import export_channel
+
+        return export_channel(self, i)
+
+    def _load_channel(self, raw: bytes) -> None:
+        """Import snapshot bytes ``raw`` (an evicted channel coming back); raises ``SnapshotError``."""
+        from pipeline.state.snapshot import decode_snapshot, import_channel
+
+        import_channel(self, decode_snapshot(raw))
+
+    @property
+    def channel_rows(self) -> Mapping[str, int]:
+        """Channel name → row in the engine's per-channel arrays (read-only; channels seen or restored)."""
+        return self.store.index
+
+    def mark_changed(self, rows) -> None:
+        """Flag channel rows ``rows`` (ints or a bool mask over the registered channels) as changed since
+        their last captured snapshot (see :mod:`pipeline.engine.state_io`)."""
+        self.changed[rows] = True
+
+    def take_changed(self, start: int = 0, stop: int | None = None, refresh_every: int = 0,
+                     refresh_phase: int = 0) -> np.ndarray:
+        """Rows in ``start:stop`` (positions in the append-only channel list) flagged changed, and clear
+        their flags; with ``refresh_every`` > 0 also the rows ``r`` with ``r % refresh_every == refresh_phase``
+        (so that, with the phase stepping once per capture, every channel is captured at least every
+        ``refresh_every`` captures however long it stays unchanged). Returns sorted int64 rows.
+        Raises ``ValueError`` for ``start < 0`` or ``refresh_every < 0``."""
+        if start < 0 or refresh_every < 0:
+            raise ValueError(f"start and refresh_every must be >= 0, got {start!r}, {refresh_every!r}")
+        c = self.store.n_channels
+        stop = c if stop is None else min(stop, c)
+        if start >= stop:
+            return np.zeros(0, np.int64)
+        flags = self.changed[start:stop]
+        if refresh_every:
+            first = start + (refresh_phase - start) % refresh_every
+            flags = flags.copy()
+            flags[first - start::refresh_every] = True
+        rows = np.flatnonzero(flags) + start
+        self.changed[rows] = False
+        return rows
+
+
+    def add_quality_scores(self, channels: Sequence[str], ts_ms: Sequence[int], scores: Sequence[float],
+                           model_version: str | None = None) -> int:
+        """File quality scores in the windows: :meth:`QualityScores.add
+        <pipeline.engine.quality_scores.QualityScores.add>` of ``quality`` (the engine's input port for
+        scores, as :meth:`process` is for events)."""
+        return self.quality.add(channels, ts_ms, scores, model_version)
 
     # -- ingestion ----------------------------------------------------------
     def _chunk_columns(self, events: Sequence[RequestEvent], ts: np.ndarray, code: np.ndarray,
-                       latency: np.ndarray, checked: np.ndarray, missing: np.ndarray,
-                       keys: tuple[list, list, list] | None = None,
-                       optional: dict[str, np.ndarray] | None = None) -> EventColumns:
-        """``keys``: the chunk's ``(channel, route, tier)`` lists and ``optional`` its optional columns,
-        when already read (:class:`EventFields`); else they are read from ``events``."""
-        channel = self.store.channel_indices(*(channel_keys(events) if keys is None else keys))
-        self._grow(self.store.n_channels)
+                       latency: np.ndarray, checked: np.ndarray, missing: np.ndarray, keys: tuple[list, list, list],
+                       optional: dict[str, np.ndarray]) -> EventColumns:
+        """``keys``: the chunk's ``(channel, route, tier)`` lists and ``optional`` its optional columns
+        (:class:`EventFields`)."""
+        channel = self.store.channel_indices(*keys)
+        self.grow(self.store.n_channels)
         return make_columns(channel, events, ts, code, latency, checked, missing, optional)
 
-    def _grow(self, n: int) -> None:
+    def grow(self, n: int) -> None:
+        """Room for ``n`` channels in the per-channel arrays (new channels: resident and changed)."""
         while len(self.machines) < n:
             self.machines.append(ChannelMachine())
             self.seq.append(0)
@@ -171,9 +208,9 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         if self.arrived_at_wm.shape[0] < n:
             grow = np.zeros(n - self.arrived_at_wm.shape[0], np.int64)
             self.arrived_at_wm = np.concatenate([self.arrived_at_wm, grow])
-        if self.resident.shape[0] < n:  # a new channel: resident, and changed since its (no) snapshot
-            new = np.ones(n - self.resident.shape[0], bool)
-            self.resident, self.changed = np.concatenate([self.resident, new]), np.concatenate([self.changed, new])
+        if self.changed.shape[0] < n:  # a new channel: resident, and changed since its (no) snapshot
+            self.residency.grow(n)
+            self.changed = np.concatenate([self.changed, np.ones(n - self.changed.shape[0], bool)])
 
     def thresholds(self) -> ThresholdArrays:
         """Per-channel thresholds (rebuilt when channels are added)."""
@@ -210,32 +247,34 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         ``max_advance_ms`` when given (the clock plus its allowed skew: a chunk
         stamped beyond it evaluates only its own channels, SPEC §8).
 
-        ``fields``: the events' fields already read (:meth:`read_fields`, same
-        order and length as ``events``): the same result, without reading the
-        events again. Raises ``ValueError`` when its length differs.
+        ``fields``: the events' fields (:meth:`read_fields`, same order and
+        length as ``events``), the one form in which the batch travels from
+        here on; read here, once, when not given (the stream processor reads
+        them per message while the decoder has the events in cache). Raises
+        ``ValueError`` when its length differs.
         """
         result = BatchResult()
         if not events:
             return result
         self._batch_wm = low_watermark_ms or 0
-        if fields is not None and len(fields) != len(events):
+        if fields is None:
+            fields = self.read_fields(events)
+        elif len(fields) != len(events):
             raise ValueError(f"fields hold {len(fields)} events, the batch {len(events)}")
-        if self.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
-            events, structure, fields = residency.admit(self, events, structure, result.refused, fields)
+        if self.residency.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
+            events, structure, fields = self.residency.admit(events, structure, result.refused, self.channel_rows,
+                                                             fields)
             if not events:
                 return result
         n = len(events)
         if structure is None:
-            structure, checked, missing = resolve_structure(events, None if fields is None else fields.parse_ok)
+            structure, checked, missing = resolve_structure(events, fields.parse_ok)
         else:
             checked, missing = structure_flags(structure)
         step = self.policy.eval_interval_ms
-        if fields is None:
-            ts, code, latency = event_arrays(events)
-            keys, optional = None, None
-        else:  # from here on only these columns of the fields are read
-            ts, code, latency = fields.ts_ms, fields.code, fields.latency_ms
-            keys, optional = (fields.channel, fields.route, fields.tier), fields.optional
+        # from here on only these columns of the fields are read
+        ts, code, latency = fields.ts_ms, fields.code, fields.latency_ms
+        keys, optional = (fields.channel, fields.route, fields.tier), fields.optional
         bucket = ts // step
         if bucket.min() != bucket.max():
             order = np.argsort(ts, kind="stable")
@@ -245,9 +284,8 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
             events = get(events)
             if checked.any():  # else every entry is the same "not checked"
                 structure = get(structure)
-            if keys is not None:
-                keys = tuple(map(get, keys))  # type: ignore[assignment]
-                optional = {k: v[order] for k, v in optional.items()}  # type: ignore[union-attr]
+            keys = tuple(map(get, keys))  # type: ignore[assignment]
+            optional = {k: v[order] for k, v in optional.items()}
             bounds = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), n]
         else:
             bounds = [0, n]  # the slices below copy; a list is only read
@@ -259,8 +297,8 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
                 result.verdicts.extend(self.advance(at if max_advance_ms is None else min(at, max_advance_ms)))
             cols = self._chunk_columns(events[start:end], ts[start:end], code[start:end], latency[start:end],
                                        checked[start:end], missing[start:end],
-                                       None if keys is None else tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
-                                       None if optional is None else {k: v[start:end] for k, v in optional.items()})
+                                       tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
+                                       {k: v[start:end] for k, v in optional.items()})
             self._process_chunk(events[start:end], structure[start:end], result, cols)
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
@@ -271,7 +309,7 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         windows read, :attr:`WindowStore.optional_columns`)."""
         return EventFields.read(events, self.store.optional_columns)
 
-    n_resident = property(lambda self: int(self.resident[: self.store.n_channels].sum()),
+    n_resident = property(lambda self: self.residency.held(self.store.n_channels),
                           doc="Channels whose windows are in memory.")
 
     def _process_chunk(self, events: list[RequestEvent], structure: list, result: BatchResult,
@@ -356,17 +394,12 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         self.low_watermark_ms = now_ms if self.low_watermark_ms is None else max(self.low_watermark_ms, now_ms)
         if c == 0:
             return []
-        rows = np.arange(c) if not self.evicted else np.flatnonzero(self.resident[:c])
+        rows = np.arange(c) if not self.residency.evicted else np.flatnonzero(self.residency.resident[:c])
         arrived = self.arrived_at_wm[rows]
         slow = ((arrived - self.store.last_ts_ms[rows] > self.policy.allowed_lateness_ms)
                 & (arrived > now_ms - self.policy.no_data_after_ms))
         out = self._evaluate_until(rows[~slow] if slow.any() else rows, now_ms)
-        # The idle scan reads every channel: once per evaluation round of event time is enough (eviction is
-        # an hour's idleness), and again at once while the previous call hit its per-call limit.
-        round_ = now_ms // self.policy.eval_interval_ms
-        if round_ != self._evict_round or self._evict_backlog:
-            self._evict_round = round_
-            self._evict_backlog = residency.evict_idle(self, now_ms) >= residency.EVICT_PER_CALL
+        self.residency.evict_due(now_ms, self.policy.eval_interval_ms)
         return out
 
     def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:
@@ -396,7 +429,7 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         c = self.store.n_channels
         if c == 0:
             return []
-        rows = np.flatnonzero(self.resident[:c]) if rows is None else np.asarray(rows, dtype=np.int64)
+        rows = np.flatnonzero(self.residency.resident[:c]) if rows is None else np.asarray(rows, dtype=np.int64)
         cfg = self.policy
         th_all = self.thresholds()
         th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})
@@ -445,7 +478,7 @@ class Engine(EngineStateIO, RouteShares, QualityScores):
         self.changed[rows[stepped]] = True
         self.fail_since_eval[rows] = 0.0
         self.judged_since_eval[rows] = 0.0
-        shares = self._route_shares(rows, now_ms)
+        shares = self.routes.after_round(rows, now_ms)
         self.last_eval_ms = now_ms
         out = []
         keys = [k for f in (*hard, *soft, *advisory) for k in f.metrics]

@@ -1,6 +1,6 @@
 """Per-route traffic shares of an :class:`~pipeline.engine.Engine` after each round (SPEC §4 weights).
 
-:class:`RouteShares` is the engine's part that turns channel weights into
+:class:`RouteShares` (the engine's ``routes``) is the engine's part that turns channel weights into
 bounded traffic shares per route (:func:`~pipeline.policy.routes.bounded_shares`),
 once per round boundary and cached while a route is settled.
 
@@ -17,6 +17,8 @@ hold them all): they start their bound afresh after a restart.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from pipeline.policy.defaults import PolicyConfig
@@ -27,26 +29,32 @@ from pipeline.windows.store import WindowStore
 
 
 class RouteShares:
-    """Mixin of :class:`~pipeline.engine.Engine`: route shares from the channels' weights.
+    """The engine's route shares (``engine.routes``): traffic shares from the channels' weights.
 
-    Reads ``store``, ``machines`` and ``policy``; keeps ``prev_shares``,
-    ``shares_by_route``, ``_share_round``, ``_share_cache``, ``_share_version`` and
-    ``_restored_routes`` (set by the engine); flags ``changed`` the channels of a
-    route whose shares changed.
+    Reads ``store`` (channel registry and route members), ``machines`` (the
+    engine's list of state machines, shared, appended to in place) and
+    ``policy``; calls ``mark_changed(rows)`` for the channels of a route whose
+    shares changed (their next snapshot carries the new version).
     """
 
-    store: WindowStore
-    machines: list[ChannelMachine]
-    policy: PolicyConfig
-    prev_shares: dict[str, np.ndarray]
-    shares_by_route: dict[str, dict[str, float]]
-    _share_round: dict[str, tuple[int, np.ndarray | None]]
-    _share_cache: dict[str, tuple[tuple[float, ...], np.ndarray | None, np.ndarray, list[float]]]
-    #: route -> version of its shares (raised at every change; continued from restored records).
-    _share_version: dict[str, int]
-    #: route -> the newest record restored for it, until the route's next round in this engine.
-    _restored_routes: dict[str, RouteShareRecord]
-    changed: np.ndarray
+    def __init__(self, store: WindowStore, machines: list[ChannelMachine], policy: PolicyConfig,
+                 mark_changed: Callable[[list[int]], None]):
+        self.store = store
+        self.machines = machines
+        self.policy = policy
+        self.mark_changed = mark_changed
+        #: route -> the shares of its channels (in route-member order) after its last round.
+        self.prev_shares: dict[str, np.ndarray] = {}
+        #: route → channel → traffic share after the last round (bounded shifts).
+        self.shares_by_route: dict[str, dict[str, float]] = {}
+        #: route -> (round boundary, shares before it): the growth bound's start (see :meth:`after_round`).
+        self._share_round: dict[str, tuple[int, np.ndarray | None]] = {}
+        #: route -> (weights, start shares, shares, shares as floats) of its last computation.
+        self._share_cache: dict[str, tuple[tuple[float, ...], np.ndarray | None, np.ndarray, list[float]]] = {}
+        #: route -> version of its shares (raised at every change; continued from restored records).
+        self._share_version: dict[str, int] = {}
+        #: route -> the newest record restored for it, until the route's next round in this engine.
+        self._restored_routes: dict[str, RouteShareRecord] = {}
 
     def export_route_shares(self, i: int) -> RouteShareRecord | None:
         """The shares of channel ``i``'s route, for its snapshot: None before the route's first round,
@@ -93,7 +101,7 @@ class RouteShares:
         self._share_round[r] = (record.round_ms, np.array([start[n] for n in names], np.float64)
                                 if start is not None and start.keys() == record.shares.keys() else None)
 
-    def _route_shares(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
+    def after_round(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.
 
         Returns channel index -> share for every channel of those routes (other routes
@@ -128,7 +136,7 @@ class RouteShares:
                 last = self.prev_shares.get(r)
                 if last is None or last.shape != s.shape or not np.array_equal(last, s):
                     self._share_version[r] = self._share_version.get(r, 0) + 1  # the channels' snapshots
-                    self.changed[idx] = True                                    # carry the new version
+                    self.mark_changed(idx)                                      # carry the new version
                 self._share_cache[r] = (w, start[1], s, values)
                 self.shares_by_route[r] = {names[i]: x for i, x in zip(idx, values)}
             self.prev_shares[r] = s

@@ -20,15 +20,15 @@ import logging
 import time
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import attrgetter
-from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Sequence
+from typing import Callable, Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from pipeline.config import Settings
 from pipeline.contracts import RequestEvent, Verdict, encode
-from pipeline.engine import Engine
-from pipeline.engine_columns import EventFields
+from pipeline.engine.core import Engine
+from pipeline.engine.capture import Capture, capture
+from pipeline.engine.columns import EventFields
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
@@ -38,13 +38,9 @@ from pipeline.ingest.reasons import TOO_MANY_CHANNELS
 from pipeline.sinks.batches import split_stored
 from pipeline.state.refusals import RefusalLog
 
-if TYPE_CHECKING:
-    from pipeline.stream.capture import Capture
 
 log = logging.getLogger(__name__)
 
-_TS = attrgetter("ts_ms")
-_CHANNEL = attrgetter("channel")
 
 #: A partition that delivered nothing for this long (wall clock) no longer
 #: holds the low watermark back (the usual idle-source rule).
@@ -176,7 +172,7 @@ class BatchProcessor:
         Drops pending snapshots, restore bookkeeping, partition watermarks and the ``event_id`` memory;
         call :meth:`load_snapshots` afterwards.
         """
-        self.bad_snapshots += self.engine.bad_snapshots  # the engine's count goes with it
+        self.bad_snapshots += self.engine.residency.bad_snapshots  # the engine's count goes with it
         self.engine = engine
         # Input after a rebalance is re-read from the committed offsets: rows of the old assignment that
         # were not yet written must be stored again, so the ids of the old assignment are forgotten.
@@ -251,14 +247,15 @@ class BatchProcessor:
             self.decoder.age_clock_ms = self.event_time_ms
         # each message's fields are read right after its decode, while its events are in the CPU's cache
         events, owner, out.dead_letters, envelopes, read = self.decoder.decode_many(raws, now, self.engine.read_fields)
-        fields = EventFields.concat(read) if read else None
+        # the one form the batch travels in from here on (no message with events: read here, empty)
+        fields = EventFields.concat(read) if read else self.engine.read_fields(events)
         if self.event_clock and events:
-            self.event_time_ms = max(self.event_time_ms, self._note_leaders(events, fields))
+            self.event_time_ms = max(self.event_time_ms, self._note_leaders(fields))
         ceiling = (self.event_time_ms if self.event_clock else now) + self.max_clock_skew_ms
         if events:
             self._note_ahead(events, fields, ceiling)
         self.events_in += len(events)  # decoded, duplicates included
-        dup = (self.dedup.filter(events, self.engine.store.watermark_ms, None if fields is None else fields.event_id)
+        dup = (self.dedup.filter(events, self.engine.store.watermark_ms, fields.event_id)
                if events else None)
         if dup:
             events, owner, envelopes, fields = self._drop_duplicates(events, owner, envelopes, dup, fields)
@@ -267,18 +264,17 @@ class BatchProcessor:
         origin: list[tuple[int, int]] = []
         if partitions is not None and events:
             parts = list(map(partitions.__getitem__, owner))
-            self._note_partitions(events, parts, fields, ceiling)
+            self._note_partitions(parts, fields, ceiling)
             if track:
                 origin = list(zip(parts, map(offsets.__getitem__, owner)))  # type: ignore[union-attr]
         for d in out.dead_letters:
             self.counters.add_dead_letter(d.reason)
         if self.pending_snapshots:
-            self._restore_channels(map(_CHANNEL, events) if fields is None else fields.channel)
+            self._restore_channels(fields.channel)
         if track and self.covered and events:
-            before = len(events)
-            events = self._drop_covered(events, origin, out)
-            if len(events) != before:
-                fields = None  # a restart's replay: the engine reads the remaining events itself
+            keep = self._drop_covered(events, origin, out)
+            if len(keep) != len(events):  # a restart's replay: the events its restored state does not hold
+                events, fields = list(map(events.__getitem__, keep)), fields.take(np.asarray(keep, np.int64))
         if given and self.cover_limit:
             self._pass_cover_limit(partitions, offsets)  # type: ignore[arg-type]
         late: list[RequestEvent] = []
@@ -309,7 +305,7 @@ class BatchProcessor:
         return out
 
     def _drop_duplicates(self, events: list[RequestEvent], owner: list[int], envelopes: list, dup: list[int],
-                         fields: EventFields | None) -> tuple[list[RequestEvent], list[int], list, EventFields | None]:
+                         fields: EventFields) -> tuple[list[RequestEvent], list[int], list, EventFields]:
         """Events, owners and fields without the positions ``dup``; envelopes without the messages that held
         one (their other events are then stored as rows)."""
         gone = set(dup)
@@ -319,8 +315,7 @@ class BatchProcessor:
             envelopes = [env for env in envelopes if env[0] not in bad]
         self.duplicates += len(dup)
         self._log_bounded()
-        if fields is not None:
-            fields = fields.take(np.flatnonzero(keep))
+        fields = fields.take(np.flatnonzero(keep))
         return list(compress(events, keep)), list(compress(owner, keep)), envelopes, fields
 
     def _refuse(self, refused: list[RequestEvent], out: ProcessedBatch) -> None:
@@ -347,11 +342,10 @@ class BatchProcessor:
                     self.duplicates - dups, self.refused - refused, self.duplicates, self.refused)
         self._logged_at = (wall, self.duplicates, self.refused)
 
-    def _note_leaders(self, events: list[RequestEvent], fields: EventFields | None) -> int:
+    def _note_leaders(self, fields: EventFields) -> int:
         """Update :attr:`leaders` with ``events``; return the replay clock they give (UTC epoch ms): the
         newest event time of the :data:`REPLAY_CLOCK_QUORUM`-th newest channel (of the only ones, if fewer)."""
-        ts = np.fromiter(map(_TS, events), np.int64, len(events)) if fields is None else fields.ts_ms
-        names = fields.channel if fields is not None else list(map(_CHANNEL, events))
+        ts, names = fields.ts_ms, fields.channel
         best = {c: t for t, c in self.leaders}
         for i in np.argsort(ts, kind="stable")[::-1].tolist():  # newest first: stops after a few channels
             c, t = names[i], int(ts[i])
@@ -362,9 +356,9 @@ class BatchProcessor:
         self.leaders = sorted(((t, c) for c, t in best.items()), reverse=True)[:REPLAY_CLOCK_QUORUM]
         return self.leaders[-1][0]
 
-    def _note_ahead(self, events: list[RequestEvent], fields: EventFields | None, ceiling_ms: int) -> None:
+    def _note_ahead(self, events: list[RequestEvent], fields: EventFields, ceiling_ms: int) -> None:
         """Count the events stamped after ``ceiling_ms`` (clock + skew); log at most once per ``LOG_EVERY_S``."""
-        ts = np.fromiter(map(_TS, events), np.int64, len(events)) if fields is None else fields.ts_ms
+        ts = fields.ts_ms
         ahead = np.flatnonzero(ts > ceiling_ms)
         if not ahead.size:
             return
@@ -382,24 +376,23 @@ class BatchProcessor:
                     events[i].event_id[:100], by_ms / 1000)
         self._ahead_logged = (wall, self.ahead_of_clock)
 
-    def _note_partitions(self, events: list[RequestEvent], parts: list[int], fields: EventFields | None,
-                         ceiling_ms: int) -> None:
+    def _note_partitions(self, parts: list[int], fields: EventFields, ceiling_ms: int) -> None:
         """Per input partition, the newest event time delivered, at most ``ceiling_ms`` (clock + skew; for the
         low watermark), and per channel the partition its events come from (saved with its snapshot).
-        ``fields``: the events' fields when already read."""
+        ``fields``: the events' fields."""
         wall = time.monotonic()
         distinct = set(parts)
         if len(distinct) == 1:
-            newest = {parts[0]: max(map(_TS, events)) if fields is None else int(fields.ts_ms.max())}
+            newest = {parts[0]: int(fields.ts_ms.max())}
         else:
-            ts = np.fromiter(map(_TS, events), np.int64, len(events)) if fields is None else fields.ts_ms
+            ts = fields.ts_ms
             part = np.asarray(parts)
             newest = {p: int(ts[part == p].max()) for p in distinct}
         for p, hi in newest.items():
             hi = min(hi, ceiling_ms)
             prev = self.partition_wm.get(p)
             self.partition_wm[p] = (max(hi, prev[0]) if prev else hi, wall)
-        self.input_partition.update(zip(map(_CHANNEL, events) if fields is None else fields.channel, parts))
+        self.input_partition.update(zip(fields.channel, parts))
 
     def _may_be_covered(self, partitions: Sequence[int], offsets: Sequence[int]) -> bool:
         """Whether a message of this batch is at or below a snapshot's covered offset on its partition
@@ -415,17 +408,17 @@ class BatchProcessor:
                 del limit[p]
 
     def _drop_covered(self, events: list[RequestEvent], origin: list[tuple[int, int]],
-                      out: ProcessedBatch) -> list[RequestEvent]:
-        """Events not yet in the restored state; the others go straight to ``out.stored``."""
-        keep: list[RequestEvent] = []
+                      out: ProcessedBatch) -> list[int]:
+        """Positions of the events not yet in the restored state; the others go straight to ``out.stored``."""
+        keep: list[int] = []
         covered = self.covered
-        for e, (p, o) in zip(events, origin):
+        for i, (e, (p, o)) in enumerate(zip(events, origin)):
             cov = covered.get(e.channel)
             if cov is not None and o <= cov.get(p, -1):
                 out.stored.append((e, e.parse_ok, e.missing_fields))  # flags as ingest resolved them
                 self.skipped_covered += 1
             else:
-                keep.append(e)
+                keep.append(i)
         return keep
 
     def _restore_channels(self, names: Iterable[str]) -> None:
@@ -467,14 +460,14 @@ class BatchProcessor:
     @property
     def refused_snapshots(self) -> int:
         """Snapshots refused so far (:attr:`bad_snapshots` and those of evicted channels the engine refused
-        on their return: ``engine.bad_snapshots``); monotonic across :meth:`reset`."""
-        return self.bad_snapshots + self.engine.bad_snapshots
+        on their return: ``engine.residency.bad_snapshots``); monotonic across :meth:`reset`."""
+        return self.bad_snapshots + self.engine.residency.bad_snapshots
 
     def snapshots(self) -> list[tuple[str, bytes]]:
         """``(channel, snapshot bytes)`` for every channel this worker holds."""
         from pipeline.state.snapshot import export_channel
 
-        evicted = self.engine.evicted
+        evicted = self.engine.residency.evicted
         return [(name, evicted.get(name) or export_channel(self.engine, i))
                 for i, name in enumerate(self.engine.store.names)]
 
@@ -494,13 +487,12 @@ class BatchProcessor:
 
     def snapshot_capture(self, offsets: Mapping[int, int], start: int = 0, stop: int | None = None,
                          changed_only: bool = False, refresh_every: int = 0, refresh_phase: int = 0) -> "Capture":
-        """Capture the state now; calling the returned :class:`~pipeline.stream.capture.Capture` encodes it
-        into :meth:`snapshot_records`' records (see :func:`pipeline.stream.capture.capture`: ``start``/``stop``
+        """Capture the state now; calling the returned :class:`~pipeline.engine.capture.Capture` encodes it
+        into :meth:`snapshot_records`' records (see :func:`pipeline.engine.capture.capture`: ``start``/``stop``
         positions in the append-only channel list, ``changed_only`` only channels changed since their last
         capture). The copy is cheap; the encoding reads only it, so it may run in another thread."""
-        from pipeline.stream.capture import capture
-
-        return capture(self, offsets, start, stop, changed_only, refresh_every, refresh_phase)
+        return capture(self.engine, offsets, self.input_partition, self.covered, start, stop, changed_only,
+                       refresh_every, refresh_phase)
 
     def set_partition_status(self, caught_up: dict[int, bool]) -> None:
         """Record, per assigned input partition, whether it has been consumed to its end."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from pipeline.contracts import RequestEvent, Verdict
-from pipeline.engine import Engine
+from pipeline.engine.core import Engine
 from pipeline.ingest.structure import resolve_onto
 from pipeline.policy.defaults import PolicyConfig
 
@@ -20,7 +20,7 @@ def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_siz
     """Feed JSON-ready event dicts through an :class:`Engine` (default: a fresh one) in batches.
 
     ``events`` is consumed lazily, so a generator may read the engine's
-    state (e.g. :attr:`Engine.shares_by_route`) to close the routing loop.
+    state (e.g. ``engine.routes.shares_by_route``) to close the routing loop.
     Returns the engine and every verdict in publication order.
 
     Quality scoring (SPEC §4.5), optional: ``scorer`` is any object with
@@ -49,7 +49,7 @@ def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_siz
 
     def flush(batch: list[RequestEvent]) -> None:
         resolve_onto(batch)  # what the ingest decoder does: the engine reads the flags
-        result = engine.process(batch)
+        result = engine.process(batch, fields=engine.read_fields(batch))  # read once, after the flags
         verdicts.extend(result.verdicts)
         if scorer is not None:
             picks = sampler.offer(result.accepted)
