@@ -171,7 +171,7 @@ def worker(
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set (start one with `channel-health broker`).",
                     fg="red", err=True)
         raise typer.Exit(2)
-    from pipeline.kafka_topics import TopicSetupError
+    from pipeline.kafka.topics import TopicSetupError
     from pipeline.storage.errors import StorageError
 
     if replay:
@@ -252,7 +252,7 @@ def simulate(
         raise typer.Exit(2) from None
 
     async def run() -> None:
-        from pipeline.producer import BatchingProducer
+        from pipeline.kafka.producer import BatchingProducer
 
         wall0 = time.monotonic()
         async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests,
@@ -413,7 +413,7 @@ def topics_ensure(timeout_s: float = typer.Option(15.0, help="Give up after this
     partitions, replication factor and min.insync.replicas from CHANNEL_HEALTH_PARTITIONS,
     CHANNEL_HEALTH_REPLICATION_FACTOR and CHANNEL_HEALTH_MIN_INSYNC_REPLICAS. Works with auto-create off.
     """
-    from pipeline.kafka_topics import TopicSetupError, ensure
+    from pipeline.kafka.topics import TopicSetupError, ensure
 
     settings = _kafka_settings()
     try:
@@ -437,7 +437,7 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
     retention.ms, min.insync.replicas) that differ. Settings the broker does not report are listed as
     UNVERIFIED (exit 0): the embedded broker is one.
     """
-    from pipeline.kafka_topics import TopicSetupError, check
+    from pipeline.kafka.topics import TopicSetupError, check
 
     settings = _kafka_settings()
     try:

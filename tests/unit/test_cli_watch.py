@@ -122,7 +122,7 @@ def test_watch_once_json_against_broker_and_chdb(scenario: tuple[VerdictBook, Pa
         async def put() -> None:
             from aiokafka import AIOKafkaProducer
 
-            from pipeline.kafka_admin import ensure_topics
+            from pipeline.kafka.admin import ensure_topics
 
             await ensure_topics(broker.bootstrap, [settings.topics.health], 1)
             prod = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
