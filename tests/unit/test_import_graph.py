@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 FORBIDDEN = ("pipeline.tools", "torch", "sentence_transformers", "transformers")
@@ -55,7 +55,7 @@ def test_worker_command_imports_no_tools_and_no_torch():
         "def stop(*args, **kwargs):\n"
         "    raise SystemExit(0)\n"
         "sa.run_worker = stop\n"
-        "from pipeline.cli import app\n"
+        "from pipeline.cli.main import app\n"
         "try:\n"
         "    app(['worker'])\n"
         "except SystemExit as exc:\n"

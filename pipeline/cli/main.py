@@ -17,8 +17,8 @@ from typing import Optional
 
 import typer
 
-from pipeline.cli_help import PlainHelpCommand, PlainHelpGroup, use_plain_help
-from pipeline.cli_settings import kafka_settings_or_exit, settings_or_exit
+from pipeline.cli.help import PlainHelpCommand, PlainHelpGroup, use_plain_help
+from pipeline.cli.settings import kafka_settings_or_exit, settings_or_exit
 from pipeline.redaction import redact_secrets
 
 # Tools (pipeline.tools: demo, simulator, bench, broker, quality training) are imported only inside the
@@ -398,7 +398,7 @@ def bench(
 topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown",
                          help="Create or verify every Kafka topic with its configuration (SPEC §8).")
 app.add_typer(topics_app, name="topics")
-from pipeline.cli_scorecard import scorecard as _scorecard  # noqa: E402  (issue #19: its own module)
+from pipeline.cli.scorecard import scorecard as _scorecard  # noqa: E402  (issue #19: its own module)
 app.command("scorecard")(_scorecard)
 
 
@@ -451,17 +451,17 @@ def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this 
         raise typer.Exit(1)
 
 
-from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
+from pipeline.cli.alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
 app.command("alert")(_alert)
-from pipeline.cli_override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)
+from pipeline.cli.override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)
 app.add_typer(_override_app, name="override")
-from pipeline.cli_watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
+from pipeline.cli.watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
 app.command("watch")(_watch)
-from pipeline.cli_report import report as _report  # noqa: E402  (issue #21: the HTML report)
+from pipeline.cli.report import report as _report  # noqa: E402  (issue #21: the HTML report)
 app.command("report")(_report)
-from pipeline.cli_drill import drill as _drill  # noqa: E402  (issue #22: drills)
+from pipeline.cli.drill import drill as _drill  # noqa: E402  (issue #22: drills)
 app.command("drill")(_drill)
-from pipeline.cli_history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
+from pipeline.cli.history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
 _register_history(app)
 use_plain_help(app)
 
