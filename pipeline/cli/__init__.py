@@ -2,9 +2,9 @@
 
 :mod:`pipeline.cli.main` holds the typer app, the commands that run the
 product (``demo``, ``broker``, ``worker``, ``simulate``, ``query``,
-``bench``, ``topics``) and :func:`~pipeline.cli.main.main`, the console
-script; the other modules each hold one command (``alert``, ``watch``,
-``override``, ``report``, ``drill``, ``scorecard``, and ``backtest``/
+``bench``) and :func:`~pipeline.cli.main.main`, the console script; the
+other modules each hold one command or group (``topics``, ``alert``,
+``watch``, ``override``, ``report``, ``drill``, ``scorecard``, and ``backtest``/
 ``tune``/``incident`` in :mod:`pipeline.cli.history`) or a shared helper
 (:mod:`pipeline.cli.help`: help rendering; :mod:`pipeline.cli.settings`:
 settings or a one-line error). ``python -m pipeline.cli`` runs the same app.
