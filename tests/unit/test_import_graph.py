@@ -64,6 +64,26 @@ def test_worker_command_imports_no_tools_and_no_torch():
     assert _loaded_after(code) == []
 
 
+def test_worker_started_with_python_m_imports_no_tools_and_no_torch():
+    # The way the demo, the drills and the integration tests start a worker: `python -m pipeline.cli worker`
+    # (the package's __init__ and __main__ on top of the app module), stopped where faust would run.
+    code = (
+        "import runpy, sys\n"
+        "import pipeline.stream.app as sa\n"
+        "def stop(*args, **kwargs):\n"
+        "    raise SystemExit(0)\n"
+        "sa.run_worker = stop\n"
+        "sys.argv = ['channel-health', 'worker']\n"
+        "try:\n"
+        "    runpy.run_module('pipeline.cli', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "else:\n"
+        "    raise AssertionError('the worker command did not run')\n"
+    )
+    assert _loaded_after(code) == []
+
+
 def test_no_runtime_module_imports_a_tool_or_torch():
     # Every module outside pipeline.tools, including those the worker imports lazily while it runs
     # (sinks, storage, the quality scorer's parent side); the CLI module too.
