@@ -134,9 +134,9 @@ def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
 
 def open_sink_and_topics(settings: Settings) -> Any:
     """The worker's start: open its ClickHouse sink (:func:`pipeline.sinks.process.open_sink`; its errors come
-    first), then create the missing topics with their configuration (:func:`pipeline.kafka_topics.ensure`, SPEC
+    first), then create the missing topics with their configuration (:func:`pipeline.kafka.topics.ensure`, SPEC
     §7, so the worker runs with automatic topic creation off). Returns the sink; raises as those two."""
-    from pipeline.kafka_topics import ensure
+    from pipeline.kafka.topics import ensure
     from pipeline.sinks.process import open_sink
 
     sink = open_sink(settings)

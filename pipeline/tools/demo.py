@@ -100,7 +100,7 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
                check: Callable[[], None] = lambda: None, speed: float = 0.0) -> int:
     from contextlib import nullcontext
 
-    from pipeline.producer import BatchingProducer
+    from pipeline.kafka.producer import BatchingProducer
     from pipeline.router.subscriber import HealthSubscriber
     from pipeline.tools.simulate.scenarios import get_scenario
     from pipeline.tools.simulate.traces import describe_data_source
@@ -239,7 +239,7 @@ def _run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: in
               speed: float) -> int:
     from pipeline.tools.demo_stop import stop_in_order, worker_popen_kwargs
     from pipeline.tools.embedded.broker import EmbeddedBroker
-    from pipeline.kafka_topics import ensure as ensure_topics
+    from pipeline.kafka.topics import ensure as ensure_topics
 
     # Piped (CI logs, `| tee`): rich would wrap at 80 columns and cut the table's names; lines are the record there.
     console = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS") or 160))

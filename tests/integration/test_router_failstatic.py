@@ -61,7 +61,7 @@ class Publisher:
     async def start(self) -> None:
         from aiokafka import AIOKafkaProducer
 
-        from pipeline.kafka_admin import ensure_topics
+        from pipeline.kafka.admin import ensure_topics
 
         await ensure_topics(self.settings.kafka_bootstrap or "", [self.settings.topics.health], 2)
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.kafka_bootstrap, acks="all")

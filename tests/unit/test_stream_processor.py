@@ -25,7 +25,7 @@ _enc = msgspec.json.Encoder()
 
 
 def _messages_by_partition(events: list[dict], n_partitions: int, span_ms: int = 10_000) -> dict[int, list[bytes]]:
-    """Batch envelopes as :class:`pipeline.producer.BatchingProducer` makes them, keyed by channel."""
+    """Batch envelopes as :class:`pipeline.kafka.producer.BatchingProducer` makes them, keyed by channel."""
     parts: dict[int, list[bytes]] = defaultdict(list)
     bufs: dict[str, list[dict]] = defaultdict(list)
     first = None

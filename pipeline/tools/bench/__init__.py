@@ -1,7 +1,7 @@
 """``channel-health bench``: throughput of the stream pipeline against the raw Kafka consumer ceiling.
 
 Entry point :func:`pipeline.tools.bench.run.run_bench` (the ``bench`` command in
-:mod:`pipeline.cli`); each measured stage runs in its own process
+:mod:`pipeline.cli.main`); each measured stage runs in its own process
 (:mod:`pipeline.tools.bench.stage`): :mod:`~pipeline.tools.bench.warm` (24 h replay and
 channel state), :mod:`~pipeline.tools.bench.ceiling`,
 :mod:`~pipeline.tools.bench.bare_faust`, :mod:`~pipeline.tools.bench.pipeline_run`,

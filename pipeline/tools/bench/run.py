@@ -184,7 +184,7 @@ def measure_start_ms(now_ms: int | None = None) -> int:
 
 async def fill_topics(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms: int,
                       batched_topic: str, single_topic: str) -> dict[str, Any]:
-    from pipeline.kafka_admin import ensure_topics
+    from pipeline.kafka.admin import ensure_topics
 
     await ensure_topics(bootstrap, [batched_topic, single_topic], opts.partitions)
     t0 = time.perf_counter()
@@ -226,7 +226,7 @@ async def paced_run(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from pipeline.config import Topics
-    from pipeline.kafka_admin import ensure_topics
+    from pipeline.kafka.admin import ensure_topics
 
     name = "paced" if driver == "faust" else f"paced_{driver}"
     prefix = f"bench{tag}.{name}."
@@ -322,7 +322,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     """Run every stage; return the JSON document (:func:`pipeline.tools.bench.report.build`)."""
     from pipeline.config import Topics
     from pipeline.tools.embedded.broker import EmbeddedBroker
-    from pipeline.kafka_admin import ensure_topics_sync
+    from pipeline.kafka.admin import ensure_topics_sync
 
     opts.validate()
     tag = uuid.uuid4().hex[:6]

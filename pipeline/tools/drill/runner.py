@@ -171,7 +171,7 @@ async def drive(plan: DrillPlan, settings: Any, events: list[dict], *, speed: fl
     the fault always go as fast as possible). check: called between sends (raises to stop, e.g. when
     the worker died). Returns the verdicts in arrival order.
     """
-    from pipeline.producer import BatchingProducer
+    from pipeline.kafka.producer import BatchingProducer
     from pipeline.router.subscriber import HealthSubscriber
 
     got: list[Verdict] = []

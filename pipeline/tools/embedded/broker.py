@@ -41,7 +41,7 @@ import time
 from types import TracebackType
 from typing import BinaryIO
 
-from pipeline.kafka_admin import ensure_topics, ensure_topics_sync
+from pipeline.kafka.admin import ensure_topics, ensure_topics_sync
 from pipeline.parent_death import death_signal_preexec
 from pipeline.tools.extras import require_extra
 

@@ -4,7 +4,7 @@
 - :mod:`.plots`: the matplotlib plots (PNG)
 - :mod:`.html`: the page (plots embedded, no network)
 
-:func:`write_report` ties them together; ``pipeline.cli_report`` is the command.
+:func:`write_report` ties them together; ``pipeline.cli.report`` is the command.
 """
 
 from __future__ import annotations

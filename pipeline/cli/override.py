@@ -1,6 +1,6 @@
 """``channel-health override``: operators' manual switches (SPEC §4, §7; issue #20).
 
-Registered in :mod:`pipeline.cli`. Records are signed with a key of
+Registered in :mod:`pipeline.cli.main`. Records are signed with a key of
 ``CHANNEL_HEALTH_CONTROL_KEYS`` (``--key-id`` when several are configured;
 :mod:`pipeline.stream.control`); without keys they are sent unsigned and the
 command says so once on stderr. ``list`` and ``clear`` read the topic verified
@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from pipeline.cli_settings import kafka_settings_or_exit
+from pipeline.cli.settings import kafka_settings_or_exit
 from pipeline.config import ConfigError, Settings, parse_duration_ms
 from pipeline.redaction import redact_secrets
 

@@ -17,8 +17,8 @@ from typing import Optional
 
 import typer
 
-from pipeline.cli_help import PlainHelpCommand, PlainHelpGroup, use_plain_help
-from pipeline.cli_settings import kafka_settings_or_exit, settings_or_exit
+from pipeline.cli.help import PlainHelpCommand, PlainHelpGroup, use_plain_help
+from pipeline.cli.settings import settings_or_exit
 from pipeline.redaction import redact_secrets
 
 # Tools (pipeline.tools: demo, simulator, bench, broker, quality training) are imported only inside the
@@ -171,7 +171,7 @@ def worker(
         typer.secho("CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set (start one with `channel-health broker`).",
                     fg="red", err=True)
         raise typer.Exit(2)
-    from pipeline.kafka_topics import TopicSetupError
+    from pipeline.kafka.topics import TopicSetupError
     from pipeline.storage.errors import StorageError
 
     if replay:
@@ -252,7 +252,7 @@ def simulate(
         raise typer.Exit(2) from None
 
     async def run() -> None:
-        from pipeline.producer import BatchingProducer
+        from pipeline.kafka.producer import BatchingProducer
 
         wall0 = time.monotonic()
         async with BatchingProducer(settings.kafka_bootstrap or "", settings.topics.requests,
@@ -395,73 +395,21 @@ def bench(
         typer.echo(f"\nfigures written to {json_path}")
 
 
-topics_app = typer.Typer(no_args_is_help=True, rich_markup_mode="markdown",
-                         help="Create or verify every Kafka topic with its configuration (SPEC §8).")
+from pipeline.cli.topics import topics_app  # noqa: E402  (the topics ensure|check group)
 app.add_typer(topics_app, name="topics")
-from pipeline.cli_scorecard import scorecard as _scorecard  # noqa: E402  (issue #19: its own module)
+from pipeline.cli.scorecard import scorecard as _scorecard  # noqa: E402  (issue #19: its own module)
 app.command("scorecard")(_scorecard)
-
-
-_kafka_settings = kafka_settings_or_exit
-
-
-@topics_app.command("ensure")
-def topics_ensure(timeout_s: float = typer.Option(15.0, help="Give up after this many seconds.")) -> None:
-    """Create every missing topic with its configuration; existing topics are left as they are.
-
-    Compacted channel.health, channel.control and state topic; DLQ retention from CHANNEL_HEALTH_DLQ_RETENTION;
-    partitions, replication factor and min.insync.replicas from CHANNEL_HEALTH_PARTITIONS,
-    CHANNEL_HEALTH_REPLICATION_FACTOR and CHANNEL_HEALTH_MIN_INSYNC_REPLICAS. Works with auto-create off.
-    """
-    from pipeline.kafka_topics import TopicSetupError, ensure
-
-    settings = _kafka_settings()
-    try:
-        result = asyncio.run(ensure(settings, timeout_s=timeout_s))
-    except TopicSetupError as exc:
-        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
-        raise typer.Exit(1) from None
-    for name in result["created"]:
-        typer.echo(f"created  {name}")
-    for name in result["existing"]:
-        typer.echo(f"exists   {name}")
-    if result["existing"]:
-        typer.echo("Existing topics are not changed; `channel-health topics check` compares them.", err=True)
-
-
-@topics_app.command("check")
-def topics_check(timeout_s: float = typer.Option(15.0, help="Give up after this many seconds.")) -> None:
-    """Compare the cluster's topics with the configured ones; exit 1 on a mismatch.
-
-    Reports missing topics, partition counts, replication factors and config values (cleanup.policy,
-    retention.ms, min.insync.replicas) that differ. Settings the broker does not report are listed as
-    UNVERIFIED (exit 0): the embedded broker is one.
-    """
-    from pipeline.kafka_topics import TopicSetupError, check
-
-    settings = _kafka_settings()
-    try:
-        report = asyncio.run(check(settings, timeout_s=timeout_s))
-    except TopicSetupError as exc:
-        typer.secho(redact_secrets(f"topics: {exc}"), fg="red", err=True)
-        raise typer.Exit(1) from None
-    for line in report.lines():
-        typer.echo(line)
-    if report.mismatches:
-        raise typer.Exit(1)
-
-
-from pipeline.cli_alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
+from pipeline.cli.alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
 app.command("alert")(_alert)
-from pipeline.cli_override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)
+from pipeline.cli.override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)
 app.add_typer(_override_app, name="override")
-from pipeline.cli_watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
+from pipeline.cli.watch import watch as _watch  # noqa: E402  (issue #20: the operator board)
 app.command("watch")(_watch)
-from pipeline.cli_report import report as _report  # noqa: E402  (issue #21: the HTML report)
+from pipeline.cli.report import report as _report  # noqa: E402  (issue #21: the HTML report)
 app.command("report")(_report)
-from pipeline.cli_drill import drill as _drill  # noqa: E402  (issue #22: drills)
+from pipeline.cli.drill import drill as _drill  # noqa: E402  (issue #22: drills)
 app.command("drill")(_drill)
-from pipeline.cli_history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
+from pipeline.cli.history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
 _register_history(app)
 use_plain_help(app)
 

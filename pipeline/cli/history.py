@@ -1,4 +1,4 @@
-"""``channel-health backtest``, ``tune`` and ``incident mark|list`` (issue #22). Registered in :mod:`pipeline.cli`.
+"""``channel-health backtest``, ``tune`` and ``incident mark|list`` (issue #22). Registered in :mod:`pipeline.cli.main`.
 
 The tools (:mod:`pipeline.tools.history`) are imported inside the commands only, so loading the CLI for
 ``channel-health worker`` imports none of them (issue #15).

@@ -1,4 +1,4 @@
-"""``channel-health report``: an HTML incident report from ClickHouse (issue #21). Registered in :mod:`pipeline.cli`."""
+"""``channel-health report``: an HTML incident report from ClickHouse (issue #21). Registered in :mod:`pipeline.cli.main`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``channel-health drill``: inject a fault, watch the verdicts, print expected vs actual (SPEC §7, issue #22).
 
-Registered in :mod:`pipeline.cli`; the work is in :mod:`pipeline.tools.drill`.
+Registered in :mod:`pipeline.cli.main`; the work is in :mod:`pipeline.tools.drill`.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from pipeline.config import Settings
-from pipeline.kafka_admin import TopicSetupError, _topic_errors, _wait_for_partitions
+from pipeline.kafka.admin import TopicSetupError, _topic_errors, _wait_for_partitions
 
 __all__ = ["TopicSpec", "topic_specs", "new_topics", "ensure", "check", "CheckReport", "TopicSetupError"]
 

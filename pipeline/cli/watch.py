@@ -1,4 +1,4 @@
-"""``channel-health watch``: the live operator board (SPEC §7, issue #20 item 4). Registered in :mod:`pipeline.cli`.
+"""``channel-health watch``: the live operator board (SPEC §7, issue #20 item 4). Registered in :mod:`pipeline.cli.main`.
 
 Per route and channel: state with time in state and the next scheduled
 transition (from ``channel.health``), and seed 003's panels from ClickHouse:
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import msgspec
 import typer
 
-from pipeline.cli_settings import kafka_settings_or_exit
+from pipeline.cli.settings import kafka_settings_or_exit
 from pipeline.config import Settings
 from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict

@@ -1,4 +1,4 @@
-"""``channel-health alert``: the alert process (SPEC §7, issue #20). Registered in :mod:`pipeline.cli`."""
+"""``channel-health alert``: the alert process (SPEC §7, issue #20). Registered in :mod:`pipeline.cli.main`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from pipeline.config import ConfigError
-from pipeline.cli_settings import require_kafka, settings_or_exit
+from pipeline.cli.settings import require_kafka, settings_or_exit
 from pipeline.redaction import redact_secrets
 
 
