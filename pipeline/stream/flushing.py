@@ -3,11 +3,12 @@
 The worker's agent hands every processed batch to :meth:`SinkWriter.store`
 (rows into the sink's bounded buffer; while a buffer is full it waits for a
 flush, so the agent takes no input meanwhile); :meth:`SinkWriter.run` is the
-flusher task: it writes the buffer about every ``FLUSH_INTERVAL_S``, sooner
+flusher task: it writes the buffer about every ``flush_interval_s``
+(:class:`~pipeline.config.StreamTunables`), sooner
 when kicked (a buffer a quarter full, input consumed to its end), retrying a
 failed write with backoff while verdicts keep flowing; after each successful
 write it tells the delivery ledger which batches' rows are written and calls
-``after_flush`` (the snapshot publisher, :mod:`pipeline.stream.snapshots`).
+``after_flush`` (the next step of the commit protocol, :mod:`pipeline.stream.checkpoint`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
+from pipeline.config import StreamTunables
 from pipeline.sinks.buffer import FLUSH_SHARE
 from pipeline.sinks.errors import SinkBackpressure
 from pipeline.stream.processor import ProcessedBatch
@@ -24,11 +26,6 @@ from pipeline.stream.worker_state import WorkerState
 
 log = logging.getLogger("channel_health.worker")
 
-#: How often buffered rows are written to ClickHouse (s); sooner once a buffer is a quarter full.
-FLUSH_INTERVAL_S = 1.0
-#: Retry delays of a failing ClickHouse write (s): first, and the cap of the doubling.
-FLUSH_BACKOFF_MIN_S = 0.5
-FLUSH_BACKOFF_MAX_S = 2.0
 
 
 class SinkWriter:
@@ -41,12 +38,14 @@ class SinkWriter:
     ``backpressure_waits``, ``intake_paused``, ``wall_s["backpressure"]``,
     the ``ledger``); call ``state.init_sync()`` on the event loop first.
     ``metrics``: a :class:`~pipeline.metrics.PipelineMetrics` that observes
-    each write and counts failed ones (None: nothing observed).
+    each write and counts failed ones (None: nothing observed). ``tunables``: the flush interval and
+    backoff (:class:`~pipeline.config.StreamTunables`).
     """
 
-    def __init__(self, state: WorkerState, metrics: Any = None) -> None:
+    def __init__(self, state: WorkerState, metrics: Any = None, tunables: StreamTunables = StreamTunables()) -> None:
         self.state = state
         self.metrics = metrics
+        self.tunables = tunables
 
     def kick(self) -> None:
         """Have the flusher write now instead of at the next interval."""
@@ -141,26 +140,27 @@ class SinkWriter:
         return True
 
     async def run(self, after_flush: Callable[[], Awaitable[None] | None]) -> None:
-        """The flusher: write every ``FLUSH_INTERVAL_S`` or when kicked; back off after a failure
-        (``FLUSH_BACKOFF_MIN_S`` doubling to ``FLUSH_BACKOFF_MAX_S``); ``after_flush`` after each success
+        """The flusher: write every ``flush_interval_s`` or when kicked; back off after a failure
+        (``flush_backoff_min_s`` doubling to ``flush_backoff_max_s``); ``after_flush`` after each success
         (awaited if it returns an awaitable: the worker's starts the snapshot save in a task of its own,
         so a save never holds the next write).
         Runs until cancelled."""
         state = self.state
         state.init_sync()
         assert state.flush_kick is not None
-        backoff = FLUSH_BACKOFF_MIN_S
+        tun = self.tunables
+        backoff = tun.flush_backoff_min_s
         while True:
             try:
-                await asyncio.wait_for(state.flush_kick.wait(), FLUSH_INTERVAL_S)
+                await asyncio.wait_for(state.flush_kick.wait(), tun.flush_interval_s)
             except asyncio.TimeoutError:
                 pass
             state.flush_kick.clear()
             if await self.flush_once():
-                backoff = FLUSH_BACKOFF_MIN_S
+                backoff = tun.flush_backoff_min_s
                 pending = after_flush()
                 if pending is not None:
                     await pending
             else:
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_S)
+                backoff = min(backoff * 2, tun.flush_backoff_max_s)

@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
+from pipeline.config import StreamTunables
 from pipeline.engine import Engine
 from pipeline.stream.flushing import SinkWriter
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate
@@ -30,11 +31,6 @@ from pipeline.stream.processor import ProcessedBatch
 from pipeline.stream.worker_state import WorkerState, byte_chunks
 
 log = logging.getLogger("channel_health.worker")
-
-#: Wall-clock idle time after which event time advances on its own (s).
-IDLE_ADVANCE_AFTER_S = 10.0
-#: Event time added per idle round (ms): the idle timer's interval.
-IDLE_STEP_MS = 5_000
 
 
 class ConsumerView(Protocol):
@@ -128,12 +124,13 @@ class Intake:
     operators' overrides (:class:`~pipeline.stream.control_agent.ControlHook`,
     its ``apply`` runs on every batch's verdicts before they are published and
     stored; None: none); ``metrics``: a :class:`~pipeline.metrics.PipelineMetrics`
-    that observes batches and verdicts (None: nothing observed).
+    that observes batches and verdicts (None: nothing observed); ``tunables``: the idle clock's timings
+    (:class:`~pipeline.config.StreamTunables`).
     """
 
     def __init__(self, state: WorkerState, assignment: Assignment,
                  publish: Callable[[ProcessedBatch], Awaitable[None]], writer: SinkWriter, chunk_bytes: int,
-                 control: Any = None, metrics: Any = None) -> None:
+                 control: Any = None, metrics: Any = None, tunables: StreamTunables = StreamTunables()) -> None:
         self.state = state
         self.assignment = assignment
         self.consumer = assignment.consumer
@@ -142,6 +139,7 @@ class Intake:
         self.chunk_bytes = chunk_bytes
         self.control = control
         self.metrics = metrics
+        self.tunables = tunables
         #: Messages between the last processed offset and the log end, over the assigned input
         #: partitions, as of the last batch (fetched highwater marks; 0 before the first batch).
         self.lag_messages = 0
@@ -242,15 +240,15 @@ class Intake:
         self.state.processor.set_partition_status({p: n <= 0 for p, n in lag.items()})
 
     async def advance_idle(self, now_ms: int) -> None:
-        """The idle timer: after ``IDLE_ADVANCE_AFTER_S`` without input, advance event time by
-        ``IDLE_STEP_MS`` (never past ``now_ms``, wall clock UTC epoch ms) and emit what that decides."""
+        """The idle timer: after ``tunables.idle_advance_after_s`` without input, advance event time by
+        ``tunables.idle_step_ms`` (never past ``now_ms``, wall clock UTC epoch ms) and emit what that decides."""
         state = self.state
-        if state.lock is None or time.monotonic() - state.last_batch_wall_s < IDLE_ADVANCE_AFTER_S:
+        if state.lock is None or time.monotonic() - state.last_batch_wall_s < self.tunables.idle_advance_after_s:
             return
         async with state.lock:
             if not await self.assignment.ensure():
                 return
-            verdicts = state.processor.advance_idle(IDLE_STEP_MS, now_ms=now_ms)
+            verdicts = state.processor.advance_idle(self.tunables.idle_step_ms, now_ms=now_ms)
             if verdicts:
                 out = ProcessedBatch(verdicts=verdicts)
                 await self.emit(out)

@@ -1,7 +1,7 @@
 """The worker's stream layer without faust: intake, flushing, snapshots and the Sink contract.
 
-:mod:`pipeline.stream.intake`, :mod:`pipeline.stream.flushing` and
-:mod:`pipeline.stream.snapshots` driven by fakes of the Kafka consumer, the
+:mod:`pipeline.stream.intake`, :mod:`pipeline.stream.flushing`,
+:mod:`pipeline.stream.snapshots` and :mod:`pipeline.stream.checkpoint` driven by fakes of the Kafka consumer, the
 producer and the sink (the faust wiring itself is covered by the worker
 integration tests).
 """
@@ -25,7 +25,9 @@ from pipeline.sinks.protocol import Sink
 from pipeline.stream.flushing import SinkWriter
 from pipeline.stream.intake import Assignment, Intake
 from pipeline.stream.processor import BatchProcessor, ProcessedBatch
-from pipeline.stream.snapshots import SnapshotPublisher, drain
+from pipeline.config import StreamTunables
+from pipeline.stream.checkpoint import Checkpoint
+from pipeline.stream.snapshots import SnapshotPublisher
 from pipeline.stream.worker_state import WorkerState
 
 NOW_MS = int(time.time() * 1000)
@@ -347,11 +349,9 @@ def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
 
 
 def test_a_snapshot_is_captured_in_slices_with_batches_in_between() -> None:
-    """Slices of ``CAPTURE_SLICE_CHANNELS`` channels, the lock released between them: a batch that came in
+    """Slices of ``capture_slice_channels`` channels, the lock released between them: a batch that came in
     meanwhile is held by the later slices only (their records carry its offset), so only the messages before
     the first slice are acked, and the snapshot waits for the rows of every batch a slice holds."""
-    from pipeline.stream import snapshots as snap_mod
-
     sink = FakeSink()
     state, assignment, intake, writer, _ = _worker(sink)
     sent: list[list] = []
@@ -359,7 +359,8 @@ def test_a_snapshot_is_captured_in_slices_with_batches_in_between() -> None:
     async def send(records: list) -> None:
         sent.append(records)
 
-    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
+    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current,
+                                  StreamTunables(capture_slice_channels=2))
     first = _events([_raw(i, channel=f"p/m{i}@paid") for i in range(5)])  # offsets 0..4
     later = _events([_raw(10, channel="p/m0@paid")], first=5)
 
@@ -373,12 +374,7 @@ def test_a_snapshot_is_captured_in_slices_with_batches_in_between() -> None:
         assert await writer.flush_once()
         await snapshots.try_save()
 
-    old = snap_mod.CAPTURE_SLICE_CHANNELS
-    snap_mod.CAPTURE_SLICE_CHANNELS = 2
-    try:
-        asyncio.run(run())
-    finally:
-        snap_mod.CAPTURE_SLICE_CHANNELS = old
+    asyncio.run(run())
     offsets = {key: headers for key, _, headers in sent[0]}
     assert sorted(offsets) == sorted(f"p/m{i}@paid".encode() for i in range(5))
     covered = {key: dict(h)["input_offsets"] for key, h in offsets.items()}
@@ -405,7 +401,7 @@ def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:
 
 
 def test_later_snapshots_hold_only_changed_channels_and_a_refused_one_hands_them_back() -> None:
-    """Capture k also re-publishes channel row ``k - 1`` (the refresh share, ``REFRESH_EVERY_CAPTURES`` > 5).
+    """Capture k also re-publishes channel row ``k - 1`` (the refresh share, ``refresh_every_captures`` > 5).
     Snapshot 1: every channel (new). Snapshot 2, after a batch of m3 only: m3 and m1 (refresh), which acks
     that batch. Snapshot 3 (m4 changed, m2 refresh) is refused: nothing acked, and snapshot 4 (after a batch
     of m0; m3 refresh) holds m0, m2, m3 and m4."""
@@ -440,7 +436,7 @@ def test_later_snapshots_hold_only_changed_channels_and_a_refused_one_hands_them
     assert all(e.message.acked for b in batches for e in b) and state.ledger.unacked_messages == 0
 
 
-def test_drain_writes_saves_acks_and_commits() -> None:
+def test_checkpoint_commit_writes_saves_acks_and_commits() -> None:
     sink = FakeSink()
     state, assignment, intake, writer, _ = _worker(sink)
     commits: list[int] = []
@@ -454,7 +450,8 @@ def test_drain_writes_saves_acks_and_commits() -> None:
     snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
     events = _events([_raw(1), _raw(2)])
     asyncio.run(intake.handle(events))
-    assert asyncio.run(drain(state, writer, snapshots, commit, timeout_s=2.0)) is True
+    checkpoint = Checkpoint(state, writer, snapshots, commit)
+    assert asyncio.run(checkpoint.commit(timeout_s=2.0)) is True
     assert sink.pending_rows == 0 and commits == [1] and all(e.message.acked for e in events)
     assignment.revoked()
-    assert asyncio.run(drain(state, writer, snapshots, commit, timeout_s=2.0)) is False  # not ours any more
+    assert asyncio.run(checkpoint.commit(timeout_s=2.0)) is False  # not ours any more
