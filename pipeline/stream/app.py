@@ -235,7 +235,7 @@ def install_agent(app: faust.App, requests: Any, state: WorkerState, intake: Int
                 await intake.handle(events)
                 ended = time.perf_counter()
                 state.last_batch_wall_s = time.monotonic()
-                while state.ledger.unacked_messages > tunables.max_unacked_messages:
+                while state.checkpoint.ledger.unacked_messages > tunables.max_unacked_messages:
                     await asyncio.sleep(0.1)  # acks come with the next saved snapshot
         except asyncio.CancelledError:
             raise
@@ -303,8 +303,8 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
     consumer = FaustConsumer(app, topics.requests)
 
     metrics = metrics or PipelineMetrics()  # issue #21: counts the processor keeps are read at scrape time
-    metrics.track_worker(lambda: state.processor, lambda: consumer.lags(state.gate.last_offsets), lambda: state.sink,
-                         lambda: getattr(state, "quality", None))
+    metrics.track_worker(lambda: state.processor, lambda: consumer.lags(state.assignment.gate.last_offsets),
+                         lambda: state.sink, lambda: getattr(state, "quality", None))
 
     assignment = Assignment(state, consumer, kafka.load_records, kafka.load_starts,
                             lambda: Engine(policy, settings.state_limits))

@@ -76,8 +76,8 @@ class Checkpoint:
 
     async def settle(self) -> None:
         """Wait for a snapshot being published and acked (a revocation: it lands before the group moves on)."""
-        if self.state.snap_lock is not None:
-            async with self.state.snap_lock:
+        if self.state.checkpoint.snap_lock is not None:
+            async with self.state.checkpoint.snap_lock:
                 pass
 
     async def commit(self, timeout_s: float | None = None) -> bool:
@@ -110,7 +110,7 @@ class Checkpoint:
             await flush_and_save()
             await self.commit_offsets()
             log.warning("drained: %d rows written, %d messages acked, %d left unacked (re-read on restart)",
-                        state.rows_written, state.acked_messages, state.ledger.unacked_messages)
+                        state.writes.rows_written, state.checkpoint.acked_messages, state.unacked)
             return True
         except Exception as exc:  # never block the shutdown; unacked input is re-read after a restart
             log.warning("drain at shutdown incomplete (%s: %s); unacked input is re-read on restart",

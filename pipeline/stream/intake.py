@@ -77,8 +77,8 @@ class Assignment:
     def current(self) -> bool:
         """The processor's state belongs to the live assignment (snapshots and acks allowed)."""
         state = self.state
-        return (state.generation is not None and not state.stale
-                and state.generation == self.consumer.generation_id)
+        return (state.assignment.generation is not None and not state.assignment.stale
+                and state.assignment.generation == self.consumer.generation_id)
 
     async def reset(self, generation: int | None) -> None:
         """Start over for a new assignment: fresh engine, snapshots reloaded (call under ``state.lock``)."""
@@ -87,32 +87,33 @@ class Assignment:
         records = await self.load_records()
         assigned = self.consumer.assigned_partitions()
         starts = await self.load_starts(assigned)
-        state.gate = OffsetGate(starts)
-        state.skipped_logged = 0
+        state.assignment.gate = OffsetGate(starts)
+        state.assignment.skipped_logged = 0
         state.processor.reset(self.new_engine())
         restored = state.processor.load_snapshots(records, assigned)
-        state.ledger.clear()
-        state.generation = generation
-        state.stale = False
-        state.dirty = False
-        state.restored = True
-        state.resets += 1
-        state.reset_s = time.monotonic() - started
+        state.checkpoint.ledger.clear()
+        state.assignment.generation = generation
+        state.assignment.stale = False
+        state.checkpoint.dirty = False
+        state.assignment.restored = True
+        state.assignment.resets += 1
+        state.assignment.reset_s = time.monotonic() - started
         log.warning("worker ready (generation %s): %d channel snapshots read, %d of them (the assigned partitions' "
                     "channels) restored, in %.2f s; input partitions %s from offsets %s", generation, len(records),
-                    restored, state.reset_s, assigned, starts)
+                    restored, state.assignment.reset_s, assigned, starts)
 
     async def ensure(self) -> bool:
         """For the timers: reset once a new assignment is complete; True when the state is current
         (under ``state.lock``)."""
         gen = self.consumer.generation_id
-        if self.state.generation != gen and not self.consumer.rebalancing and self.consumer.assigned_partitions():
+        if (self.state.assignment.generation != gen and not self.consumer.rebalancing
+                and self.consumer.assigned_partitions()):
             await self.reset(gen)
         return self.current()
 
     def revoked(self) -> None:
         """Partitions were revoked: another member may own these channels now (no snapshots, no acks)."""
-        self.state.stale = True
+        self.state.assignment.stale = True
 
 
 class Intake:
@@ -158,10 +159,10 @@ class Intake:
         assert state.lock is not None
         async with state.lock:
             gen = self.consumer.generation_id
-            if state.generation != gen:
+            if state.assignment.generation != gen:
                 await self.assignment.reset(gen)  # messages of a new assignment: start over from the state topic
-            elif state.stale:
-                state.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
+            elif state.assignment.stale:
+                state.assignment.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
                 return
             fresh = await self._admit(events)
             if not fresh:
@@ -169,8 +170,9 @@ class Intake:
             self._update_partition_status()
             for chunk in byte_chunks(fresh, self.chunk_bytes):
                 await self._process(chunk)
-            state.ledger.add_batch(e.message for e in fresh)  # acked once rows are written and a snapshot covers it
-            state.dirty = True
+            # acked once rows are written and a snapshot covers it
+            state.checkpoint.ledger.add_batch(e.message for e in fresh)
+            state.checkpoint.dirty = True
             caught_up = state.processor.caught_up
             if caught_up and all(caught_up.values()):
                 self.writer.kick()  # input consumed to its end: write the rows now, not at the next interval
@@ -180,21 +182,22 @@ class Intake:
         state = self.state
         fresh = []
         gaps: set[int] = set()
-        gate = state.gate
+        gate = state.assignment.gate
         for e in events:
             msg = e.message
-            decision = gate.check(msg.partition, msg.offset) if msg.generation_id == state.generation else "old"
+            current = msg.generation_id == state.assignment.generation
+            decision = gate.check(msg.partition, msg.offset) if current else "old"
             if decision == "accept":
                 fresh.append(e)
                 continue
-            state.dropped_stale_messages += 1  # delivered again (old generation, duplicate or before a seek)
+            state.assignment.dropped_stale_messages += 1  # delivered again (old generation, duplicate or before a seek)
             if decision == "gap":
                 gaps.add(msg.partition)
         for p in sorted(gaps):
             await self._seek_back(p)
-        while len(gate.skipped_starts) > state.skipped_logged:
-            p, start, first = gate.skipped_starts[state.skipped_logged]
-            state.skipped_logged += 1
+        while len(gate.skipped_starts) > state.assignment.skipped_logged:
+            p, start, first = gate.skipped_starts[state.assignment.skipped_logged]
+            state.assignment.skipped_logged += 1
             log.error("input partition %d: no record at committed offset %d after %d seeks; continuing at %d "
                       "(offsets in between are absent from the log, e.g. transaction markers)",
                       p, start, MAX_SEEKS, first)
@@ -221,7 +224,7 @@ class Intake:
 
     async def _seek_back(self, partition: int) -> None:
         """Re-read an unsynced partition from its start offset (see :mod:`pipeline.stream.offsets`)."""
-        offset = self.state.gate.want_seek(partition)
+        offset = self.state.assignment.gate.want_seek(partition)
         if offset is None:
             return
         log.warning("input partition %d: records after offset %d arrived before it (fetched before the seek "
@@ -234,7 +237,7 @@ class Intake:
         parts = self.consumer.assigned_partitions()
         if not parts:
             return
-        last = self.state.gate.last_offsets
+        last = self.state.assignment.gate.last_offsets
         lag = {p: (self.consumer.highwater(p) or 0) - last.get(p, -1) - 1 for p in parts}
         self.lag_messages = sum(n for n in lag.values() if n > 0)
         self.state.processor.set_partition_status({p: n <= 0 for p, n in lag.items()})
@@ -255,5 +258,5 @@ class Intake:
                 if self.metrics is not None:
                     self.metrics.observe_verdicts(out.verdicts)
                 await self.writer.store(out)
-                state.ledger.add_batch([])
-                state.dirty = True
+                state.checkpoint.ledger.add_batch([])
+                state.checkpoint.dirty = True

@@ -92,17 +92,18 @@ class SnapshotPublisher:
             self._capture_lock = asyncio.Lock()
         async with self._capture_lock:  # one capture at a time (the timer's and a drain's)
             async with state.lock:
-                if not state.dirty or state.ledger.pending_snapshot_seq is not None or not self.is_current():
+                ck = state.checkpoint
+                if not ck.dirty or ck.ledger.pending_snapshot_seq is not None or not self.is_current():
                     return
-                generation, epoch, covers = state.generation, state.ledger.epoch, state.ledger.added
-                state.dirty = False
+                generation, epoch, covers = state.assignment.generation, ck.ledger.epoch, ck.ledger.added
+                state.checkpoint.dirty = False
             parts: list = []  # each slice's Capture (encoded in a thread once all are copied)
             self._parts, phase = parts, self.captures % self.tunables.refresh_every_captures
             self.captures += 1
             try:
                 await self._capture_slices(generation, epoch, covers, parts, phase)
             except BaseException:  # cancelled (a drain's timeout) or failed: nothing taken, capture again later
-                if state.ledger.pending_snapshot_seq is None:
+                if state.checkpoint.ledger.pending_snapshot_seq is None:
                     self._release()
                 raise
 
@@ -111,7 +112,7 @@ class SnapshotPublisher:
         for part in self._parts:
             part.release()
         self._parts = []
-        self.state.dirty = True
+        self.state.checkpoint.dirty = True
 
     async def _capture_slices(self, generation: int | None, epoch: int, covers: int, parts: list,
                               phase: int) -> None:
@@ -121,15 +122,18 @@ class SnapshotPublisher:
         start = 0
         while True:
             async with state.lock:
-                if state.generation != generation or state.ledger.epoch != epoch or not self.is_current():
+                if (state.assignment.generation != generation or state.checkpoint.ledger.epoch != epoch
+                        or not self.is_current()):
                     self._release()
                     return
                 stop = start + self.tunables.capture_slice_channels
-                parts.append(state.processor.snapshot_capture(state.gate.last_offsets, start, stop, changed_only=True,
+                parts.append(state.processor.snapshot_capture(state.assignment.gate.last_offsets, start, stop,
+                                                              changed_only=True,
                                                               refresh_every=self.tunables.refresh_every_captures,
                                                               refresh_phase=phase))
                 if stop >= state.processor.channel_count:
-                    state.ledger.snapshot_taken((generation, asyncio.ensure_future(_encoded(parts))), covers=covers)
+                    state.checkpoint.ledger.snapshot_taken((generation, asyncio.ensure_future(_encoded(parts))),
+                                                           covers=covers)
                     return
             start = stop
             await asyncio.sleep(0)  # a batch waiting for the lock runs now (asyncio.Lock serves waiters first)
@@ -142,27 +146,27 @@ class SnapshotPublisher:
         from pipeline.stream.state_topic import snapshot_headers
 
         state = self.state
-        assert state.snap_lock is not None
-        async with state.snap_lock:
-            ready = state.ledger.ready_snapshot()
+        assert state.checkpoint.snap_lock is not None
+        async with state.checkpoint.snap_lock:
+            ready = state.checkpoint.ledger.ready_snapshot()
             if ready is None:
                 return
             generation, encoding = ready
-            if generation != state.generation or not self.is_current():
-                state.ledger.drop_snapshot()
+            if generation != state.assignment.generation or not self.is_current():
+                state.checkpoint.ledger.drop_snapshot()
                 self._release()
                 return
-            epoch = state.ledger.epoch
+            epoch = state.checkpoint.ledger.epoch
             records = await encoding  # encoded in a thread since the capture; raises what the encoding raised
             await self.send([(name.encode(), blob, snapshot_headers(offs, part))
                              for name, blob, offs, part in records])
-            if epoch != state.ledger.epoch or not self.is_current():
+            if epoch != state.checkpoint.ledger.epoch or not self.is_current():
                 return  # a rebalance came in between: ack nothing of the old assignment
             self._parts = []  # published: nothing to hand back
-            for m in state.ledger.snapshot_saved():
+            for m in state.checkpoint.ledger.snapshot_saved():
                 self.ack(m)
-                state.acked_messages += 1
-            state.snapshots_written += 1 if records else 0
+                state.checkpoint.acked_messages += 1
+            state.checkpoint.snapshots_written += 1 if records else 0
 
     def save_soon(self) -> None:
         """Start :meth:`try_save` in a task of its own, unless one is still running; returns at once.
@@ -182,7 +186,7 @@ class SnapshotPublisher:
             raise
         except Exception as exc:  # Kafka refused the snapshot: nothing acked, tried again later
             log.warning("saving the state snapshot failed (%s: %s); will retry", type(exc).__name__, exc)
-            self.state.ledger.drop_snapshot()
+            self.state.checkpoint.ledger.drop_snapshot()
             self._release()  # capture its channels again
 
     async def tick(self) -> None:
