@@ -85,6 +85,10 @@ Variables (SPEC §7):
     exists, every ClickHouse insert of the worker fails as if the server were
     unreachable (:class:`pipeline.sinks.faults.OutageSwitchClient`).
 
+The stream layer's timings (snapshot interval, flush interval and backoff, drain
+timeout, idle advance, capture slices) are :class:`StreamTunables` (``Settings.stream``),
+set in code with no variables; their defaults are documented there.
+
 Secrets are held as :class:`~pipeline.redaction.Secret`, whose ``repr`` and ``str`` never show
 the value, so a logged settings object leaks nothing (``Settings`` shows the
 ClickHouse URL with its password redacted). Every secret value read here
@@ -231,6 +235,48 @@ class StateLimits:
 
 
 @dataclass(frozen=True)
+class StreamTunables:
+    """Timings of the worker's stream layer (:mod:`pipeline.stream`): the checkpoint cadence, the sink's
+    background writes and the idle clock. No environment variables: these are set in code (tests, the
+    bench); the defaults are the measured ones cited below.
+
+    ``flush_interval_s`` > 0: buffered rows are written to ClickHouse about this often (s; sooner once a
+    buffer is a quarter full). ``flush_backoff_min_s`` / ``flush_backoff_max_s`` (0 < min <= max): retry
+    delay of a failing write (s), doubling from min to max. ``snapshot_interval_s`` > 0: how often channel
+    state is captured, published and the input acked (s; also the status log's period).
+    ``capture_slice_channels`` >= 1: channels copied per turn of the processor's lock (at ~0.1-0.5 ms
+    per channel on the bench workload a slice holds the event loop ~10-50 ms, below one evaluation
+    round; issue #15). ``refresh_every_captures`` >= 1: every channel's record is re-published at least
+    every this many captures, changed or not (60 × 5 s = 5 min: a restore never depends on older
+    records, and a state topic without compaction keeps recent records of every channel; cost 1/60 of
+    the channels per capture). ``drain_timeout_s`` > 0: longest graceful drain on shutdown (s), within
+    the worker's stop limit (``runtime.STOP_LIMIT_S``, 8 s). ``idle_advance_after_s`` > 0: wall-clock
+    time without input after which event time advances on its own (s); ``idle_step_ms`` >= 1: event
+    time added per idle round (ms, also the idle timer's interval). ``max_unacked_messages`` >= 1:
+    processed but unacked input messages above which the agent waits for acks.
+    Raises ``ValueError`` for values outside these ranges.
+    """
+
+    flush_interval_s: float = 1.0
+    flush_backoff_min_s: float = 0.5
+    flush_backoff_max_s: float = 2.0
+    snapshot_interval_s: float = 5.0
+    capture_slice_channels: int = 100
+    refresh_every_captures: int = 60
+    drain_timeout_s: float = 5.0
+    idle_advance_after_s: float = 10.0
+    idle_step_ms: int = 5_000
+    max_unacked_messages: int = 100_000
+
+    def __post_init__(self) -> None:
+        if (self.flush_interval_s <= 0 or not 0 < self.flush_backoff_min_s <= self.flush_backoff_max_s
+                or self.snapshot_interval_s <= 0 or self.capture_slice_channels < 1
+                or self.refresh_every_captures < 1 or self.drain_timeout_s <= 0 or self.idle_advance_after_s <= 0
+                or self.idle_step_ms < 1 or self.max_unacked_messages < 1):
+            raise ValueError(f"invalid stream tunables: {self!r}")
+
+
+@dataclass(frozen=True)
 class MetricsSettings:
     """Prometheus ``/metrics`` of the long-running processes (worker, alert, watch; issue #21).
 
@@ -351,6 +397,8 @@ class Settings:
     metrics: MetricsSettings = MetricsSettings()
     #: ``channel.control`` keys and bounds (``CHANNEL_HEALTH_CONTROL_KEYS`` etc.).
     control: ControlSettings = ControlSettings()
+    #: Timings of the stream layer (checkpoint cadence, sink writes, idle clock); set in code, no variables.
+    stream: StreamTunables = StreamTunables()
 
     @property
     def topics(self) -> Topics:

@@ -10,17 +10,20 @@ not stop the verdicts:
    and its rows are put in the sink's bounded buffer (by default a child
    process writes them: :mod:`pipeline.sinks.process`); a background flusher
    writes the buffer to ClickHouse about once a second, retrying with
-   backoff (0.5 s doubling to ``FLUSH_BACKOFF_MAX_S``, 2 s) while ClickHouse is
+   backoff (0.5 s doubling to ``flush_backoff_max_s``, 2 s) while ClickHouse is
    down. Verdicts keep flowing meanwhile; only when a buffer is full
    (``SinkBackpressure``; bounds ``CHANNEL_HEALTH_SINK_MAX_ROWS`` /
    ``_MAX_BYTES``) does the agent stop taking input until it drains, so
    memory stays bounded;
-3. every ``SNAPSHOT_INTERVAL_S`` the engine's per-channel state is captured;
+3. every ``snapshot_interval_s`` the engine's per-channel state is captured;
    once every row of the batches before it is written, it is published to
    the state topic together with the input offsets it covers, and only then
    are those batches' messages acked (:mod:`pipeline.stream.delivery`). So a
    committed offset always lies at or before both the rows in ClickHouse
-   and the saved state.
+   and the saved state. This order is the commit protocol, one class:
+   :class:`~pipeline.stream.checkpoint.Checkpoint`.
+
+The timings named here are :class:`~pipeline.config.StreamTunables` (``settings.stream``).
 
 After a crash the worker reloads the snapshots and re-reads the messages
 after the committed offsets; events a restored snapshot already holds are
@@ -39,16 +42,23 @@ partition's input is taken strictly in order from that committed offset
 records past the committed offset can arrive first; they are dropped and
 read again, never let through ahead of the ones before them).
 
-On SIGTERM or SIGINT the worker drains: a last flush, snapshot and commit (``DRAIN_TIMEOUT_S``),
+On SIGTERM or SIGINT the worker drains: a last flush, snapshot and commit (``drain_timeout_s``,
+:meth:`~pipeline.stream.checkpoint.Checkpoint.commit`),
 and exits within ``runtime.STOP_LIMIT_S`` even with the broker gone (``runtime.BoundedStopWorker``).
 
-This module only wires topics, agents and timers; the work is done by
-classes testable without faust: :class:`~pipeline.stream.intake.Intake`
+This module only wires topics, agents and timers, in named parts:
+:func:`faust_app` (the app and its consumer options), :class:`KafkaIO` (what
+the worker reads from and sends to Kafka besides its input),
+:func:`install_agent` (the input agent), :func:`install_timers` (flusher,
+snapshots, status line, idle clock) and :func:`install_lifecycle`
+(revocation, graceful stop); :func:`build_app` puts them together. The work
+is done by classes testable without faust: :class:`~pipeline.stream.intake.Intake`
 and :class:`~pipeline.stream.intake.Assignment` (input → processor →
 outputs, per consumer generation), :class:`~pipeline.stream.flushing.SinkWriter`
 (rows into a :class:`~pipeline.sinks.protocol.Sink` and its background
-writes) and :class:`~pipeline.stream.snapshots.SnapshotPublisher` (snapshots
-and acks, :func:`~pipeline.stream.snapshots.drain`).
+writes), :class:`~pipeline.stream.snapshots.SnapshotPublisher` (snapshots
+and acks) and :class:`~pipeline.stream.checkpoint.Checkpoint` (the commit
+protocol).
 """
 
 from __future__ import annotations
@@ -58,22 +68,23 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import faust
 from faust.types import TP
 
-from pipeline.config import Settings
+from pipeline.config import Settings, StreamTunables
 from pipeline.contracts import encode
 from pipeline.engine import Engine
 from pipeline.metrics import PipelineMetrics
 from pipeline.ingest.dead_letter import raw_budget
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.sinks.protocol import Sink
+from pipeline.stream.checkpoint import Checkpoint
 from pipeline.stream.control_agent import install_control
 from pipeline.stream.dead_letters import DeadLetterPublisher
-from pipeline.stream.flushing import FLUSH_BACKOFF_MAX_S, FLUSH_BACKOFF_MIN_S, FLUSH_INTERVAL_S, SinkWriter
-from pipeline.stream.intake import IDLE_ADVANCE_AFTER_S, IDLE_STEP_MS, Assignment, Intake
+from pipeline.stream.flushing import SinkWriter
+from pipeline.stream.intake import Assignment, Intake
 from pipeline.stream.offsets import start_offsets
 from pipeline.stream.take import batches
 from pipeline.engine.batch import BatchProcessor, ProcessedBatch
@@ -90,16 +101,12 @@ from pipeline.stream.runtime import (
     send_and_wait,
     tune_gc,
 )
-from pipeline.stream.snapshots import DRAIN_TIMEOUT_S, SNAPSHOT_INTERVAL_S, SnapshotPublisher, drain
+from pipeline.stream.snapshots import SnapshotPublisher
 from pipeline.stream.worker_state import WorkerState
 
 log = logging.getLogger("channel_health.worker")
 
-#: Processed but unacked input messages above which the agent waits for acks.
-MAX_UNACKED_MESSAGES = 100_000
-
-__all__ = ["build_app", "run_worker", "FLUSH_INTERVAL_S", "FLUSH_BACKOFF_MIN_S", "FLUSH_BACKOFF_MAX_S",
-           "IDLE_ADVANCE_AFTER_S", "SNAPSHOT_INTERVAL_S", "DRAIN_TIMEOUT_S", "MAX_UNACKED_MESSAGES"]
+__all__ = ["build_app", "run_worker", "faust_app", "KafkaIO", "install_agent", "install_timers", "install_lifecycle"]
 
 
 def _value_bytes(event: Any) -> int:
@@ -133,17 +140,18 @@ class FaustConsumer:
         # seek_wait runs the seek on the consumer's own thread (aiokafka is not thread-safe) and waits for it
         await self.app.consumer.seek_wait({TP(self.topic, partition): offset})
 
+    def lags(self, last_offsets: dict[int, int]) -> dict[tuple[str, int], int]:
+        """Messages behind the end of each assigned input partition (the highwater of the last fetch), given
+        the last processed offset of each."""
+        return {(self.topic, p): max(0, (self.highwater(p) or 0) - 1 - last_offsets.get(p, -1))
+                for p in self.assigned_partitions()}
 
-def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink | None = None,
-              datadir: str | None = None, metrics: PipelineMetrics | None = None) -> tuple[faust.App, WorkerState]:
-    """Create the faust app, its topics, the agent, the sink flusher and the timers.
 
-    ``sink``: where rows go (:class:`~pipeline.sinks.protocol.Sink`: a
-    :class:`~pipeline.sinks.process.ProcessSink` or an in-process
-    :class:`~pipeline.sinks.clickhouse.ClickHouseSink`), or None to skip storage. ``metrics``: where to count
-    (:mod:`pipeline.metrics`; None: a private, unserved one).
-    """
-    topics = settings.topics
+def faust_app(settings: Settings, datadir: str | None = None) -> faust.App:
+    """The worker's faust app: in-memory tables, no web server, the broker options of
+    :func:`~pipeline.stream.runtime.faust_broker_kwargs`, fetches capped (``cap_fetch_wait``) and faust's
+    read-offset filter off (the :class:`~pipeline.stream.offsets.OffsetGate` orders the input instead).
+    ``datadir``: faust's directory (None: one per process under the temporary directory)."""
     if datadir is None:
         import tempfile
 
@@ -166,48 +174,51 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
         **faust_broker_kwargs(settings),
     )
     disable_read_offset_filter(app.consumer)  # the OffsetGate orders and de-duplicates input instead
-    state = WorkerState(processor=BatchProcessor.for_settings(settings, policy), sink=sink, last_batch_wall_s=time.monotonic())
-    requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
-    dead_letters = DeadLetterPublisher(topics.dlq, raw_budget(settings.producer_max_request_bytes))
-    install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
-    # overrides: applied by intake.emit before verdicts are published and stored (the lambdas resolve later)
-    control = install_control(app, state, settings, lambda out: intake.emit(out), lambda out: writer.store(out))
-    kafka = settings.kafka_bootstrap or ""
-    security = settings.kafka_security.aiokafka_kwargs
-    consumer = FaustConsumer(app, topics.requests)
+    return app
 
-    def consumer_lags() -> dict[tuple[str, int], int]:
-        """Messages behind the end of each assigned input partition (the highwater of the last fetch)."""
-        last = state.gate.last_offsets
-        return {(topics.requests, p): max(0, (consumer.highwater(p) or 0) - 1 - last.get(p, -1))
-                for p in consumer.assigned_partitions()}
 
-    metrics = metrics or PipelineMetrics()  # issue #21: counts the processor keeps are read at scrape time
-    metrics.track_worker(lambda: state.processor, consumer_lags, lambda: state.sink,
-                         lambda: getattr(state, "quality", None))
+class KafkaIO:
+    """What the worker reads from Kafka besides its input (the state topic, committed offsets) and sends to it
+    (verdicts, dead letters, snapshots), each send returning once Kafka acknowledged it."""
 
-    async def load_records() -> Any:
+    def __init__(self, app: faust.App, settings: Settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.topics = settings.topics
+        self.dead_letters = DeadLetterPublisher(self.topics.dlq, raw_budget(settings.producer_max_request_bytes))
+        self._kafka = settings.kafka_bootstrap or ""
+        self._security = settings.kafka_security.aiokafka_kwargs
+
+    async def load_records(self) -> Any:
+        """The state topic's latest snapshot record of each channel."""
         from pipeline.stream.state_topic import load_snapshot_records
 
-        return await load_snapshot_records(kafka, topics.state, security())
+        return await load_snapshot_records(self._kafka, self.topics.state, self._security())
 
-    async def load_starts(assigned: list[int]) -> dict[int, int]:
-        return await start_offsets(kafka, settings.consumer_group, topics.requests, assigned, security())
+    async def load_starts(self, assigned: list[int]) -> dict[int, int]:
+        """The committed offset of each assigned input partition."""
+        return await start_offsets(self._kafka, self.settings.consumer_group, self.topics.requests, assigned,
+                                   self._security())
 
-    async def publish(out: ProcessedBatch) -> None:
+    async def publish(self, out: ProcessedBatch) -> None:
         """Send the batch's verdicts and dead letters; returns once Kafka acknowledged them (a refused dead
         letter is sent again without its copy of the input, then counted as lost: never fatal). Overrides are
         applied before this, by :meth:`Intake.emit`."""
-        await send_and_wait(app.producer, topics.health, [(v.channel.encode(), encode(v), None) for v in out.verdicts])
-        await dead_letters.publish(app.producer, out.dead_letters)  # never raises for a refused dead letter
+        app = self.app
+        await send_and_wait(app.producer, self.topics.health,
+                            [(v.channel.encode(), encode(v), None) for v in out.verdicts])
+        await self.dead_letters.publish(app.producer, out.dead_letters)  # never raises for a refused dead letter
 
-    async def send_state(records: Any) -> None:
-        await send_and_wait(app.producer, topics.state, records)
+    async def send_state(self, records: Sequence[tuple[bytes, bytes, Any]]) -> None:
+        """Send snapshot records to the state topic; returns once Kafka acknowledged every one."""
+        await send_and_wait(self.app.producer, self.topics.state, records)
 
-    assignment = Assignment(state, consumer, load_records, load_starts, lambda: Engine(policy, settings.state_limits))
-    writer = SinkWriter(state, metrics)
-    intake = Intake(state, assignment, publish, writer, CHUNK_BYTES, control=control, metrics=metrics)
-    snapshots = SnapshotPublisher(state, send_state, lambda m: m.ack(app.consumer), assignment.current)
+
+def install_agent(app: faust.App, requests: Any, state: WorkerState, intake: Intake,
+                  tunables: StreamTunables) -> None:
+    """The input agent: batches of unacked messages (:func:`~pipeline.stream.take.batches`, never faust's
+    acking ``take``) into :meth:`Intake.handle`; waits while more than ``tunables.max_unacked_messages`` are
+    unacked; a failure that is not bad input crashes the app (offsets not committed)."""
 
     def backlog() -> bool:
         """The input is behind its log end by a batch or more: small batches may linger (see take)."""
@@ -224,7 +235,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
                 await intake.handle(events)
                 ended = time.perf_counter()
                 state.last_batch_wall_s = time.monotonic()
-                while state.ledger.unacked_messages > MAX_UNACKED_MESSAGES:
+                while state.checkpoint.ledger.unacked_messages > tunables.max_unacked_messages:
                     await asyncio.sleep(0.1)  # acks come with the next saved snapshot
         except asyncio.CancelledError:
             raise
@@ -233,36 +244,80 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
             await app.crash(exc)
             raise
 
+
+def install_timers(app: faust.App, state: WorkerState, writer: SinkWriter, checkpoint: Checkpoint, intake: Intake,
+                   tunables: StreamTunables) -> None:
+    """The background loops: the sink's flusher (each write followed by :meth:`Checkpoint.after_write`), the
+    snapshot tick and the status line every ``snapshot_interval_s``, the idle clock every ``idle_step_ms``."""
+
     @app.task
     async def flusher() -> None:
-        await writer.run(after_flush=snapshots.save_soon)  # the save runs beside the next writes
+        await writer.run(after_flush=checkpoint.after_write)  # the save runs beside the next writes
 
-    @app.timer(interval=SNAPSHOT_INTERVAL_S)
+    @app.timer(interval=tunables.snapshot_interval_s)
     async def periodic_snapshot() -> None:
-        await snapshots.tick()
+        await checkpoint.tick()
 
-    @app.timer(interval=SNAPSHOT_INTERVAL_S)
+    @app.timer(interval=tunables.snapshot_interval_s)
     async def status_log() -> None:
         """One status line (also while the agent waits for a full buffer to drain)."""
         log.info("status: %s", state.status_line())
 
-    @app.timer(interval=IDLE_STEP_MS / 1000)
+    @app.timer(interval=tunables.idle_step_ms / 1000)
     async def idle_advance() -> None:
         await intake.advance_idle(now_ms=int(time.time() * 1000))
+
+
+def install_lifecycle(app: faust.App, assignment: Assignment, checkpoint: Checkpoint) -> None:
+    """Rebalance and stop: on revocation no more snapshots or acks; on shutdown the whole commit protocol."""
 
     @app.on_partitions_revoked.connect
     async def on_revoked(sender: Any, revoked: Any = None, **kwargs: Any) -> None:
         """Another member may own these channels now: stop snapshots and acks until the next reset."""
         assignment.revoked()
-        if state.snap_lock is not None:
-            async with state.snap_lock:
-                pass  # a snapshot already being published lands before the group moves on
+        await checkpoint.settle()  # a snapshot already being published lands before the group moves on
 
     @app.on_before_shutdown.connect
     async def on_shutdown(sender: Any, **kwargs: Any) -> None:
         """Graceful stop: write what is buffered, save a snapshot, ack and commit (bounded time)."""
-        await drain(state, writer, snapshots, lambda: app.consumer.commit(), DRAIN_TIMEOUT_S)
+        await checkpoint.commit()
 
+
+def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink | None = None,
+              datadir: str | None = None, metrics: PipelineMetrics | None = None) -> tuple[faust.App, WorkerState]:
+    """Create the faust app, its topics, the agent, the sink flusher and the timers.
+
+    ``sink``: where rows go (:class:`~pipeline.sinks.protocol.Sink`: a
+    :class:`~pipeline.sinks.process.ProcessSink` or an in-process
+    :class:`~pipeline.sinks.clickhouse.ClickHouseSink`), or None to skip storage. ``metrics``: where to count
+    (:mod:`pipeline.metrics`; None: a private, unserved one).
+    """
+    topics, tunables = settings.topics, settings.stream
+    app = faust_app(settings, datadir)
+    state = WorkerState(processor=BatchProcessor.for_settings(settings, policy), sink=sink, last_batch_wall_s=time.monotonic())
+    requests = app.topic(topics.requests, key_serializer="raw", value_serializer="raw")
+    kafka = KafkaIO(app, settings)
+    install_quality(app, state, settings)  # SPEC §4.5 sampler + scoring task (no-op without torch)
+    # overrides: applied by intake.emit before verdicts are published and stored (the lambdas resolve later)
+    control = install_control(app, state, settings, lambda out: intake.emit(out), lambda out: writer.store(out))
+    consumer = FaustConsumer(app, topics.requests)
+
+    metrics = metrics or PipelineMetrics()  # issue #21: counts the processor keeps are read at scrape time
+    metrics.track_worker(lambda: state.processor, lambda: consumer.lags(state.assignment.gate.last_offsets),
+                         lambda: state.sink, lambda: getattr(state, "quality", None))
+
+    assignment = Assignment(state, consumer, kafka.load_records, kafka.load_starts,
+                            lambda: Engine(policy, settings.state_limits))
+    writer = SinkWriter(state, metrics, tunables)
+    intake = Intake(state, assignment, kafka.publish, writer, CHUNK_BYTES, control=control, metrics=metrics,
+                    tunables=tunables)
+    snapshots = SnapshotPublisher(state, kafka.send_state, lambda m: m.ack(app.consumer), assignment.current,
+                                  tunables)
+    checkpoint = Checkpoint(state, writer, snapshots, lambda: app.consumer.commit(), tunables)
+
+    install_agent(app, requests, state, intake, tunables)
+    install_timers(app, state, writer, checkpoint, intake, tunables)
+    install_lifecycle(app, assignment, checkpoint)
     return app, state
 
 

@@ -134,8 +134,9 @@ def install_control(app: Any, state: Any, settings: Settings,
                     if out.verdicts:
                         await publish(out)
                         await store(out)
-                        state.ledger.add_batch([])  # as idle rounds: the rows are tracked, the seq snapshotted
-                        state.dirty = True
+                        # as idle rounds: the rows are tracked, the seq snapshotted
+                        state.checkpoint.ledger.add_batch([])
+                        state.checkpoint.dirty = True
                     write_audit(hook, state.sink)
         except asyncio.CancelledError:
             raise

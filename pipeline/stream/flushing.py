@@ -3,11 +3,12 @@
 The worker's agent hands every processed batch to :meth:`SinkWriter.store`
 (rows into the sink's bounded buffer; while a buffer is full it waits for a
 flush, so the agent takes no input meanwhile); :meth:`SinkWriter.run` is the
-flusher task: it writes the buffer about every ``FLUSH_INTERVAL_S``, sooner
+flusher task: it writes the buffer about every ``flush_interval_s``
+(:class:`~pipeline.config.StreamTunables`), sooner
 when kicked (a buffer a quarter full, input consumed to its end), retrying a
 failed write with backoff while verdicts keep flowing; after each successful
 write it tells the delivery ledger which batches' rows are written and calls
-``after_flush`` (the snapshot publisher, :mod:`pipeline.stream.snapshots`).
+``after_flush`` (the next step of the commit protocol, :mod:`pipeline.stream.checkpoint`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
+from pipeline.config import StreamTunables
 from pipeline.sinks.buffer import FLUSH_SHARE
 from pipeline.sinks.errors import SinkBackpressure
 from pipeline.engine.batch import ProcessedBatch
@@ -24,11 +26,6 @@ from pipeline.stream.worker_state import WorkerState
 
 log = logging.getLogger("channel_health.worker")
 
-#: How often buffered rows are written to ClickHouse (s); sooner once a buffer is a quarter full.
-FLUSH_INTERVAL_S = 1.0
-#: Retry delays of a failing ClickHouse write (s): first, and the cap of the doubling.
-FLUSH_BACKOFF_MIN_S = 0.5
-FLUSH_BACKOFF_MAX_S = 2.0
 
 
 class SinkWriter:
@@ -36,22 +33,23 @@ class SinkWriter:
     :class:`~pipeline.sinks.protocol.Sink`, or None to store nothing).
 
     Shares its counters with the worker through ``state``
-    (:class:`~pipeline.stream.worker_state.WorkerState`: ``rows_written``,
-    ``sink_failures``, ``sink_down_since``, ``peak_pending_rows``,
-    ``backpressure_waits``, ``intake_paused``, ``wall_s["backpressure"]``,
-    the ``ledger``); call ``state.init_sync()`` on the event loop first.
+    (:class:`~pipeline.stream.worker_state.WorkerState`: its ``writes``
+    (:class:`~pipeline.stream.worker_state.SinkWrites`), ``wall_s["backpressure"]``
+    and ``checkpoint.ledger``); call ``state.init_sync()`` on the event loop first.
     ``metrics``: a :class:`~pipeline.metrics.PipelineMetrics` that observes
-    each write and counts failed ones (None: nothing observed).
+    each write and counts failed ones (None: nothing observed). ``tunables``: the flush interval and
+    backoff (:class:`~pipeline.config.StreamTunables`).
     """
 
-    def __init__(self, state: WorkerState, metrics: Any = None) -> None:
+    def __init__(self, state: WorkerState, metrics: Any = None, tunables: StreamTunables = StreamTunables()) -> None:
         self.state = state
         self.metrics = metrics
+        self.tunables = tunables
 
     def kick(self) -> None:
         """Have the flusher write now instead of at the next interval."""
-        if self.state.flush_kick is not None:
-            self.state.flush_kick.set()
+        if self.state.writes.flush_kick is not None:
+            self.state.writes.flush_kick.set()
 
     async def store(self, out: ProcessedBatch) -> None:
         """Put the batch's rows in the sink's buffer (written by the flusher).
@@ -74,12 +72,12 @@ class SinkWriter:
                     add(rows)
                     break
                 except SinkBackpressure as exc:
-                    state.backpressure_waits += 1
-                    if state.backpressure_waits == 1 or state.backpressure_waits % 50 == 0:
+                    state.writes.backpressure_waits += 1
+                    if state.writes.backpressure_waits == 1 or state.writes.backpressure_waits % 50 == 0:
                         log.warning("sink buffer full (%s); not taking input until it drains", exc)
                     await self.wait_flushed()
             pending = sink.pending_rows
-            state.peak_pending_rows = max(state.peak_pending_rows, pending)
+            state.writes.peak_pending_rows = max(state.writes.peak_pending_rows, pending)
             if pending * FLUSH_SHARE >= sink.max_rows:
                 self.kick()
                 await asyncio.sleep(0)  # let the flusher start now: the agent may not yield before the buffer is full
@@ -87,15 +85,15 @@ class SinkWriter:
     async def wait_flushed(self) -> None:
         """Kick the flusher and wait for its next successful write (intake paused meanwhile)."""
         state = self.state
-        assert state.flushed is not None and state.flush_kick is not None
-        state.flushed.clear()
-        state.flush_kick.set()
-        state.intake_paused = True
+        assert state.writes.flushed is not None and state.writes.flush_kick is not None
+        state.writes.flushed.clear()
+        state.writes.flush_kick.set()
+        state.writes.intake_paused = True
         started = time.perf_counter()
         try:
-            await state.flushed.wait()
+            await state.writes.flushed.wait()
         finally:
-            state.intake_paused = False
+            state.writes.intake_paused = False
             state.wall_s["backpressure"] += time.perf_counter() - started
 
     async def flush_once(self) -> bool:
@@ -105,15 +103,15 @@ class SinkWriter:
         counts the failure and returns False; nothing is marked written.
         """
         state = self.state
-        assert state.flushed is not None
-        target = state.ledger.added
+        assert state.writes.flushed is not None
+        target = state.checkpoint.ledger.added
         sink = state.sink
         if sink is None or sink.pending_rows == 0:
-            state.ledger.flushed_up_to(target)
-            state.flushed.set()
+            state.checkpoint.ledger.flushed_up_to(target)
+            state.writes.flushed.set()
             return True
         pending = sink.pending_rows
-        state.peak_pending_rows = max(state.peak_pending_rows, pending)
+        state.writes.peak_pending_rows = max(state.writes.peak_pending_rows, pending)
         try:
             started = time.perf_counter()
             written = await asyncio.to_thread(sink.flush)
@@ -122,45 +120,46 @@ class SinkWriter:
         except Exception as exc:  # SinkWriteError and transport errors: keep the rows, retry, ack nothing
             if self.metrics is not None:
                 self.metrics.sink_write_failures_total.inc()
-            state.sink_failures += 1
-            if state.sink_down_since is None:
-                state.sink_down_since = time.monotonic()
-            if state.sink_failures == 1 or state.sink_failures % 10 == 0:
+            state.writes.sink_failures += 1
+            if state.writes.sink_down_since is None:
+                state.writes.sink_down_since = time.monotonic()
+            if state.writes.sink_failures == 1 or state.writes.sink_failures % 10 == 0:
                 log.warning("ClickHouse write failed (%d in a row, %d rows buffered): %s; retrying with backoff, "
                             "verdicts keep flowing, offsets not committed",
-                            state.sink_failures, pending, exc)
+                            state.writes.sink_failures, pending, exc)
             return False
-        state.rows_written += written
-        if state.sink_down_since is not None:
+        state.writes.rows_written += written
+        if state.writes.sink_down_since is not None:
             log.warning("ClickHouse writes recovered after %.1f s (%d failed attempts); %d buffered rows written",
-                        time.monotonic() - state.sink_down_since, state.sink_failures, written)
-        state.sink_failures = 0
-        state.sink_down_since = None
-        state.ledger.flushed_up_to(target)
-        state.flushed.set()
+                        time.monotonic() - state.writes.sink_down_since, state.writes.sink_failures, written)
+        state.writes.sink_failures = 0
+        state.writes.sink_down_since = None
+        state.checkpoint.ledger.flushed_up_to(target)
+        state.writes.flushed.set()
         return True
 
     async def run(self, after_flush: Callable[[], Awaitable[None] | None]) -> None:
-        """The flusher: write every ``FLUSH_INTERVAL_S`` or when kicked; back off after a failure
-        (``FLUSH_BACKOFF_MIN_S`` doubling to ``FLUSH_BACKOFF_MAX_S``); ``after_flush`` after each success
+        """The flusher: write every ``flush_interval_s`` or when kicked; back off after a failure
+        (``flush_backoff_min_s`` doubling to ``flush_backoff_max_s``); ``after_flush`` after each success
         (awaited if it returns an awaitable: the worker's starts the snapshot save in a task of its own,
         so a save never holds the next write).
         Runs until cancelled."""
         state = self.state
         state.init_sync()
-        assert state.flush_kick is not None
-        backoff = FLUSH_BACKOFF_MIN_S
+        assert state.writes.flush_kick is not None
+        tun = self.tunables
+        backoff = tun.flush_backoff_min_s
         while True:
             try:
-                await asyncio.wait_for(state.flush_kick.wait(), FLUSH_INTERVAL_S)
+                await asyncio.wait_for(state.writes.flush_kick.wait(), tun.flush_interval_s)
             except asyncio.TimeoutError:
                 pass
-            state.flush_kick.clear()
+            state.writes.flush_kick.clear()
             if await self.flush_once():
-                backoff = FLUSH_BACKOFF_MIN_S
+                backoff = tun.flush_backoff_min_s
                 pending = after_flush()
                 if pending is not None:
                     await pending
             else:
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, FLUSH_BACKOFF_MAX_S)
+                backoff = min(backoff * 2, tun.flush_backoff_max_s)

@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
+from pipeline.config import StreamTunables
 from pipeline.engine import Engine
 from pipeline.stream.flushing import SinkWriter
 from pipeline.stream.offsets import MAX_SEEKS, OffsetGate
@@ -30,11 +31,6 @@ from pipeline.engine.batch import ProcessedBatch
 from pipeline.stream.worker_state import WorkerState, byte_chunks
 
 log = logging.getLogger("channel_health.worker")
-
-#: Wall-clock idle time after which event time advances on its own (s).
-IDLE_ADVANCE_AFTER_S = 10.0
-#: Event time added per idle round (ms): the idle timer's interval.
-IDLE_STEP_MS = 5_000
 
 
 class ConsumerView(Protocol):
@@ -81,8 +77,8 @@ class Assignment:
     def current(self) -> bool:
         """The processor's state belongs to the live assignment (snapshots and acks allowed)."""
         state = self.state
-        return (state.generation is not None and not state.stale
-                and state.generation == self.consumer.generation_id)
+        return (state.assignment.generation is not None and not state.assignment.stale
+                and state.assignment.generation == self.consumer.generation_id)
 
     async def reset(self, generation: int | None) -> None:
         """Start over for a new assignment: fresh engine, snapshots reloaded (call under ``state.lock``)."""
@@ -91,32 +87,33 @@ class Assignment:
         records = await self.load_records()
         assigned = self.consumer.assigned_partitions()
         starts = await self.load_starts(assigned)
-        state.gate = OffsetGate(starts)
-        state.skipped_logged = 0
+        state.assignment.gate = OffsetGate(starts)
+        state.assignment.skipped_logged = 0
         state.processor.reset(self.new_engine())
         restored = state.processor.load_snapshots(records, assigned)
-        state.ledger.clear()
-        state.generation = generation
-        state.stale = False
-        state.dirty = False
-        state.restored = True
-        state.resets += 1
-        state.reset_s = time.monotonic() - started
+        state.checkpoint.ledger.clear()
+        state.assignment.generation = generation
+        state.assignment.stale = False
+        state.checkpoint.dirty = False
+        state.assignment.restored = True
+        state.assignment.resets += 1
+        state.assignment.reset_s = time.monotonic() - started
         log.warning("worker ready (generation %s): %d channel snapshots read, %d of them (the assigned partitions' "
                     "channels) restored, in %.2f s; input partitions %s from offsets %s", generation, len(records),
-                    restored, state.reset_s, assigned, starts)
+                    restored, state.assignment.reset_s, assigned, starts)
 
     async def ensure(self) -> bool:
         """For the timers: reset once a new assignment is complete; True when the state is current
         (under ``state.lock``)."""
         gen = self.consumer.generation_id
-        if self.state.generation != gen and not self.consumer.rebalancing and self.consumer.assigned_partitions():
+        if (self.state.assignment.generation != gen and not self.consumer.rebalancing
+                and self.consumer.assigned_partitions()):
             await self.reset(gen)
         return self.current()
 
     def revoked(self) -> None:
         """Partitions were revoked: another member may own these channels now (no snapshots, no acks)."""
-        self.state.stale = True
+        self.state.assignment.stale = True
 
 
 class Intake:
@@ -128,12 +125,13 @@ class Intake:
     operators' overrides (:class:`~pipeline.stream.control_agent.ControlHook`,
     its ``apply`` runs on every batch's verdicts before they are published and
     stored; None: none); ``metrics``: a :class:`~pipeline.metrics.PipelineMetrics`
-    that observes batches and verdicts (None: nothing observed).
+    that observes batches and verdicts (None: nothing observed); ``tunables``: the idle clock's timings
+    (:class:`~pipeline.config.StreamTunables`).
     """
 
     def __init__(self, state: WorkerState, assignment: Assignment,
                  publish: Callable[[ProcessedBatch], Awaitable[None]], writer: SinkWriter, chunk_bytes: int,
-                 control: Any = None, metrics: Any = None) -> None:
+                 control: Any = None, metrics: Any = None, tunables: StreamTunables = StreamTunables()) -> None:
         self.state = state
         self.assignment = assignment
         self.consumer = assignment.consumer
@@ -142,6 +140,7 @@ class Intake:
         self.chunk_bytes = chunk_bytes
         self.control = control
         self.metrics = metrics
+        self.tunables = tunables
         #: Messages between the last processed offset and the log end, over the assigned input
         #: partitions, as of the last batch (fetched highwater marks; 0 before the first batch).
         self.lag_messages = 0
@@ -160,10 +159,10 @@ class Intake:
         assert state.lock is not None
         async with state.lock:
             gen = self.consumer.generation_id
-            if state.generation != gen:
+            if state.assignment.generation != gen:
                 await self.assignment.reset(gen)  # messages of a new assignment: start over from the state topic
-            elif state.stale:
-                state.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
+            elif state.assignment.stale:
+                state.assignment.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
                 return
             fresh = await self._admit(events)
             if not fresh:
@@ -171,8 +170,9 @@ class Intake:
             self._update_partition_status()
             for chunk in byte_chunks(fresh, self.chunk_bytes):
                 await self._process(chunk)
-            state.ledger.add_batch(e.message for e in fresh)  # acked once rows are written and a snapshot covers it
-            state.dirty = True
+            # acked once rows are written and a snapshot covers it
+            state.checkpoint.ledger.add_batch(e.message for e in fresh)
+            state.checkpoint.dirty = True
             caught_up = state.processor.caught_up
             if caught_up and all(caught_up.values()):
                 self.writer.kick()  # input consumed to its end: write the rows now, not at the next interval
@@ -182,21 +182,22 @@ class Intake:
         state = self.state
         fresh = []
         gaps: set[int] = set()
-        gate = state.gate
+        gate = state.assignment.gate
         for e in events:
             msg = e.message
-            decision = gate.check(msg.partition, msg.offset) if msg.generation_id == state.generation else "old"
+            current = msg.generation_id == state.assignment.generation
+            decision = gate.check(msg.partition, msg.offset) if current else "old"
             if decision == "accept":
                 fresh.append(e)
                 continue
-            state.dropped_stale_messages += 1  # delivered again (old generation, duplicate or before a seek)
+            state.assignment.dropped_stale_messages += 1  # delivered again (old generation, duplicate or before a seek)
             if decision == "gap":
                 gaps.add(msg.partition)
         for p in sorted(gaps):
             await self._seek_back(p)
-        while len(gate.skipped_starts) > state.skipped_logged:
-            p, start, first = gate.skipped_starts[state.skipped_logged]
-            state.skipped_logged += 1
+        while len(gate.skipped_starts) > state.assignment.skipped_logged:
+            p, start, first = gate.skipped_starts[state.assignment.skipped_logged]
+            state.assignment.skipped_logged += 1
             log.error("input partition %d: no record at committed offset %d after %d seeks; continuing at %d "
                       "(offsets in between are absent from the log, e.g. transaction markers)",
                       p, start, MAX_SEEKS, first)
@@ -223,7 +224,7 @@ class Intake:
 
     async def _seek_back(self, partition: int) -> None:
         """Re-read an unsynced partition from its start offset (see :mod:`pipeline.stream.offsets`)."""
-        offset = self.state.gate.want_seek(partition)
+        offset = self.state.assignment.gate.want_seek(partition)
         if offset is None:
             return
         log.warning("input partition %d: records after offset %d arrived before it (fetched before the seek "
@@ -236,26 +237,26 @@ class Intake:
         parts = self.consumer.assigned_partitions()
         if not parts:
             return
-        last = self.state.gate.last_offsets
+        last = self.state.assignment.gate.last_offsets
         lag = {p: (self.consumer.highwater(p) or 0) - last.get(p, -1) - 1 for p in parts}
         self.lag_messages = sum(n for n in lag.values() if n > 0)
         self.state.processor.set_partition_status({p: n <= 0 for p, n in lag.items()})
 
     async def advance_idle(self, now_ms: int) -> None:
-        """The idle timer: after ``IDLE_ADVANCE_AFTER_S`` without input, advance event time by
-        ``IDLE_STEP_MS`` (never past ``now_ms``, wall clock UTC epoch ms) and emit what that decides."""
+        """The idle timer: after ``tunables.idle_advance_after_s`` without input, advance event time by
+        ``tunables.idle_step_ms`` (never past ``now_ms``, wall clock UTC epoch ms) and emit what that decides."""
         state = self.state
-        if state.lock is None or time.monotonic() - state.last_batch_wall_s < IDLE_ADVANCE_AFTER_S:
+        if state.lock is None or time.monotonic() - state.last_batch_wall_s < self.tunables.idle_advance_after_s:
             return
         async with state.lock:
             if not await self.assignment.ensure():
                 return
-            verdicts = state.processor.advance_idle(IDLE_STEP_MS, now_ms=now_ms)
+            verdicts = state.processor.advance_idle(self.tunables.idle_step_ms, now_ms=now_ms)
             if verdicts:
                 out = ProcessedBatch(verdicts=verdicts)
                 await self.emit(out)
                 if self.metrics is not None:
                     self.metrics.observe_verdicts(out.verdicts)
                 await self.writer.store(out)
-                state.ledger.add_batch([])
-                state.dirty = True
+                state.checkpoint.ledger.add_batch([])
+                state.checkpoint.dirty = True

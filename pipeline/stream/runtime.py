@@ -181,7 +181,7 @@ async def send_and_wait(producer: Any, topic: str, records: Iterable[Record]) ->
     return len(futures)
 
 
-#: Longest stop of a worker process, from the signal to its exit (s): the drain (``DRAIN_TIMEOUT_S``) and
+#: Longest stop of a worker process, from the signal to its exit (s): the drain (``drain_timeout_s``) and
 #: faust's own shutdown. Below the 10 s within which a stop must be complete (issue #17) and Kubernetes'
 #: 30 s grace period.
 STOP_LIMIT_S = 8.0

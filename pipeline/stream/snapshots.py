@@ -1,8 +1,8 @@
 """Channel snapshots to the state topic and the acks they allow: :class:`SnapshotPublisher` (no faust in here).
 
-Every ``SNAPSHOT_INTERVAL_S`` the state of the channels changed since their
-last capture is captured, with a rotating share of the others so that each
-channel is re-published at least every ``REFRESH_EVERY_CAPTURES`` captures
+Every ``snapshot_interval_s`` (:class:`~pipeline.config.StreamTunables`) the state of the
+channels changed since their last capture is captured, with a rotating share of the others
+so that each channel is re-published at least every ``refresh_every_captures`` captures
 (:meth:`SnapshotPublisher.capture`, in slices of channels with the agent's
 batches in between; :mod:`pipeline.engine.capture` says why a clean channel's
 older record still restores exactly); once every row of the batches before its last slice is
@@ -13,33 +13,20 @@ are the messages of the batches before its first slice acked
 so that it never holds the flusher). Nothing is saved or
 acked while the processor's state does not belong to the live assignment
 (``is_current``), nor when a rebalance came in while the snapshot was sent.
-:func:`drain` is the graceful stop: last flush, snapshot and commit.
+Where these steps sit in the commit protocol (sink flush, snapshot, ack,
+offset commit) is :mod:`pipeline.stream.checkpoint`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from pipeline.stream.flushing import FLUSH_BACKOFF_MIN_S, SinkWriter
+from pipeline.config import StreamTunables
 from pipeline.stream.worker_state import WorkerState
 
 log = logging.getLogger("channel_health.worker")
-
-#: How often channel state is snapshotted and input offsets acked (s).
-SNAPSHOT_INTERVAL_S = 5.0
-#: Channels copied per turn of the lock (:meth:`SnapshotPublisher.capture`): at ~0.1-0.5 ms per channel on the
-#: bench workload, a slice holds the event loop ~10-50 ms, below one evaluation round.
-CAPTURE_SLICE_CHANNELS = 100
-#: Every channel's record is re-published at least every this many captures, changed or not (60 ×
-#: ``SNAPSHOT_INTERVAL_S`` = 5 min): a restore never depends on records older than that, and a state topic
-#: without compaction (the embedded broker) keeps recent records of every channel. Cost: 1/60 of the
-#: channels per capture.
-REFRESH_EVERY_CAPTURES = 60
-#: Longest graceful drain on shutdown (s), within the stop limit of the worker (``runtime.STOP_LIMIT_S``).
-DRAIN_TIMEOUT_S = 5.0
 
 #: ``(key, value, headers)`` records to send and wait for (``runtime.send_and_wait`` on the state topic).
 SendRecords = Callable[[Sequence[tuple[bytes, bytes, Any]]], Awaitable[None]]
@@ -62,12 +49,14 @@ class SnapshotPublisher:
     ``state.init_sync()``); ``send``: sends records to the state topic and
     returns once Kafka acknowledged them; ``ack``: acknowledges one input
     message (faust: ``message.ack(consumer)``); ``is_current``: whether the
-    processor's state belongs to the live assignment.
+    processor's state belongs to the live assignment; ``tunables``: the capture's slice size and
+    refresh share (:class:`~pipeline.config.StreamTunables`).
     """
 
     def __init__(self, state: WorkerState, send: SendRecords, ack: Callable[[Any], None],
-                 is_current: Callable[[], bool]) -> None:
+                 is_current: Callable[[], bool], tunables: StreamTunables = StreamTunables()) -> None:
         self.state = state
+        self.tunables = tunables
         self.send = send
         self.ack = ack
         self.is_current = is_current
@@ -80,11 +69,11 @@ class SnapshotPublisher:
     async def capture(self) -> None:
         """Capture the changed channels' state (published once its rows are written), in slices between batches.
 
-        Under the lock the state is only copied, :data:`CAPTURE_SLICE_CHANNELS`
+        Under the lock the state is only copied, ``tunables.capture_slice_channels``
         channels at a time, and the lock is released between slices, so the
         agent's next batch runs in between instead of after the whole copy
         (1,000 channels: 120-460 ms on the event loop in one piece, which held
-        up every verdict each ``SNAPSHOT_INTERVAL_S``, issue #15). Each record
+        up every verdict each ``snapshot_interval_s``, issue #15). Each record
         carries the input offsets processed when its slice was copied (a restart
         skips exactly what each channel holds); the messages released for acking
         are those of the batches before the first slice, which every slice
@@ -93,7 +82,7 @@ class SnapshotPublisher:
         rebalance during the capture abandons it (captured again later).
 
         Only channels flagged changed since their last capture are copied, and
-        the refresh share (:data:`REFRESH_EVERY_CAPTURES`); a capture that is not
+        the refresh share (``tunables.refresh_every_captures``); a capture that is not
         published hands its channels back (:meth:`_release`). The acked batches
         changed only flagged channels, each copied in its slice after them.
         """
@@ -103,17 +92,18 @@ class SnapshotPublisher:
             self._capture_lock = asyncio.Lock()
         async with self._capture_lock:  # one capture at a time (the timer's and a drain's)
             async with state.lock:
-                if not state.dirty or state.ledger.pending_snapshot_seq is not None or not self.is_current():
+                ck = state.checkpoint
+                if not ck.dirty or ck.ledger.pending_snapshot_seq is not None or not self.is_current():
                     return
-                generation, epoch, covers = state.generation, state.ledger.epoch, state.ledger.added
-                state.dirty = False
+                generation, epoch, covers = state.assignment.generation, ck.ledger.epoch, ck.ledger.added
+                state.checkpoint.dirty = False
             parts: list = []  # each slice's Capture (encoded in a thread once all are copied)
-            self._parts, phase = parts, self.captures % REFRESH_EVERY_CAPTURES
+            self._parts, phase = parts, self.captures % self.tunables.refresh_every_captures
             self.captures += 1
             try:
                 await self._capture_slices(generation, epoch, covers, parts, phase)
             except BaseException:  # cancelled (a drain's timeout) or failed: nothing taken, capture again later
-                if state.ledger.pending_snapshot_seq is None:
+                if state.checkpoint.ledger.pending_snapshot_seq is None:
                     self._release()
                 raise
 
@@ -122,7 +112,7 @@ class SnapshotPublisher:
         for part in self._parts:
             part.release()
         self._parts = []
-        self.state.dirty = True
+        self.state.checkpoint.dirty = True
 
     async def _capture_slices(self, generation: int | None, epoch: int, covers: int, parts: list,
                               phase: int) -> None:
@@ -132,15 +122,18 @@ class SnapshotPublisher:
         start = 0
         while True:
             async with state.lock:
-                if state.generation != generation or state.ledger.epoch != epoch or not self.is_current():
+                if (state.assignment.generation != generation or state.checkpoint.ledger.epoch != epoch
+                        or not self.is_current()):
                     self._release()
                     return
-                stop = start + CAPTURE_SLICE_CHANNELS
-                parts.append(state.processor.snapshot_capture(state.gate.last_offsets, start, stop, changed_only=True,
-                                                              refresh_every=REFRESH_EVERY_CAPTURES,
+                stop = start + self.tunables.capture_slice_channels
+                parts.append(state.processor.snapshot_capture(state.assignment.gate.last_offsets, start, stop,
+                                                              changed_only=True,
+                                                              refresh_every=self.tunables.refresh_every_captures,
                                                               refresh_phase=phase))
                 if stop >= state.processor.channel_count:
-                    state.ledger.snapshot_taken((generation, asyncio.ensure_future(_encoded(parts))), covers=covers)
+                    state.checkpoint.ledger.snapshot_taken((generation, asyncio.ensure_future(_encoded(parts))),
+                                                           covers=covers)
                     return
             start = stop
             await asyncio.sleep(0)  # a batch waiting for the lock runs now (asyncio.Lock serves waiters first)
@@ -153,27 +146,27 @@ class SnapshotPublisher:
         from pipeline.stream.state_topic import snapshot_headers
 
         state = self.state
-        assert state.snap_lock is not None
-        async with state.snap_lock:
-            ready = state.ledger.ready_snapshot()
+        assert state.checkpoint.snap_lock is not None
+        async with state.checkpoint.snap_lock:
+            ready = state.checkpoint.ledger.ready_snapshot()
             if ready is None:
                 return
             generation, encoding = ready
-            if generation != state.generation or not self.is_current():
-                state.ledger.drop_snapshot()
+            if generation != state.assignment.generation or not self.is_current():
+                state.checkpoint.ledger.drop_snapshot()
                 self._release()
                 return
-            epoch = state.ledger.epoch
+            epoch = state.checkpoint.ledger.epoch
             records = await encoding  # encoded in a thread since the capture; raises what the encoding raised
             await self.send([(name.encode(), blob, snapshot_headers(offs, part))
                              for name, blob, offs, part in records])
-            if epoch != state.ledger.epoch or not self.is_current():
+            if epoch != state.checkpoint.ledger.epoch or not self.is_current():
                 return  # a rebalance came in between: ack nothing of the old assignment
             self._parts = []  # published: nothing to hand back
-            for m in state.ledger.snapshot_saved():
+            for m in state.checkpoint.ledger.snapshot_saved():
                 self.ack(m)
-                state.acked_messages += 1
-            state.snapshots_written += 1 if records else 0
+                state.checkpoint.acked_messages += 1
+            state.checkpoint.snapshots_written += 1 if records else 0
 
     def save_soon(self) -> None:
         """Start :meth:`try_save` in a task of its own, unless one is still running; returns at once.
@@ -193,7 +186,7 @@ class SnapshotPublisher:
             raise
         except Exception as exc:  # Kafka refused the snapshot: nothing acked, tried again later
             log.warning("saving the state snapshot failed (%s: %s); will retry", type(exc).__name__, exc)
-            self.state.ledger.drop_snapshot()
+            self.state.checkpoint.ledger.drop_snapshot()
             self._release()  # capture its channels again
 
     async def tick(self) -> None:
@@ -203,38 +196,3 @@ class SnapshotPublisher:
         await self.capture()
         await self.try_save()
 
-
-async def drain(state: WorkerState, writer: SinkWriter, snapshots: SnapshotPublisher,
-                commit: Callable[[], Awaitable[Any]], timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
-    """Graceful stop: write what is buffered, save a snapshot, ack and ``commit`` within ``timeout_s``.
-
-    Returns True when everything was written, saved and committed; False
-    (logged) otherwise, never raises: unacked input is re-read after a
-    restart. Does nothing (False) when the state is not the live assignment's.
-    """
-    if state.lock is None or not snapshots.is_current():
-        return False
-    deadline = time.monotonic() + timeout_s
-
-    def left() -> float:
-        return max(0.1, deadline - time.monotonic())
-
-    async def flush_and_save() -> None:
-        while not await writer.flush_once():
-            if time.monotonic() >= deadline:
-                raise TimeoutError("ClickHouse still failing")
-            await asyncio.sleep(min(FLUSH_BACKOFF_MIN_S, left()))
-        await asyncio.wait_for(snapshots.save(), left())
-
-    try:
-        await flush_and_save()  # a snapshot captured earlier
-        await asyncio.wait_for(snapshots.capture(), left())
-        await flush_and_save()
-        await commit()
-        log.warning("drained: %d rows written, %d messages acked, %d left unacked (re-read on restart)",
-                    state.rows_written, state.acked_messages, state.ledger.unacked_messages)
-        return True
-    except Exception as exc:  # never block the shutdown; unacked input is re-read after a restart
-        log.warning("drain at shutdown incomplete (%s: %s); unacked input is re-read on restart",
-                    type(exc).__name__, exc)
-        return False

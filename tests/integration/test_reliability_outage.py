@@ -32,7 +32,7 @@ CHANNELS = {f"prov{i}/model@paid": ("chat" if i % 2 else "embed") for i in range
 LIVE_S = 20.0         # wall seconds of live traffic while ClickHouse is down
 MAX_ROWS = 6_000      # per-table buffer bound (CHANNEL_HEALTH_SINK_MAX_ROWS)
 SPEED = 20.0          # event time per wall time: LIVE_S of traffic is 400 s of event time
-HELD_STATUSES = 2     # status lines (5 s apart, SNAPSHOT_INTERVAL_S) after the intake paused, none with progress
+HELD_STATUSES = 2     # status lines (5 s apart, snapshot_interval_s) after the intake paused, none with progress
 
 
 @pytest.fixture

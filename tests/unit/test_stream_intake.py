@@ -1,7 +1,7 @@
 """The worker's stream layer without faust: intake, flushing, snapshots and the Sink contract.
 
-:mod:`pipeline.stream.intake`, :mod:`pipeline.stream.flushing` and
-:mod:`pipeline.stream.snapshots` driven by fakes of the Kafka consumer, the
+:mod:`pipeline.stream.intake`, :mod:`pipeline.stream.flushing`,
+:mod:`pipeline.stream.snapshots` and :mod:`pipeline.stream.checkpoint` driven by fakes of the Kafka consumer, the
 producer and the sink (the faust wiring itself is covered by the worker
 integration tests).
 """
@@ -25,7 +25,9 @@ from pipeline.sinks.protocol import Sink
 from pipeline.stream.flushing import SinkWriter
 from pipeline.stream.intake import Assignment, Intake
 from pipeline.engine.batch import BatchProcessor, ProcessedBatch
-from pipeline.stream.snapshots import SnapshotPublisher, drain
+from pipeline.config import StreamTunables
+from pipeline.stream.checkpoint import Checkpoint
+from pipeline.stream.snapshots import SnapshotPublisher
 from pipeline.stream.worker_state import WorkerState
 
 NOW_MS = int(time.time() * 1000)
@@ -152,11 +154,11 @@ def test_intake_processes_a_first_batch_and_records_it_for_acking() -> None:
     state, assignment, intake, _, published = _worker(sink)
     events = _events([_raw(1), _raw(2, missing_fields=["a"]), b"not json"])
     asyncio.run(intake.handle(events))
-    assert state.generation == 1 and state.resets == 1 and assignment.current()
+    assert state.assignment.generation == 1 and state.assignment.resets == 1 and assignment.current()
     assert [d.reason for out in published for d in out.dead_letters] == ["invalid_json"]
     stored = [row for table, rows in sink.buffer if table == "events" for row in rows]
     assert [(e.event_id, ok, miss) for e, ok, miss in stored] == [("e1", None, None), ("e2", True, ["a"])]
-    assert state.ledger.unacked_messages == 3 and state.dirty
+    assert state.checkpoint.ledger.unacked_messages == 3 and state.checkpoint.dirty
     assert all(e.value is None and e.message.value is None for e in events)  # the bytes are freed
     assert state.processor.caught_up == {0: False}  # offset 2 + 1 < log end 100
     assert intake.lag_messages == 97  # offsets 3..99 not yet processed: the take may linger (stream.take)
@@ -178,11 +180,11 @@ def test_intake_drops_old_generations_duplicates_and_seeks_back_over_a_gap() -> 
     consumer = Consumer()
     state, _, intake, _, _ = _worker(FakeSink(), consumer, starts={0: 10})
     asyncio.run(intake.handle(_events([_raw(1), _raw(2)], first=12)))  # fetched ahead of offset 10
-    assert consumer.seeks == [(0, 10)] and state.dropped_stale_messages == 2 and state.ledger.unacked_messages == 0
+    assert consumer.seeks == [(0, 10)] and state.assignment.dropped_stale_messages == 2 and state.checkpoint.ledger.unacked_messages == 0
     asyncio.run(intake.handle(_events([_raw(3), _raw(4)], first=10) + _events([_raw(5)], first=11, generation=0)))
-    assert state.ledger.unacked_messages == 2 and state.dropped_stale_messages == 3
+    assert state.checkpoint.ledger.unacked_messages == 2 and state.assignment.dropped_stale_messages == 3
     asyncio.run(intake.handle(_events([_raw(4)], first=11)))  # already processed
-    assert state.ledger.unacked_messages == 2 and state.dropped_stale_messages == 4
+    assert state.checkpoint.ledger.unacked_messages == 2 and state.assignment.dropped_stale_messages == 4
 
 
 def test_intake_after_revocation_drops_input_until_the_next_generation() -> None:
@@ -192,10 +194,10 @@ def test_intake_after_revocation_drops_input_until_the_next_generation() -> None
     assignment.revoked()
     assert not assignment.current()
     asyncio.run(intake.handle(_events([_raw(2)], first=1)))
-    assert state.dropped_stale_messages == 1 and state.resets == 1
+    assert state.assignment.dropped_stale_messages == 1 and state.assignment.resets == 1
     consumer.generation_id = 2
     asyncio.run(intake.handle(_events([_raw(2)], first=0, generation=2)))
-    assert state.resets == 2 and state.ledger.unacked_messages == 1 and assignment.current()
+    assert state.assignment.resets == 2 and state.checkpoint.ledger.unacked_messages == 1 and assignment.current()
 
 
 class Recorder:
@@ -258,34 +260,34 @@ def test_writer_metrics_observe_writes_and_count_failures() -> None:
 def test_writer_waits_out_backpressure_and_marks_batches_written() -> None:
     sink = FakeSink(max_rows=1)
     state, _, _, writer, _ = _worker(sink)
-    state.ledger.add_batch(["m1"])
+    state.checkpoint.ledger.add_batch(["m1"])
     batch = ProcessedBatch(stored=[("row", None, None)], verdicts=["v"])  # type: ignore[list-item]
 
     async def scenario() -> None:
         flusher = asyncio.create_task(writer.run(after_flush=lambda: asyncio.sleep(0)))
         try:
             await writer.store(batch)  # the verdict does not fit until the flusher wrote the row
-            assert state.backpressure_waits == 1 and not state.intake_paused
+            assert state.writes.backpressure_waits == 1 and not state.writes.intake_paused
             assert await writer.flush_once()
         finally:
             flusher.cancel()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
-    assert sink.written == {"events": 1, "event_batches": 0, "verdicts": 1} and state.rows_written == 2
-    assert state.ledger.flushed == 1
+    assert sink.written == {"events": 1, "event_batches": 0, "verdicts": 1} and state.writes.rows_written == 2
+    assert state.checkpoint.ledger.flushed == 1
 
 
 def test_a_failed_write_keeps_the_rows_and_marks_nothing_written() -> None:
     sink = FakeSink()
     sink.fail = True
     state, _, _, writer, _ = _worker(sink)
-    state.ledger.add_batch(["m1"])
+    state.checkpoint.ledger.add_batch(["m1"])
     asyncio.run(writer.store(ProcessedBatch(verdicts=["v"])))  # type: ignore[list-item]
     assert asyncio.run(writer.flush_once()) is False
-    assert state.sink_failures == 1 and state.sink_down_since is not None and state.ledger.flushed == 0
+    assert state.writes.sink_failures == 1 and state.writes.sink_down_since is not None and state.checkpoint.ledger.flushed == 0
     sink.fail = False
     assert asyncio.run(writer.flush_once()) is True
-    assert state.sink_failures == 0 and state.sink_down_since is None and state.ledger.flushed == 1
+    assert state.writes.sink_failures == 0 and state.writes.sink_down_since is None and state.checkpoint.ledger.flushed == 1
 
 
 def test_snapshot_is_published_after_its_rows_then_acks_the_messages() -> None:
@@ -302,13 +304,13 @@ def test_snapshot_is_published_after_its_rows_then_acks_the_messages() -> None:
     async def run() -> None:  # one event loop: the snapshot is encoded in a thread of it (to_thread)
         await intake.handle(events)
         await snapshots.tick()  # captured; its rows are not written yet: not published
-        assert sent == [] and state.ledger.pending_snapshot_seq == 1
+        assert sent == [] and state.checkpoint.ledger.pending_snapshot_seq == 1
         assert await writer.flush_once()
         await snapshots.try_save()
 
     asyncio.run(run())
     assert [key for key, _, _ in sent[0]] == [b"p/m@paid"]
-    assert all(e.message.acked for e in events) and state.acked_messages == 2 and state.snapshots_written == 1
+    assert all(e.message.acked for e in events) and state.checkpoint.acked_messages == 2 and state.checkpoint.snapshots_written == 1
 
 
 def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
@@ -347,11 +349,9 @@ def test_snapshots_are_encoded_in_a_thread_off_the_event_loop() -> None:
 
 
 def test_a_snapshot_is_captured_in_slices_with_batches_in_between() -> None:
-    """Slices of ``CAPTURE_SLICE_CHANNELS`` channels, the lock released between them: a batch that came in
+    """Slices of ``capture_slice_channels`` channels, the lock released between them: a batch that came in
     meanwhile is held by the later slices only (their records carry its offset), so only the messages before
     the first slice are acked, and the snapshot waits for the rows of every batch a slice holds."""
-    from pipeline.stream import snapshots as snap_mod
-
     sink = FakeSink()
     state, assignment, intake, writer, _ = _worker(sink)
     sent: list[list] = []
@@ -359,7 +359,8 @@ def test_a_snapshot_is_captured_in_slices_with_batches_in_between() -> None:
     async def send(records: list) -> None:
         sent.append(records)
 
-    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
+    snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current,
+                                  StreamTunables(capture_slice_channels=2))
     first = _events([_raw(i, channel=f"p/m{i}@paid") for i in range(5)])  # offsets 0..4
     later = _events([_raw(10, channel="p/m0@paid")], first=5)
 
@@ -369,21 +370,16 @@ def test_a_snapshot_is_captured_in_slices_with_batches_in_between() -> None:
         await asyncio.sleep(0)  # the first slice (2 channels) is copied; the capture yields the lock
         await intake.handle(later)  # runs between two slices
         await capture
-        assert state.ledger.pending_snapshot_seq == 2  # rows of batch 2 must be written: a later slice holds it
+        assert state.checkpoint.ledger.pending_snapshot_seq == 2  # rows of batch 2 must be written: a later slice holds it
         assert await writer.flush_once()
         await snapshots.try_save()
 
-    old = snap_mod.CAPTURE_SLICE_CHANNELS
-    snap_mod.CAPTURE_SLICE_CHANNELS = 2
-    try:
-        asyncio.run(run())
-    finally:
-        snap_mod.CAPTURE_SLICE_CHANNELS = old
+    asyncio.run(run())
     offsets = {key: headers for key, _, headers in sent[0]}
     assert sorted(offsets) == sorted(f"p/m{i}@paid".encode() for i in range(5))
     covered = {key: dict(h)["input_offsets"] for key, h in offsets.items()}
     assert [covered[f"p/m{i}@paid".encode()] for i in range(5)] == [b'{"0":4}'] * 2 + [b'{"0":5}'] * 3
-    assert all(e.message.acked for e in first) and not later[0].message.acked and state.ledger.unacked_messages == 1
+    assert all(e.message.acked for e in first) and not later[0].message.acked and state.checkpoint.ledger.unacked_messages == 1
 
 
 def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:
@@ -401,11 +397,11 @@ def test_a_refused_snapshot_acks_nothing_and_is_captured_again() -> None:
         await snapshots.try_save()
 
     asyncio.run(run())
-    assert state.ledger.pending_snapshot_seq is None and state.dirty and state.acked_messages == 0
+    assert state.checkpoint.ledger.pending_snapshot_seq is None and state.checkpoint.dirty and state.checkpoint.acked_messages == 0
 
 
 def test_later_snapshots_hold_only_changed_channels_and_a_refused_one_hands_them_back() -> None:
-    """Capture k also re-publishes channel row ``k - 1`` (the refresh share, ``REFRESH_EVERY_CAPTURES`` > 5).
+    """Capture k also re-publishes channel row ``k - 1`` (the refresh share, ``refresh_every_captures`` > 5).
     Snapshot 1: every channel (new). Snapshot 2, after a batch of m3 only: m3 and m1 (refresh), which acks
     that batch. Snapshot 3 (m4 changed, m2 refresh) is refused: nothing acked, and snapshot 4 (after a batch
     of m0; m3 refresh) holds m0, m2, m3 and m4."""
@@ -432,15 +428,15 @@ def test_later_snapshots_hold_only_changed_channels_and_a_refused_one_hands_them
             assert await writer.flush_once()
             await snapshots.try_save()
             if k == 2:
-                assert state.ledger.unacked_messages == 2 and not any(e.message.acked for e in batch)
+                assert state.checkpoint.ledger.unacked_messages == 2 and not any(e.message.acked for e in batch)
 
     asyncio.run(run())
     names = lambda *i: [f"p/m{j}@paid".encode() for j in i]  # noqa: E731
     assert sent == [names(0, 1, 2, 3, 4), names(1, 3), names(0, 2, 3, 4)]
-    assert all(e.message.acked for b in batches for e in b) and state.ledger.unacked_messages == 0
+    assert all(e.message.acked for b in batches for e in b) and state.checkpoint.ledger.unacked_messages == 0
 
 
-def test_drain_writes_saves_acks_and_commits() -> None:
+def test_checkpoint_commit_writes_saves_acks_and_commits() -> None:
     sink = FakeSink()
     state, assignment, intake, writer, _ = _worker(sink)
     commits: list[int] = []
@@ -454,7 +450,8 @@ def test_drain_writes_saves_acks_and_commits() -> None:
     snapshots = SnapshotPublisher(state, send, lambda m: setattr(m, "acked", True), assignment.current)
     events = _events([_raw(1), _raw(2)])
     asyncio.run(intake.handle(events))
-    assert asyncio.run(drain(state, writer, snapshots, commit, timeout_s=2.0)) is True
+    checkpoint = Checkpoint(state, writer, snapshots, commit)
+    assert asyncio.run(checkpoint.commit(timeout_s=2.0)) is True
     assert sink.pending_rows == 0 and commits == [1] and all(e.message.acked for e in events)
     assignment.revoked()
-    assert asyncio.run(drain(state, writer, snapshots, commit, timeout_s=2.0)) is False  # not ours any more
+    assert asyncio.run(checkpoint.commit(timeout_s=2.0)) is False  # not ours any more

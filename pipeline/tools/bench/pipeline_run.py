@@ -232,11 +232,11 @@ def run_faust(args: dict[str, Any]) -> None:
                 finish(args, counters.result({
                     "driver": "faust", "rss_max_sampled_mb": round(sampler.max_mb, 1), **sink_rss,
                     "rss_timeline": _timeline(sampler, counters),
-                    "snapshots_written": getattr(state, "snapshots_written", None),
+                    "snapshots_written": state.checkpoint.snapshots_written,
                     "agent_wall_s": {k: round(v, 3) for k, v in state.wall_s.items()}, **gc_clock.result(),
-                    "backpressure_waits": state.backpressure_waits,
+                    "backpressure_waits": state.writes.backpressure_waits,
                     "restored_channels": getattr(state.processor, "restored", None),
-                    "reset_s": round(state.reset_s, 3)}))
+                    "reset_s": round(state.assignment.reset_s, 3)}))
 
     run_worker(app)
 

@@ -13,7 +13,7 @@ the encoded bytes. Meant for A/B runs of two trees (run it with each tree on
 ``--changed F`` (0 < F <= 1; trees with change tracking only) also times the
 worker's capture path (``BatchProcessor.snapshot_capture(changed_only=True)``
 and its encoding, with the refresh share of
-:data:`pipeline.stream.snapshots.REFRESH_EVERY_CAPTURES`) when a random share
+:attr:`pipeline.config.StreamTunables.refresh_every_captures`) when a random share
 ``F`` of the channels changed since the last capture (``changed_*`` figures).
 """
 
@@ -70,7 +70,9 @@ def _changed_capture(engine, share: float, repeat: int) -> dict:
     import numpy as np
 
     from pipeline.engine.batch import BatchProcessor
-    from pipeline.stream.snapshots import REFRESH_EVERY_CAPTURES
+    from pipeline.config import StreamTunables
+
+    refresh_every = StreamTunables().refresh_every_captures
 
     if not 0 < share <= 1:
         raise SystemExit(f"--changed must be in (0, 1], got {share}")
@@ -82,8 +84,8 @@ def _changed_capture(engine, share: float, repeat: int) -> dict:
         engine.changed[:n] = False
         engine.mark_changed(rng.choice(n, max(1, round(share * n)), replace=False))
         t0 = time.process_time()
-        out = processor.snapshot_capture({0: 0}, changed_only=True, refresh_every=REFRESH_EVERY_CAPTURES,
-                                         refresh_phase=k % REFRESH_EVERY_CAPTURES)()
+        out = processor.snapshot_capture({0: 0}, changed_only=True, refresh_every=refresh_every,
+                                         refresh_phase=k % refresh_every)()
         times.append(time.process_time() - t0)
         size, records = sum(len(b) for _, b, _, _ in out), len(out)
     return {"changed_share": share, "changed_records": records, "changed_ms": round(statistics.median(times) * 1e3, 1),
