@@ -41,7 +41,7 @@ import numpy as np
 from pipeline.config import StateLimits
 from pipeline.contracts import RequestEvent, Verdict
 from pipeline.signals import SIGNALS, Signal, ThresholdArrays
-from pipeline.policy.defaults import PolicyConfig
+from pipeline.policy.defaults import PolicyConfig, threshold_arrays
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
@@ -216,7 +216,7 @@ class Engine:
         """Per-channel thresholds (rebuilt when channels are added)."""
         if self._th is None or self._th.values["consecutive_failures"].shape[0] != self.store.n_channels:
             per = [self.policy.thresholds(n, t) for n, t in zip(self.store.names, self.store.tiers)]
-            self._th = ThresholdArrays.build(per)
+            self._th = threshold_arrays(per)
         return self._th
 
     def process(self, events: Sequence[RequestEvent],

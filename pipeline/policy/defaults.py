@@ -14,8 +14,9 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.registry import SIGNALS
 
 
@@ -60,6 +61,12 @@ else:
 
 #: Field name → the signal that declares it (None: the state machine's ``half_open_max_error_rate``).
 PARAM_SIGNAL: dict[str, str | None] = {f.name: f.metadata["signal"] for f in dataclasses.fields(Thresholds)}
+
+
+def threshold_arrays(per_channel: Sequence[Any]) -> ThresholdArrays:
+    """One :class:`Thresholds` per channel (C of them) as per-field float64 arrays (C,), every field
+    named (also for C = 0), for the detectors' ``th`` argument."""
+    return ThresholdArrays.build(per_channel, tuple(PARAM_SIGNAL))
 
 
 def _tier_defaults(tier: str) -> Any:

@@ -45,16 +45,15 @@ class ThresholdArrays:
     values: dict[str, np.ndarray]
 
     @classmethod
-    def build(cls, per_channel: Sequence[Any]) -> "ThresholdArrays":
-        """Stack one :class:`~pipeline.policy.defaults.Thresholds` per channel into arrays.
+    def build(cls, per_channel: Sequence[Any], names: Sequence[str]) -> "ThresholdArrays":
+        """Stack one thresholds object per channel (C of them) into float64 arrays (C,), one per field
+        in ``names`` (callers use :func:`pipeline.policy.defaults.threshold_arrays`, which names every
+        :class:`~pipeline.policy.defaults.Thresholds` field; the policy is built from the signal
+        registry, so this contract does not import it).
 
         Channels mostly share their tier's object: each field is read once per distinct object and
-        spread by index (a read per channel and field cost ~5 ms per 1,000 channels, at every
-        channel registered).
+        spread by index, not read per channel.
         """
-        from pipeline.policy.defaults import Thresholds  # built from the registry, which imports this module
-
-        names = [f.name for f in dataclasses.fields(Thresholds)]
         slot: dict[int, int] = {}
         distinct: list[Any] = []
         for t in per_channel:

@@ -21,10 +21,9 @@ import numpy as np
 import pytest
 
 from pipeline.contracts import RequestEvent
-from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.cost import SIGNAL, CostParams, CostRise
 from pipeline.engine import Engine
-from pipeline.policy.defaults import PAID_TIER, PolicyConfig
+from pipeline.policy.defaults import PAID_TIER, PolicyConfig, threshold_arrays
 from pipeline.signals.cost import CostWindows
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
@@ -49,7 +48,7 @@ def _simulate(seed: int, channels: int, hours: float, step_at_ms: int | None = N
     win = CostWindows(WindowSpec())
     win.ensure_capacity(channels)
     det = CostRise()
-    th = ThresholdArrays.build([PAID_TIER] * channels)
+    th = threshold_arrays([PAID_TIER] * channels)
     active = np.zeros(channels, bool)
     rows = np.arange(channels)
     p_in, p_out = rng.uniform(0.1, 1.0, channels), rng.uniform(0.1, 1.2, channels)  # USD per Mtok

@@ -17,7 +17,7 @@ from pipeline.stats import exact_lower, safe_ratio, wilson_bounds, z_for
 from pipeline.signals.consecutive_failures import ConsecutiveFailures
 from pipeline.engine import Engine
 from pipeline.ingest.structure import resolve_onto
-from pipeline.policy.defaults import FREE_TIER, PAID_TIER, Thresholds
+from pipeline.policy.defaults import FREE_TIER, PAID_TIER, Thresholds, threshold_arrays
 from pipeline.state.snapshot import decode_snapshot, export_channel, import_channel
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.view import WindowView
@@ -50,7 +50,7 @@ def view(c: int = 1, **fields) -> WindowView:
 
 
 def th(c: int = 1, tier: Thresholds = PAID_TIER) -> ThresholdArrays:
-    return ThresholdArrays.build([tier] * c)
+    return threshold_arrays([tier] * c)
 
 
 def busy_view(c: int) -> WindowView:
@@ -354,7 +354,7 @@ def test_free_line_is_lower_than_paid():
     assert not _err(n, k, PAID_TIER).fired[0]
     # per-channel arrays: same counts, free and paid channels side by side
     both = ErrorRate().detect(view(2, judged_5m=n, failures_5m=k),
-                              ThresholdArrays.build([FREE_TIER, PAID_TIER]), np.zeros(2, bool))
+                              threshold_arrays([FREE_TIER, PAID_TIER]), np.zeros(2, bool))
     assert both.fired.tolist() == [True, False]
 
 

@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 from scipy.stats import lognorm
 
-from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.latency_p95_ratio import SHIFT_ALPHA, LatencyRatio, baseline_tail_share, shift_p_value
-from pipeline.policy.defaults import PAID_TIER
+from pipeline.policy.defaults import PAID_TIER, threshold_arrays
 from pipeline.windows.histogram import LatencyBuckets
 from pipeline.windows.store import SHIFT_NULL_RATIO
 from pipeline.windows.view import WindowView
@@ -77,7 +76,7 @@ def _fired(h30: np.ndarray, base_p95: float, base_n: float) -> np.ndarray:
                 n_shift_30s=B.count_above(h30, b, SHIFT_NULL_RATIO), base_p95_ms=b, base_n=np.full(c, base_n),
                 base_hours=np.full(c, 24.0))
     view = WindowView(now_ms=0, **base)
-    return LatencyRatio().detect(view, ThresholdArrays.build([PAID_TIER] * c), np.zeros(c, bool)).fired
+    return LatencyRatio().detect(view, threshold_arrays([PAID_TIER] * c), np.zeros(c, bool)).fired
 
 
 @pytest.mark.parametrize("shape", ["lognorm-0.5", "together_13b"])

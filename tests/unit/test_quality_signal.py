@@ -16,10 +16,9 @@ from scipy.stats import ttest_ind, ttest_ind_from_stats
 
 from pipeline.contracts import RequestEvent
 from pipeline.signals import QualityDrop
-from pipeline.signals.base import ThresholdArrays
 from pipeline.engine import Engine
 from pipeline.engine.replay import replay
-from pipeline.policy.defaults import PAID_TIER, Thresholds
+from pipeline.policy.defaults import PAID_TIER, Thresholds, threshold_arrays
 from pipeline.quality.cache import CachedScorer, CachingEmbedder, pair_key
 from pipeline.quality.sampler import QualitySampler, SamplerConfig, safe_text
 from pipeline.state.snapshot import ChannelSnapshot, decode_snapshot, export_channel, import_channel
@@ -132,7 +131,7 @@ def qview(c=1, **kw):
 
 
 def th(c=1, t: Thresholds = PAID_TIER):
-    return ThresholdArrays.build([t] * c)
+    return threshold_arrays([t] * c)
 
 
 def test_welch_matches_scipy():
@@ -184,7 +183,7 @@ def test_zero_variance_and_per_channel_thresholds():
     f = d.detect(qview(quality_mean_5m=0.0, quality_var_5m=0.0, base_quality_var=0.0), th(), np.zeros(1, bool))
     assert f.fired[0] and np.isinf(f.metrics["quality_t"][0])
     strict = dataclasses.replace(PAID_TIER, quality_min_drop=0.3, quality_clear_drop=0.1)
-    both = d.detect(qview(2, quality_mean_5m=0.6), ThresholdArrays.build([PAID_TIER, strict]), np.zeros(2, bool))
+    both = d.detect(qview(2, quality_mean_5m=0.6), threshold_arrays([PAID_TIER, strict]), np.zeros(2, bool))
     assert both.fired.tolist() == [True, False]
 
 

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from scipy.stats import theilslopes
 
-from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.quota import SIGNAL, QuotaParams
-from pipeline.policy.defaults import PAID_TIER
+from pipeline.policy.defaults import PAID_TIER, threshold_arrays
 from pipeline.windows.extension import WindowSpec
 from pipeline.windows.features import EventColumns
 from pipeline.signals.quota import FEATURES, QuotaWindows
@@ -50,7 +49,7 @@ def _stream(level, minutes: int, seeds: int, per_min: int = 3, rl_share=None, st
     """
     w = QuotaWindows(WindowSpec())
     w.ensure_capacity(seeds)
-    th = ThresholdArrays.build([PAID_TIER] * seeds)
+    th = threshold_arrays([PAID_TIER] * seeds)
     active = np.zeros(seeds, bool)
     rngs = [np.random.default_rng(s) for s in range(seeds)]
     out = []
@@ -168,7 +167,7 @@ def test_no_quota_field_is_never_judged():
     w.add(_columns(np.zeros(n), ts, np.full(n, np.nan), rl), np.zeros(n, bool))
     v = _view(w, 2, T0 + n * 3_000)
     assert set(v.extra) == set(FEATURES)
-    f = SIGNAL.detector.detect(v, ThresholdArrays.build([PAID_TIER] * 2), np.ones(2, bool))
+    f = SIGNAL.detector.detect(v, threshold_arrays([PAID_TIER] * 2), np.ones(2, bool))
     assert not f.fired.any()
     assert np.isnan(f.metrics["quota_remaining"]).all() and np.isnan(f.metrics["quota_pre_rate_limit"]).all()
     assert v.quota_rl_30m.tolist() == [300.0, 0.0]

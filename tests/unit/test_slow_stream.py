@@ -18,9 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.slow_stream import SIGNAL, SlowStream, SlowStreamParams
-from pipeline.policy.defaults import PAID_TIER
+from pipeline.policy.defaults import PAID_TIER, threshold_arrays
 from pipeline.tools.simulate.channels import LatencyModel
 from pipeline.tools.simulate.traces import load_llmperf
 from pipeline.windows.extension import WindowSpec
@@ -82,7 +81,7 @@ def _detect(active=False, tier=PAID_TIER, **f):
     view = type("V", (), {k: np.atleast_1d(np.asarray(f.get(k, 0.0), np.float64)) for k in names})()
     for k in ("ttft_p95_ms", "ttft_base_p95_ms", "stream_gap_p95_ms", "stream_gap_base_p95_ms"):
         setattr(view, k, np.atleast_1d(np.asarray(f.get(k, np.nan), np.float64)))
-    return SlowStream().detect(view, ThresholdArrays.build([tier]), np.array([active]))
+    return SlowStream().detect(view, threshold_arrays([tier]), np.array([active]))
 
 
 RATIO = dict(ttft_base_p95_ms=500.0, ttft_n_5m=600, ttft_base_n=20_000, stream_base_hours=24)
@@ -129,7 +128,7 @@ def run_days(n_channels: int, hours: float, seed: int, stall_from_h: float | Non
     models = _models()
     w = StreamWindows(WindowSpec())
     w.ensure_capacity(n_channels)
-    th = ThresholdArrays.build([PAID_TIER] * n_channels)
+    th = threshold_arrays([PAID_TIER] * n_channels)
     active = np.zeros(n_channels, bool)
     fires = np.zeros(n_channels)
     first = np.full(n_channels, np.nan)
