@@ -151,8 +151,8 @@ class PipelineMetrics:
 
     def track_processor(self, get_processor: Callable[[], Any]) -> None:
         """Events in, refused snapshots and dead letters by reason from a
-        :class:`~pipeline.engine.batch.BatchProcessor` (its ``events_in``, ``refused_snapshots`` and
-        ``counters.by_reason``), read at scrape time."""
+        :class:`~pipeline.engine.batch.BatchProcessor` (its ``events_in``, ``duplicates``,
+        ``refused_snapshots``, ``ahead_of_clock`` and ``counters.by_reason``), read at scrape time."""
         self.track("channel_health_events_in_total", "Request events decoded (duplicates included).",
                    lambda: None if (p := get_processor()) is None else p.events_in, kind="counter")
         self.track("channel_health_duplicates_dropped_total", "Re-sent events dropped: their event_id was seen "
@@ -161,6 +161,9 @@ class PipelineMetrics:
         self.track("channel_health_snapshots_refused_total", "State-topic snapshots refused as breaking the "
                    "snapshot contract (the channel started fresh).",
                    lambda: None if (p := get_processor()) is None else p.refused_snapshots, kind="counter")
+        self.track("channel_health_events_ahead_of_clock_total", "Events stamped further ahead of the evaluation "
+                   "clock than CHANNEL_HEALTH_MAX_CLOCK_SKEW (stored; moved no other channel's rounds).",
+                   lambda: None if (p := get_processor()) is None else p.ahead_of_clock, kind="counter")
         self.track("channel_health_dead_letters_total", "Inputs sent to the dead-letter topic, by reason.",
                    lambda: None if (p := get_processor()) is None else dict(p.counters.by_reason),
                    kind="counter", labels=("reason",))
@@ -190,6 +193,13 @@ class PipelineMetrics:
         self.track("channel_health_quality_scored_total", "Responses scored by the quality model.", scored,
                    kind="counter")
         self.track("channel_health_quality_queue_samples", "Sampled responses waiting to be scored.", queued)
+
+    def track_control(self, get_refused: Callable[[], Mapping[str, int]]) -> None:
+        """Control records refused by reason (``get_refused()``: the worker's
+        :class:`~pipeline.stream.control_agent.ControlHook` ``refused``), read at scrape time."""
+        self.track("channel_health_control_refused_total", "channel.control records refused (unsigned, bad "
+                   "signature, over a bound, over the live-override cap), by reason.",
+                   lambda: dict(get_refused()), kind="counter", labels=("reason",))
 
     def observe_batch(self, processing_s: float, verdict_latency_s: float | None, verdicts: Iterable[Any]) -> None:
         """One processed batch: its processing time, the latency of its verdicts (None: it had none), and

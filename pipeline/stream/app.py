@@ -305,6 +305,7 @@ def build_app(settings: Settings, policy: PolicyConfig | None = None, sink: Sink
     metrics = metrics or PipelineMetrics()  # issue #21: counts the processor keeps are read at scrape time
     metrics.track_worker(lambda: state.processor, lambda: consumer.lags(state.assignment.gate.last_offsets),
                          lambda: state.sink, lambda: getattr(state, "quality", None))
+    metrics.track_control(lambda: control.refused)
 
     assignment = Assignment(state, consumer, kafka.load_records, kafka.load_starts,
                             lambda: Engine(policy, settings.state_limits))

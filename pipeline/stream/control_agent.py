@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Mapping
 
 import msgspec
 
@@ -57,6 +57,9 @@ class ControlHook:
         self.table = OverrideTable(control.max_overrides, control.max_ttl_ms)
         self.max_verdict_bytes = max_verdict_bytes
         self.pending_audit: list[tuple] = []
+        #: Control records refused, by reason code: the worker's :class:`ControlReader`'s own counter
+        #: once it runs (exported as ``channel_health_control_refused_total``).
+        self.refused: Mapping[str, int] = {}
         #: Verdicts re-published because an override changed.
         self.republished = 0
         #: Verdicts whose override text was cut to fit the producer's message size.
@@ -112,6 +115,7 @@ def install_control(app: Any, state: Any, settings: Settings,
 
         reader = ControlReader(settings.kafka_bootstrap or "", settings.topics.control,
                                settings.kafka_security.aiokafka_kwargs(), settings.control)
+        hook.refused = reader.refused  # the same counter, read at every metrics scrape
         await reader.start()
         try:
             while True:

@@ -161,3 +161,24 @@ def test_alert_sender_counts_deliveries_per_route() -> None:
     asyncio.run(main())
     assert _value(m, "channel_health_alerts_sent_total", route="pager", outcome="sent") == 2
     assert _value(m, "channel_health_alerts_sent_total", route="none", outcome="failed") == 1
+
+
+def test_events_ahead_of_the_clock_and_refused_control_records_are_exported() -> None:
+    """Issue #30: what the worker refuses or holds back is visible in /metrics, not only in one log line."""
+    import msgspec
+
+    from pipeline.engine.batch import BatchProcessor
+
+    now = 1_780_000_000_000
+    proc = BatchProcessor(clock_ms=lambda: now)  # the default skew: 5 s
+    events = [{"event_id": f"e{i}", "ts_ms": now + ahead, "channel": "a/x", "route": "r", "status": "ok",
+               "latency_ms": 100.0} for i, ahead in enumerate((0, 1_000, 3_540_000, 600_000))]
+    proc.process([msgspec.json.encode(e) for e in events], partitions=[0] * 4, offsets=list(range(4)))
+    refused: Counter[str] = Counter()
+    m = PipelineMetrics()
+    m.track_processor(lambda: proc)
+    m.track_control(lambda: refused)
+    refused.update({"unsigned": 3, "too_large": 1})
+    assert _value(m, "channel_health_events_ahead_of_clock_total") == 2  # +59 min and +10 min; +1 s is within skew
+    assert _value(m, "channel_health_control_refused_total", reason="unsigned") == 3
+    assert _value(m, "channel_health_control_refused_total", reason="too_large") == 1
