@@ -22,10 +22,12 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
-#: Targets of the throughput issue (figures, not timed tests).
+#: Targets of the throughput issue (figures, not timed tests). The batched ratio is a floor against
+#: regressions: issue #34 retired the 0.3 line (it measured the Python object cost of JSON decoding and
+#: swung 0.24-0.31 with the VM) for 0.25 (docs/THROUGHPUT.md, "The gates").
 TARGETS: dict[str, tuple[str, float]] = {
     "batched_events_per_s": (">=", 200_000.0),
-    "batched_ratio_to_ceiling": (">=", 0.3),
+    "batched_ratio_to_ceiling": (">=", 0.25),
     "single_ratio_to_bare_faust": (">=", 0.8),
     "verdict_delay_p99_ms": ("<=", 1_000.0),
     "peak_rss_mb": ("<=", 500.0),
