@@ -23,7 +23,7 @@ from pipeline.contracts import RequestEvent, Verdict
 from pipeline.sinks.child import serve
 from pipeline.sinks.errors import SinkBackpressure, SinkError, SinkWriteError
 from pipeline.sinks.process import ProcessSink
-from pipeline.sinks.rows import event_row, label_row, now_ms, quality_row, verdict_row
+from pipeline.sinks.rows import EVENT_COLUMNS, event_row, label_row, now_ms, quality_row, verdict_row
 from pipeline.storage.client import close_clients, open_client
 from pipeline.storage.errors import StorageError
 
@@ -82,8 +82,10 @@ def test_rows_written_by_the_sink_process_are_the_in_process_rows(tmp_path: Path
                                     "toUnixTimestamp64Milli(ingested_at) FROM channel_health.request_events "
                                     "ORDER BY event_id")
     expected = [event_row(e, ok, miss or [], 0) for e, ok, miss in stored]
-    # the query moves ts (column 2) and ingested_at (last) to the end, as epoch ms
-    assert [r[:-1] for r in events] == [(*r[:1], *r[2:-1], r[1]) for r in expected]
+    # the query moves ts and ingested_at to the end, as epoch ms
+    ts_at, ingested_at = EVENT_COLUMNS.index("ts"), EVENT_COLUMNS.index("ingested_at")
+    assert [r[:-1] for r in events] == [(*(v for i, v in enumerate(r) if i not in (ts_at, ingested_at)), r[ts_at])
+                                        for r in expected]
     assert all(INGESTED_MS <= r[-1] <= now_ms() for r in events)  # ingested_at: the time of the insert
     verdicts = _read(tmp_path / "ch", "SELECT channel, state, weight, reasons, metrics, seq, "
                                       "toUnixTimestamp64Milli(ts) FROM channel_health.channel_verdicts")

@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.cli import app
+from pipeline.cli.main import app
 from pipeline.tools.extras import EXTRAS, MissingExtra, require_extra
 
 REPORT_MESSAGE = ("channel-health report needs matplotlib, which is not installed: "
