@@ -210,7 +210,8 @@ def kl_bernoulli(p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
     """Kullback-Leibler divergence KL(Bern(p0) || Bern(p1)) in nats (0 < p0, p1 < 1): the in-control
     drift per trial of the chart, negated."""
     a, b = llr_weights(p0, p1)
-    return -(p0 * a + (1.0 - p0) * b)
+    kl: np.ndarray = -(p0 * a + (1.0 - p0) * b)
+    return kl
 
 
 def threshold_h(arl0_trials: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
@@ -223,7 +224,7 @@ def threshold_h(arl0_trials: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> np.n
     7.79
     """
     a = np.asarray(arl0_trials, np.float64) * kl_bernoulli(np.asarray(p0, np.float64), np.asarray(p1, np.float64))
-    h = np.log1p(a)
+    h: np.ndarray = np.log1p(a)
     for _ in range(8):
         h = np.log1p(h + a)
     return h
@@ -239,7 +240,8 @@ def design_h(design: CusumDesign, rate_per_s: np.ndarray, p0: np.ndarray, p1: np
     13.4
     """
     arl = design.arl0_days * DAY_S * np.maximum(np.asarray(rate_per_s, np.float64), design.min_rate_per_s)
-    return threshold_h(arl, p0, p1) - design.overshoot * np.log(np.asarray(p1, np.float64) / p0)
+    h: np.ndarray = threshold_h(arl, p0, p1) - design.overshoot * np.log(np.asarray(p1, np.float64) / p0)
+    return h
 
 
 def _order_stat(sorted_vals: np.ndarray, k: np.ndarray) -> np.ndarray:

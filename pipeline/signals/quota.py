@@ -152,7 +152,10 @@ class QuotaWindows(RingWindows):
             live, ids, counts, valid = live[sampled], ids[sampled], counts[sampled], valid[sampled]
         # points in time order: empty slots first (key -1), then by minute
         order = np.argsort(np.where(valid, ids, -1), axis=1, kind="stable")
-        take = lambda a: np.take_along_axis(a, order, axis=1)  # noqa: E731
+
+        def take(a: np.ndarray) -> np.ndarray:
+            return np.take_along_axis(a, order, axis=1)
+
         valid, ids = take(valid), take(ids)
         qn = np.where(valid, take(counts[:, :, Q_N]), 1.0)
         y = np.where(valid, take(counts[:, :, Q_SUM]) / qn, np.nan)

@@ -205,7 +205,8 @@ class StreamWindows(RingWindows):
             self._base[stale, 3] = h[:, k:].sum(axis=1)
             self._base[stale, 4] = mask.sum(axis=1)
             self._hour[stale] = hour
-        return self._base[rows]
+        base_rows: np.ndarray = self._base[rows]
+        return base_rows
 
     def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
         rows = np.asarray(rows, dtype=np.int64)
