@@ -355,3 +355,23 @@ def test_systemd_environment_file_example_uses_known_names():
     lines = [ln for ln in (INFRA / "systemd" / "channel-health.env.example").read_text().splitlines()
              if ln and not ln.startswith("#")]
     assert_names_known({ln.split("=", 1)[0] for ln in lines}, "channel-health.env.example")
+
+
+# -- docs/DEPLOY.md --------------------------------------------------------------------------------------------
+
+def test_deploy_doc_commands_are_real():
+    """Every ``channel-health ...`` command in the shell blocks of docs/DEPLOY.md parses; every repository
+    path the page names exists."""
+    text = (REPO / "docs" / "DEPLOY.md").read_text()
+    flat = " ; ".join(re.findall(r"```bash\n(.*?)```", text, re.S)).replace("\n", " ; ")
+    commands = re.findall(r"(?<![\w/.-])channel-health ((?:topics )?[a-z]+(?: --?[a-z-]+(?: [^\s`|&;]+)?)*)", flat)
+    checked = 0
+    for command in commands:
+        argv = shlex.split(command)
+        if argv[0] in {"worker", "alert", "topics", "query", "override"}:
+            check_cli(argv)
+            checked += 1
+    assert checked >= 2
+    for path in set(re.findall(r"(?:\.\./|\b)((?:infra|docs)/[\w./@-]+\.(?:yaml|yml|toml|md|service|example))", text)):
+        assert (REPO / path).exists(), path
+    assert re.search(r"^install:", (REPO / "Makefile").read_text(), re.M)
