@@ -50,6 +50,7 @@ from pipeline.engine.quality_scores import QualityScores
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
 from pipeline.engine.state_io import StateIO
+from pipeline.signals.consecutive_failures import FailureRuns
 from pipeline.windows.store import EventColumns, WindowStore
 
 _STATE = attrgetter("state")
@@ -102,6 +103,9 @@ class Engine:
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000,
                                  counters=tuple(c for s in self.signals for c in s.counters),
                                  windows=tuple(s.windows for s in self.signals if s.windows is not None))
+        runs = self.store.extensions.get("consecutive_failures")
+        #: The failure runs (pre-trip, SPEC §4.2: checked on every batch; None without the signal).
+        self.runs = runs if isinstance(runs, FailureRuns) else None
         self.machines: list[ChannelMachine] = []
         self.seq: list[int] = []
         self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool)
@@ -339,8 +343,9 @@ class Engine:
         if probing:  # SPEC §4: any failure run sends a probing channel back (only this chunk's rows are read)
             th = th.copy()
             th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
-        late, run_ch, run_max = self.store.add(cols, th)
-        crossed = self.store.runs.crossed_at
+        if self.runs is not None:
+            self.runs.threshold = th
+        late = self.store.add(cols)
         if late.any():  # too old for the ring although within lateness: count as late too
             flags = late.tolist()
             result.late.extend(compress(events, flags))
@@ -357,7 +362,8 @@ class Engine:
                 total[:c] += np.bincount(cols.channel, weights=counted, minlength=c)
             else:
                 np.add.at(total, cols.channel, counted.astype(np.float64))
-        result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
+        if self.runs is not None:
+            result.verdicts.extend(self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th))
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
                  threshold: np.ndarray) -> list[Verdict]:
@@ -471,8 +477,8 @@ class Engine:
             changed[j] = m.step(now_ms, h, s, view.judged_5m[j], view.failures_5m[j],
                                 int(last_ts[j]) if last_ts[j] > 0 else None, cfg,
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
-            if m.state == HALF_OPEN and changed[j]:
-                self.store.runs.reset(i)
+            if m.state == HALF_OPEN and changed[j] and self.runs is not None:
+                self.runs.reset(i)
             # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
             m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
         self.changed[rows[stepped]] = True

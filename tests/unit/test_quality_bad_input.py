@@ -124,4 +124,4 @@ def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_
     agent = asyncio.run(main())
     agent.scorer.close()
     assert agent.counters["reloads"] == 1 and agent.counters["reload_failed"] == 1
-    assert eng.quality.added == 1 and eng.store.quality.version[0] == "v2"
+    assert eng.quality.added == 1 and eng.store.extensions["quality"].scores.version[0] == "v2"
