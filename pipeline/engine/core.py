@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import numpy as np
 
@@ -288,7 +288,7 @@ class Engine:
             events = get(events)
             if checked.any():  # else every entry is the same "not checked"
                 structure = get(structure)
-            keys = tuple(map(get, keys))  # type: ignore[assignment]
+            keys = (get(keys[0]), get(keys[1]), get(keys[2]))
             optional = {k: v[order] for k, v in optional.items()}
             bounds = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), n]
         else:
@@ -303,7 +303,7 @@ class Engine:
                                        checked[start:end], missing[start:end],
                                        tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
                                        {k: v[start:end] for k, v in optional.items()})
-            self._process_chunk(events[start:end], structure[start:end], result, cols)
+            self._process_chunk(events[start:end], cast(list, structure[start:end]), result, cols)
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
@@ -441,7 +441,7 @@ class Engine:
         th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})
         # half_open / recovering: judged on the traffic since the channel left open (issue #18 item 4)
         never = np.iinfo(np.int64).min // 2
-        since = np.array([never if (s := self.machines[i].judged_since_ms) is None else s for i in rows],
+        since = np.array([never if (t := self.machines[i].judged_since_ms) is None else t for i in rows],
                          dtype=np.int64)
         view = self.store.view(now_ms, since_ms=since, rows=rows)
         n = rows.shape[0]
@@ -522,4 +522,4 @@ class Engine:
         clean = metrics if cleaned else {k: clean_value(v) for k, v in metrics.items()}
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
                        weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),
-                       metrics=clean, ts_ms=now_ms, seq=self.seq[i])
+                       metrics=cast(dict[str, float | int | str | None], clean), ts_ms=now_ms, seq=self.seq[i])

@@ -45,14 +45,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from typing import Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, cast
 
 import lz4.block
 import msgspec
 import numpy as np
 
 from pipeline.state.channel_state import ChannelState, HeldChannel, RouteShareRecord
-from pipeline.state.wire import ChannelSnapshot, MachineWire, RouteSharesWire
+from pipeline.state.wire import ChannelSnapshot, ExtensionDtype, MachineWire, RouteSharesWire
 from pipeline.windows.features import V1_COUNTER_NAMES
 from pipeline.windows.histogram import LatencyBuckets
 from pipeline.windows.ring import coarsen_slots
@@ -117,7 +117,7 @@ def _inflate(b: bytes, size: int) -> bytes:
     return out
 
 
-def _unpack(b: bytes, dtype: type, shape: tuple[int, ...], zlibbed: bool = False) -> np.ndarray:
+def _unpack(b: bytes, dtype: type | np.dtype[Any], shape: tuple[int, ...], zlibbed: bool = False) -> np.ndarray:
     """The array packed in ``b`` (``zlibbed``: a version 1-2 record's zlib-compressed array).
 
     Read-only when not ``zlibbed`` (a view of the record). The size is that of ``shape`` (checked before
@@ -162,7 +162,8 @@ def encode_state(state: ChannelState) -> bytes:
     lat, runs, q = ext.pop(LATENCY, None), ext.pop(RUNS, None), ext.pop(QUALITY, None)
     model = None if q is None or "model" not in q else str(q["model"])
     snap = ChannelSnapshot(
-        version=SNAPSHOT_VERSION, channel=state.channel, route=state.route, tier=state.tier,
+        version=SNAPSHOT_VERSION, channel=state.channel, route=state.route,
+        tier=cast(Literal["free", "paid"] | None, state.tier),
         n_buckets=DEFAULT_N_BUCKETS if lat is None else lat["base.hist"].shape[-1],
         short_slot_id=_pack(w.short_slot_id), short_hist=b"" if lat is None else _pack(lat["short.hist"]),
         short_lat_slot_id=b"" if lat is None else _pack(lat["short.slot_id"]),
@@ -172,13 +173,13 @@ def encode_state(state: ChannelState) -> bytes:
         run=0 if runs is None else int(runs["run"]), last_ts_ms=w.last_ts_ms, seq=state.seq,
         watermark_ms=state.watermark_ms,
         next_eval_ms=state.next_eval_ms, fail_since_eval=state.fail_since_eval, active=dict(state.active),
-        machine=dict(state.machine),
+        machine=cast(MachineWire, dict(state.machine)),  # encoded as the dict it is (msgspec writes a map)
         quality_short_slot_id=b"" if q is None else _pack(q["short.slot_id"]),
         quality_short_counts=b"" if q is None else _pack(q["short.counts"]),
         quality_base_slot_id=b"" if q is None else _pack(q["base.slot_id"]),
         quality_base_counts=b"" if q is None else _pack(q["base.counts"]),
         quality_model=model,
-        extensions={name: {key: (a.dtype.str, list(a.shape), _pack(a)) for key, a in arrays.items()}
+        extensions={name: {key: (cast(ExtensionDtype, a.dtype.str), list(a.shape), _pack(a)) for key, a in arrays.items()}
                     for name, arrays in ext.items()},
         judged_since_eval=state.judged_since_eval,
         route_shares=None if state.route_shares is None else RouteSharesWire(**dataclasses.asdict(state.route_shares)),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from itertools import compress
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Mapping, cast
 
 import numpy as np
 
@@ -155,13 +155,14 @@ class WindowStore:
                     i = index.get(names[k])
                     idx[k] = i if i is not None else self.channel_index(names[k], routes[k], tiers[k])
         # The usual batch changes no route or tier: one C-level comparison each finds out.
-        if list(map(self.routes.__getitem__, idx)) != routes:
+        rows = cast(list[int], idx)  # every name is registered now
+        if list(map(self.routes.__getitem__, rows)) != routes:
             for name, route in dict(zip(names, routes)).items():
                 i = index[name]
                 if self.routes[i] != route:
                     self.routes[i] = route
                     self._members = None
-        if list(map(self.tiers.__getitem__, idx)) != tiers:
+        if list(map(self.tiers.__getitem__, rows)) != tiers:
             for name, tier in dict(zip(compress(names, tiers), compress(tiers, tiers))).items():
                 i = index[name]
                 if self.tiers[i] != tier:
@@ -256,7 +257,7 @@ class WindowStore:
         store does not keep is dropped; so are signal windows, by signal name.
         """
         short = dict(state["short"])  # type: ignore[call-overload]
-        names = list(state.get("counters") or V1_COUNTER_NAMES)  # type: ignore[attr-defined]
+        names = list(cast(list[str], state.get("counters")) or V1_COUNTER_NAMES)
         old = np.asarray(short["counts"])
         counts = np.zeros(old.shape[:2] + (len(self.counters),), old.dtype)
         for j, c in enumerate(self.counters):
@@ -265,10 +266,10 @@ class WindowStore:
         short["counts"] = counts
         self.short.load(short)
         self._reserved = 0
-        self.names = list(state["names"])  # type: ignore[arg-type]
-        self.routes = list(state["routes"])  # type: ignore[arg-type]
+        self.names = list(cast(list[str], state["names"]))
+        self.routes = list(cast(list[str], state["routes"]))
         self._members = None
-        self.tiers = list(state["tiers"])  # type: ignore[arg-type]
+        self.tiers = list(cast(list[str | None], state["tiers"]))
         self._index = {n: i for i, n in enumerate(self.names)}
         self.last_ts_ms = np.asarray(state["last_ts_ms"], dtype=np.int64).copy()
         self.watermark_ms = state["watermark_ms"]  # type: ignore[assignment]
