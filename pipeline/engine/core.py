@@ -225,7 +225,7 @@ class Engine:
 
     def process(self, events: Sequence[RequestEvent],
                 structure: Sequence[tuple[bool | None, list[str] | None]] | None = None,
-                low_watermark_ms: int | None = None, fields: EventFields | None = None,
+                low_watermark_ms: int | None = None, *, fields: EventFields,
                 max_advance_ms: int | None = None) -> BatchResult:
         """Ingest a batch of validated events (any order); return verdicts and late events.
 
@@ -251,19 +251,17 @@ class Engine:
         ``max_advance_ms`` when given (the clock plus its allowed skew: a chunk
         stamped beyond it evaluates only its own channels, SPEC §8).
 
-        ``fields``: the events' fields (:meth:`read_fields`, same order and
-        length as ``events``), the one form in which the batch travels from
-        here on; read here, once, when not given (the stream processor reads
-        them per message while the decoder has the events in cache). Raises
-        ``ValueError`` when its length differs.
+        ``fields`` (required): the events' fields (:meth:`read_fields`, same
+        order and length as ``events``), the one form in which the batch
+        travels from here on (the stream processor reads them per message
+        while the decoder has the events in cache; a replay reads them with
+        :meth:`read_fields`). Raises ``ValueError`` when its length differs.
         """
         result = BatchResult()
         if not events:
             return result
         self._batch_wm = low_watermark_ms or 0
-        if fields is None:
-            fields = self.read_fields(events)
-        elif len(fields) != len(events):
+        if len(fields) != len(events):
             raise ValueError(f"fields hold {len(fields)} events, the batch {len(events)}")
         if self.residency.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
             events, structure, fields = self.residency.admit(events, structure, result.refused, self.channel_rows,

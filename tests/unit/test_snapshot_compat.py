@@ -183,7 +183,7 @@ def _events(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
 def _feed(eng: Engine, events: list[RequestEvent]) -> list:
     out = []
     for k in range(0, len(events), 500):
-        out.extend(eng.process(events[k:k + 500]).verdicts)
+        out.extend(eng.process(events[k:k + 500], fields=eng.read_fields(events[k:k + 500])).verdicts)
     return out
 
 
