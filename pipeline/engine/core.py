@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from pipeline.engine.quality_scores import QualityScores
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
 from pipeline.engine.state_io import StateIO
+from pipeline.signals.consecutive_failures import FailureRuns
 from pipeline.windows.store import EventColumns, WindowStore
 
 _STATE = attrgetter("state")
@@ -102,6 +103,9 @@ class Engine:
                                  baseline_hours=self.policy.baseline_window_ms // 3_600_000,
                                  counters=tuple(c for s in self.signals for c in s.counters),
                                  windows=tuple(s.windows for s in self.signals if s.windows is not None))
+        runs = self.store.extensions.get("consecutive_failures")
+        #: The failure runs (pre-trip, SPEC §4.2: checked on every batch; None without the signal).
+        self.runs = runs if isinstance(runs, FailureRuns) else None
         self.machines: list[ChannelMachine] = []
         self.seq: list[int] = []
         self.active: dict[str, np.ndarray] = {d.reason: np.zeros(0, bool)
@@ -221,7 +225,7 @@ class Engine:
 
     def process(self, events: Sequence[RequestEvent],
                 structure: Sequence[tuple[bool | None, list[str] | None]] | None = None,
-                low_watermark_ms: int | None = None, fields: EventFields | None = None,
+                low_watermark_ms: int | None = None, *, fields: EventFields,
                 max_advance_ms: int | None = None) -> BatchResult:
         """Ingest a batch of validated events (any order); return verdicts and late events.
 
@@ -247,19 +251,17 @@ class Engine:
         ``max_advance_ms`` when given (the clock plus its allowed skew: a chunk
         stamped beyond it evaluates only its own channels, SPEC §8).
 
-        ``fields``: the events' fields (:meth:`read_fields`, same order and
-        length as ``events``), the one form in which the batch travels from
-        here on; read here, once, when not given (the stream processor reads
-        them per message while the decoder has the events in cache). Raises
-        ``ValueError`` when its length differs.
+        ``fields`` (required): the events' fields (:meth:`read_fields`, same
+        order and length as ``events``), the one form in which the batch
+        travels from here on (the stream processor reads them per message
+        while the decoder has the events in cache; a replay reads them with
+        :meth:`read_fields`). Raises ``ValueError`` when its length differs.
         """
         result = BatchResult()
         if not events:
             return result
         self._batch_wm = low_watermark_ms or 0
-        if fields is None:
-            fields = self.read_fields(events)
-        elif len(fields) != len(events):
+        if len(fields) != len(events):
             raise ValueError(f"fields hold {len(fields)} events, the batch {len(events)}")
         if self.residency.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
             events, structure, fields = self.residency.admit(events, structure, result.refused, self.channel_rows,
@@ -284,7 +286,7 @@ class Engine:
             events = get(events)
             if checked.any():  # else every entry is the same "not checked"
                 structure = get(structure)
-            keys = tuple(map(get, keys))  # type: ignore[assignment]
+            keys = (get(keys[0]), get(keys[1]), get(keys[2]))
             optional = {k: v[order] for k, v in optional.items()}
             bounds = [0, *(np.flatnonzero(bucket[1:] != bucket[:-1]) + 1).tolist(), n]
         else:
@@ -299,7 +301,7 @@ class Engine:
                                        checked[start:end], missing[start:end],
                                        tuple(k[start:end] for k in keys),  # type: ignore[arg-type]
                                        {k: v[start:end] for k, v in optional.items()})
-            self._process_chunk(events[start:end], structure[start:end], result, cols)
+            self._process_chunk(events[start:end], cast(list, structure[start:end]), result, cols)
         if low_watermark_ms:
             result.verdicts.extend(self.advance(low_watermark_ms))
         return result
@@ -339,8 +341,9 @@ class Engine:
         if probing:  # SPEC §4: any failure run sends a probing channel back (only this chunk's rows are read)
             th = th.copy()
             th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
-        late, run_ch, run_max = self.store.add(cols, th)
-        crossed = self.store.runs.crossed_at
+        if self.runs is not None:
+            self.runs.threshold = th
+        late = self.store.add(cols)
         if late.any():  # too old for the ring although within lateness: count as late too
             flags = late.tolist()
             result.late.extend(compress(events, flags))
@@ -357,7 +360,8 @@ class Engine:
                 total[:c] += np.bincount(cols.channel, weights=counted, minlength=c)
             else:
                 np.add.at(total, cols.channel, counted.astype(np.float64))
-        result.verdicts.extend(self._pretrip(cols, run_ch, crossed, th))
+        if self.runs is not None:
+            result.verdicts.extend(self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th))
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
                  threshold: np.ndarray) -> list[Verdict]:
@@ -435,7 +439,7 @@ class Engine:
         th = ThresholdArrays({k: v[rows] for k, v in th_all.values.items()})
         # half_open / recovering: judged on the traffic since the channel left open (issue #18 item 4)
         never = np.iinfo(np.int64).min // 2
-        since = np.array([never if (s := self.machines[i].judged_since_ms) is None else s for i in rows],
+        since = np.array([never if (t := self.machines[i].judged_since_ms) is None else t for i in rows],
                          dtype=np.int64)
         view = self.store.view(now_ms, since_ms=since, rows=rows)
         n = rows.shape[0]
@@ -471,8 +475,8 @@ class Engine:
             changed[j] = m.step(now_ms, h, s, view.judged_5m[j], view.failures_5m[j],
                                 int(last_ts[j]) if last_ts[j] > 0 else None, cfg,
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
-            if m.state == HALF_OPEN and changed[j]:
-                self.store.runs.reset(i)
+            if m.state == HALF_OPEN and changed[j] and self.runs is not None:
+                self.runs.reset(i)
             # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
             m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
         self.changed[rows[stepped]] = True
@@ -516,4 +520,4 @@ class Engine:
         clean = metrics if cleaned else {k: clean_value(v) for k, v in metrics.items()}
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
                        weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),
-                       metrics=clean, ts_ms=now_ms, seq=self.seq[i])
+                       metrics=cast(dict[str, float | int | str | None], clean), ts_ms=now_ms, seq=self.seq[i])

@@ -11,13 +11,15 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from pipeline.signals.quality import QualityScoreWindows
 from pipeline.windows.store import WindowStore
 
 
 class QualityScores:
     """The engine's quality scores (``engine.quality``): scores in, counted by outcome.
 
-    Files scores in ``store``'s quality windows; calls ``mark_changed(rows)`` for
+    Files scores in ``store``'s quality windows (those of the ``quality`` signal,
+    :class:`~pipeline.signals.quality.QualityScoreWindows`); calls ``mark_changed(rows)`` for
     the channels that got scores.
     """
 
@@ -29,6 +31,13 @@ class QualityScores:
         self.added = 0
         self.dropped: dict[str, int] = {}
         self.resets = 0
+
+    def windows(self) -> QualityScoreWindows:
+        """The ``quality`` signal's windows; raises ``LookupError`` when the engine does not evaluate it."""
+        w = self.store.extensions.get("quality")
+        if not isinstance(w, QualityScoreWindows):
+            raise LookupError("the engine's signals keep no quality windows")
+        return w
 
     def add(self, channels: Sequence[str], ts_ms: Sequence[int], scores: Sequence[float],
                            model_version: str | None = None) -> int:
@@ -61,8 +70,8 @@ class QualityScores:
         drops = {"unknown_channel": int((idx < 0).sum()), "not_finite": int(((idx >= 0) & ~np.isfinite(s)).sum())}
         if keep.any():
             self.mark_changed(idx[keep])
-            too_old, reset = self.store.quality.add(idx[keep], np.asarray(ts_ms, dtype=np.int64).reshape(n)[keep],
-                                                    np.clip(s[keep], 0.0, 1.0), model_version)
+            too_old, reset = self.windows().add_scores(idx[keep], np.asarray(ts_ms, dtype=np.int64).reshape(n)[keep],
+                                                       np.clip(s[keep], 0.0, 1.0), model_version)
             drops["too_old"] = int(too_old.sum())
             self.resets += len(reset)
         for k, v in drops.items():

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import msgspec
 import numpy as np
@@ -197,4 +197,5 @@ class StateIO:
 
 def _machine(fields: Mapping[str, object]) -> ChannelMachine:
     """A :class:`ChannelMachine` of saved ``fields``; fields it no longer has are ignored, new ones default."""
-    return ChannelMachine(**{k: v for k, v in fields.items() if k in _MACHINE_FIELD_SET})
+    kept: dict[str, Any] = {k: v for k, v in fields.items() if k in _MACHINE_FIELD_SET}  # checked on import
+    return ChannelMachine(**kept)

@@ -44,11 +44,19 @@ previous finding is kept (no evidence either way). Metrics beside the ratios:
 ``latency_p95_30s_ratio`` (the last slot's point ratio) and
 ``latency_shift_p`` (the shift test's p-value; NaN unless that ratio is at
 or above the trip line, so a quiet round costs no scipy call).
+
+Windows (:class:`LatencyWindows`): per channel a ring of 10 × 30 s latency
+histograms of ``ok`` requests (the 5 min window and its last 30 s slot) and
+one of 25 × 1 h (the 24 complete hours of the baseline plus the hour being
+filled), in the DDSketch buckets of :class:`LatencyBuckets` (334 buckets of
+2 %). Memory per busy channel: (10 + 25) × 334 × 4 bytes ≈ 46 KB; a slot
+never written costs no resident memory (:mod:`pipeline.windows.ring`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -56,12 +64,31 @@ from scipy.special import bdtrc, betaincinv
 
 from pipeline.signals.base import Examples, Finding, Order, Params, Signal, ThresholdArrays, param
 from pipeline.stats import safe_ratio
+from pipeline.windows.extension import RingWindows, WindowSpec, row_selector
+from pipeline.windows.features import EventColumns
+from pipeline.windows.histogram import LatencyBuckets
+from pipeline.windows.ring import IntervalRing
 from pipeline.windows.view import WindowView
 
 #: Level of the one-round shift test per round and channel (see the module docstring).
 SHIFT_ALPHA = 1e-7
 #: One-sided miss probability of the upper bound of the baseline's share above its P95.
 SHIFT_BASE_BETA = 1e-7
+#: The 10 s grid of the store's counters, on which the windows' ends are computed (``since`` rounded up to it).
+SHORT_SLOT_MS = 10_000
+#: Slot of the short latency histograms: 30 s, the round interval (SPEC §4), so a round's 5 min
+#: window is the same whole slots as with 10 s ones at a third of the memory.
+LAT_SLOT_MS = 30_000
+#: Slot of the baseline histograms: 1 h (SPEC §4.3: 24 complete hours).
+BASE_SLOT_MS = 3_600_000
+#: One-sided confidence of the P95 lower bounds in the view (issue #19: a handful of outliers in a thin
+#: window cannot lift the bound; :meth:`LatencyBuckets.quantile_bound`).
+P95_BOUND_CONFIDENCE = 0.99
+#: The same for the last 30 s slot alone: 95 %, so a P95 x2 swap at 4 req/s (120 samples) is certified in
+#: the round it happens; a clean channel still needs ~10 of 120 answers above 1.8x its P95 to trip.
+P95_BOUND_CONFIDENCE_30S = 0.95
+#: Null scale of the 30 s shift evidence: SPEC §4.3's clear ratio (``latency_ratio_clear``).
+SHIFT_NULL_RATIO = 1.2
 
 
 def baseline_tail_share(base_n: np.ndarray, beta: float = SHIFT_BASE_BETA) -> np.ndarray:
@@ -94,6 +121,116 @@ def shift_p_value(k: np.ndarray, n: np.ndarray, p0: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         p = bdtrc(np.clip(k - 1, 0, None), np.maximum(n, k).clip(1), np.nan_to_num(p0, nan=0.5))
     return np.where(k <= 0, 1.0, np.where(np.isnan(p0), np.nan, p))
+
+
+class LatencyWindows(RingWindows):
+    """The latency histograms of ``ok`` requests: ``short`` (10 × 30 s; 10 s slots when the 5 min window is
+    not a multiple of 30 s) and ``base`` (``baseline_hours + 1`` × 1 h), both ``n_buckets`` wide.
+
+    ``buckets``: the bucket mapping (default :class:`LatencyBuckets`: 2 %, 1 ms .. 10 min);
+    ``min_latency`` / ``min_baseline`` (>= 1): samples below which a P95 (5 min and 30 s / baseline)
+    is NaN. Baseline P95s are computed once per channel and event-time hour (cached; a late event
+    into a covered hour or a row change drops a channel's cache).
+    """
+
+    name = "latency_p95_ratio"
+
+    def __init__(self, spec: WindowSpec, buckets: LatencyBuckets | None = None):
+        self.buckets = buckets or LatencyBuckets()
+        self.window_ms = spec.window_ms
+        self.baseline_hours = spec.baseline_hours
+        self.min_latency = 1
+        self.min_baseline = 1
+        k = self.buckets.n_buckets
+        lat_ms = LAT_SLOT_MS if spec.window_ms % LAT_SLOT_MS == 0 else SHORT_SLOT_MS
+        self.short = IntervalRing(lat_ms, spec.window_ms // lat_ms, 0, k)
+        self.base = IntervalRing(BASE_SLOT_MS, spec.baseline_hours + 1, 0, k)
+        self.rings = {"short": self.short, "base": self.base}
+        self._base_hour = np.full(16, -1, dtype=np.int64)  # per channel: the hour its cached baseline is for
+        self._base_vals = np.full((16, 3), np.nan)  # per channel: P95, samples, hours
+        self._base_min = 1
+
+    def add(self, cols: EventColumns, late: np.ndarray) -> None:
+        """Count the ``ok`` latencies: in the short ring unless ``late``, in the baseline always."""
+        key = self.buckets.key_of(cols.latency_ms)
+        self.short.add(cols.channel, cols.ts_ms, None, cols.ok & ~late, key)
+        self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
+        if self._base_hour.shape[0] > 0:
+            hours = cols.ts_ms // BASE_SLOT_MS
+            known = cols.channel < self._base_hour.shape[0]
+            touched = cols.channel[known][hours[known] < self._base_hour[cols.channel[known]]]
+            if touched.size:  # a late event landed in an hour a cached baseline covers
+                self._base_hour[np.unique(touched)] = -1
+
+    def _baseline(self, now_ms: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Baseline P95 / samples / hours for ``rows`` at ``now_ms``, cached per channel and hour."""
+        hour = now_ms // BASE_SLOT_MS
+        c = self.base.capacity
+        if self._base_hour.shape[0] < c or self._base_min != self.min_baseline:
+            grow = max(c, 16) - self._base_hour.shape[0]
+            if grow > 0:
+                self._base_hour = np.concatenate([self._base_hour, np.full(grow, -1, np.int64)])
+                self._base_vals = np.concatenate([self._base_vals, np.full((grow, 3), np.nan)])
+            if self._base_min != self.min_baseline:
+                self._base_hour[:] = -1
+                self._base_min = self.min_baseline
+        stale = rows[self._base_hour[rows] != hour]
+        if stale.size:
+            ids = self.base.slot_id[stale]
+            mask = ((ids >= max(hour - self.baseline_hours, 0)) & (ids < hour)).astype(np.float32)
+            hist = self.base.sum_hist(mask, stale)
+            self._base_vals[stale, 0] = self.buckets.quantile(hist, 0.95, min_count=self.min_baseline)
+            self._base_vals[stale, 1] = hist.sum(axis=1)
+            self._base_vals[stale, 2] = mask.sum(axis=1)
+            self._base_hour[stale] = hour
+        v = self._base_vals[rows]
+        return v[:, 0], v[:, 1], v[:, 2]
+
+    def invalidate_baseline(self, rows: np.ndarray | None = None) -> None:
+        """Drop cached baselines (of channels ``rows``, or all) after the rings changed outside :meth:`add`."""
+        if rows is None:
+            self._base_hour[:] = -1
+        else:
+            rows = np.asarray(rows, dtype=np.int64)
+            self._base_hour[rows[rows < self._base_hour.shape[0]]] = -1
+
+    def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
+        """``p95_ms``, ``n_latency_5m``, ``p95_lower_ms`` (99 %), ``p95_lower_30s_ms`` (95 %),
+        ``n_latency_30s``, ``p95_30s_ms``, ``n_shift_30s`` (samples of the last slot above 1.2 × the
+        baseline P95) and ``base_p95_ms`` / ``base_n`` / ``base_hours`` (:class:`WindowView`)."""
+        n = rows.shape[0]
+        mq = self.min_latency
+        hi = -(-now_ms // SHORT_SLOT_MS)  # 10 s slots strictly before the one after now
+        lo = np.full(n, max(hi - self.window_ms // SHORT_SLOT_MS, 0), dtype=np.int64)
+        if since_ms is not None:
+            lo = np.maximum(lo, -(-np.asarray(since_ms, dtype=np.int64) // SHORT_SLOT_MS))
+        lat = self.short
+        per = lat.slot_ms // SHORT_SLOT_MS  # 10 s slots per latency slot; window ends are whole latency slots
+        sel = row_selector(rows)
+        lat_ids = lat.slot_id[sel]
+        lat_lo = -(-lo // per)
+        lat_hi = -(-hi // per)
+        h5 = lat.sum_hist(((lat_ids >= lat_lo[:, None]) & (lat_ids < lat_hi)).astype(np.float32), sel)
+        h30 = lat.sum_hist(((lat_ids >= np.maximum(lat_lo, lat_hi - 1)[:, None]) & (lat_ids < lat_hi))
+                           .astype(np.float32), sel)
+        base_p95, base_n, base_hours = self._baseline(now_ms, rows)
+        b = self.buckets
+        return {
+            "p95_ms": b.quantile(h5, 0.95, min_count=mq), "n_latency_5m": h5.sum(axis=1),
+            "p95_lower_ms": b.quantile_bound(h5, 0.95, P95_BOUND_CONFIDENCE, min_count=mq),
+            "p95_lower_30s_ms": b.quantile_bound(h30, 0.95, P95_BOUND_CONFIDENCE_30S, min_count=mq),
+            "n_latency_30s": h30.sum(axis=1), "p95_30s_ms": b.quantile(h30, 0.95, min_count=mq),
+            "n_shift_30s": b.count_above(h30, base_p95, SHIFT_NULL_RATIO),
+            "base_p95_ms": base_p95, "base_n": base_n, "base_hours": base_hours,
+        }
+
+    def clear_rows(self, rows: np.ndarray) -> None:
+        super().clear_rows(rows)
+        self.invalidate_baseline(rows)
+
+    def import_row(self, i: int, arrays: Mapping[str, np.ndarray] | None) -> None:
+        super().import_row(i, arrays)
+        self.invalidate_baseline(np.array([i]))
 
 
 @dataclass(frozen=True)
@@ -153,7 +290,7 @@ class LatencyRatio:
 
 
 SIGNAL = Signal(
-    name="latency_p95_ratio", kind="soft", params=LatencyParams, detector=LatencyRatio(),
+    name="latency_p95_ratio", kind="soft", params=LatencyParams, detector=LatencyRatio(), windows=LatencyWindows,
     features=("p95_ms", "n_latency_5m", "p95_lower_ms", "p95_lower_30s_ms", "n_latency_30s", "p95_30s_ms",
               "n_shift_30s", "base_p95_ms", "base_n", "base_hours"),
     metrics=("p95_ms", "baseline_p95_ms", "latency_p95_ratio", "latency_p95_lower_ratio", "latency_p95_30s_ratio",

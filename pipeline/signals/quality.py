@@ -52,12 +52,20 @@ Metrics: ``quality_score_5m`` (window mean), ``quality_baseline``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 from scipy.special import stdtrit  # Student t quantile (what scipy.stats.t.ppf calls), without scipy.stats
 
 from pipeline.signals.base import Examples, Finding, Order, Params, Signal, ThresholdArrays, param
+from pipeline.windows.extension import RingWindows, WindowSpec
+from pipeline.windows.features import EventColumns
+from pipeline.windows.quality import QualityWindows
 from pipeline.windows.view import WindowView
+
+#: The short ring's slot (10 s, the counters' grid) and the baseline's (1 h, SPEC §4.3 / §4.5).
+SLOT_MS = 10_000
+HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -151,9 +159,59 @@ class QualityDrop:
         })
 
 
+
+class QualityScoreWindows(RingWindows):
+    """The signal's windows: :class:`~pipeline.windows.quality.QualityWindows` (``rings``: 30 × 10 s and
+    ``baseline_hours + 1`` × 1 h of score count / sum / sum of squares, and per channel the model
+    version of the scores held).
+
+    Scores arrive apart from their events (:meth:`add_scores`, from
+    :class:`pipeline.engine.quality_scores.QualityScores`); :meth:`add` of events does nothing. A row
+    moves as the four ring arrays (``short.slot_id`` / ``.counts``, ``base.slot_id`` / ``.counts``) and,
+    when the channel holds scores of a version, ``model``: a 0-d str array.
+    """
+
+    name = "quality"
+
+    def __init__(self, spec: WindowSpec):
+        self.baseline_hours = spec.baseline_hours
+        self.scores = QualityWindows(SLOT_MS, spec.window_ms // SLOT_MS, HOUR_MS, spec.baseline_hours + 1)
+        self.rings = {"short": self.scores.short, "base": self.scores.base}
+
+    def ensure_capacity(self, n_channels: int) -> None:
+        self.scores.ensure_capacity(n_channels)
+
+    def add(self, cols: EventColumns, late: np.ndarray) -> None:
+        """Events carry no scores: nothing to count."""
+
+    def add_scores(self, channel: np.ndarray, ts_ms: np.ndarray, scores: np.ndarray,
+                   version: str | None = None) -> tuple[np.ndarray, list[int]]:
+        """:meth:`QualityWindows.add <pipeline.windows.quality.QualityWindows.add>`: scores in [0, 1] of
+        channel rows ``channel`` at ``ts_ms``; returns ``(too_old, reset_rows)``."""
+        return self.scores.add(channel, ts_ms, scores, version)
+
+    def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
+        """The ``quality_*`` / ``base_quality_*`` features (:meth:`QualityWindows.aggregates
+        <pipeline.windows.quality.QualityWindows.aggregates>`)."""
+        return self.scores.aggregates(rows, now_ms, since_ms, self.baseline_hours)
+
+    def export_row(self, i: int) -> dict[str, np.ndarray]:
+        out = super().export_row(i)
+        version = self.scores.version[i]
+        if version is not None:
+            out["model"] = np.array(version)
+        return out
+
+    def import_row(self, i: int, arrays: Mapping[str, np.ndarray] | None) -> None:
+        """Load a row (None: empty, no version); raises ``ValueError`` for a ring array of another shape."""
+        super().import_row(i, arrays)
+        model = None if arrays is None else arrays.get("model")
+        self.scores.version[i] = None if model is None else str(model)
+
+
 _Q_BASE = {"base_quality_n": 10_000, "base_quality_mean": 0.9, "base_quality_var": 0.01, "base_quality_hours": 24}
 SIGNAL = Signal(
-    name="quality", kind="soft", params=QualityParams, detector=QualityDrop(),
+    name="quality", kind="soft", params=QualityParams, detector=QualityDrop(), windows=QualityScoreWindows,
     features=("quality_n_5m", "quality_mean_5m", "quality_var_5m", "base_quality_n", "base_quality_mean",
               "base_quality_var", "base_quality_hours", "quality_lag_ms"),
     metrics=("quality_score_5m", "quality_baseline", "quality_drop", "quality_t", "quality_samples_5m",

@@ -45,15 +45,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from typing import Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, cast
 
 import lz4.block
 import msgspec
 import numpy as np
 
 from pipeline.state.channel_state import ChannelState, HeldChannel, RouteShareRecord
-from pipeline.state.wire import ChannelSnapshot, MachineWire, RouteSharesWire
+from pipeline.state.wire import ChannelSnapshot, ExtensionDtype, MachineWire, RouteSharesWire
 from pipeline.windows.features import V1_COUNTER_NAMES
+from pipeline.windows.histogram import LatencyBuckets
+from pipeline.windows.ring import coarsen_slots
 from pipeline.windows.view import ChannelWindows
 
 SNAPSHOT_VERSION = 3
@@ -67,6 +69,23 @@ COMPRESSED_MARK = b"\xc1"
 #: Largest decompressed record accepted (bytes): a busy channel's record is ~80 KB and one of 4096 latency
 #: buckets ~1 MB; a corrupt or hostile size header must not allocate more.
 MAX_RECORD_BYTES = 8 << 20
+
+
+#: The signals whose windows a record keeps in top-level fields: the store kept them built in before every
+#: signal's windows went through one mechanism (issue #31), and records keep that layout so that workers
+#: of either version read each other's snapshots during a rolling upgrade. Signal → array of its
+#: windows' rows (:meth:`~pipeline.windows.extension.SignalWindows.export_row`) → field of
+#: :class:`~pipeline.state.wire.ChannelSnapshot`; every other signal's arrays go under ``extensions``.
+LATENCY, RUNS, QUALITY = "latency_p95_ratio", "consecutive_failures", "quality"
+WIRE_FIELDS = {
+    LATENCY: {"short.slot_id": "short_lat_slot_id", "short.hist": "short_hist", "base.slot_id": "base_slot_id",
+              "base.hist": "base_hist"},
+    RUNS: {"run": "run"},
+    QUALITY: {"short.slot_id": "quality_short_slot_id", "short.counts": "quality_short_counts",
+              "base.slot_id": "quality_base_slot_id", "base.counts": "quality_base_counts", "model": "quality_model"},
+}
+#: ``n_buckets`` of a record whose engine keeps no latency windows (the default bucket mapping's).
+DEFAULT_N_BUCKETS = LatencyBuckets().n_buckets
 
 
 class SnapshotError(ValueError):
@@ -98,7 +117,7 @@ def _inflate(b: bytes, size: int) -> bytes:
     return out
 
 
-def _unpack(b: bytes, dtype: type, shape: tuple[int, ...], zlibbed: bool = False) -> np.ndarray:
+def _unpack(b: bytes, dtype: type | np.dtype[Any], shape: tuple[int, ...], zlibbed: bool = False) -> np.ndarray:
     """The array packed in ``b`` (``zlibbed``: a version 1-2 record's zlib-compressed array).
 
     Read-only when not ``zlibbed`` (a view of the record). The size is that of ``shape`` (checked before
@@ -139,22 +158,29 @@ def encode_state(state: ChannelState) -> bytes:
     """:class:`ChannelState` → snapshot bytes (version :data:`SNAPSHOT_VERSION`: :data:`COMPRESSED_MARK`
     and the LZ4 block, size stored, of the msgpack record with raw arrays)."""
     w = state.windows
+    ext = dict(w.extensions)
+    lat, runs, q = ext.pop(LATENCY, None), ext.pop(RUNS, None), ext.pop(QUALITY, None)
+    model = None if q is None or "model" not in q else str(q["model"])
     snap = ChannelSnapshot(
-        version=SNAPSHOT_VERSION, channel=state.channel, route=state.route, tier=state.tier,
-        n_buckets=w.n_buckets, short_slot_id=_pack(w.short_slot_id), short_hist=_pack(w.short_hist),
-        short_lat_slot_id=_pack(w.short_lat_slot_id) if w.short_lat_slot_id is not None else b"",
+        version=SNAPSHOT_VERSION, channel=state.channel, route=state.route,
+        tier=cast(Literal["free", "paid"] | None, state.tier),
+        n_buckets=DEFAULT_N_BUCKETS if lat is None else lat["base.hist"].shape[-1],
+        short_slot_id=_pack(w.short_slot_id), short_hist=b"" if lat is None else _pack(lat["short.hist"]),
+        short_lat_slot_id=b"" if lat is None else _pack(lat["short.slot_id"]),
         counters={name: _pack(a) for name, a in w.counters.items()},
-        base_slot_id=_pack(w.base_slot_id), base_hist=_pack(w.base_hist),
-        run=w.run, last_ts_ms=w.last_ts_ms, seq=state.seq, watermark_ms=state.watermark_ms,
+        base_slot_id=b"" if lat is None else _pack(lat["base.slot_id"]),
+        base_hist=b"" if lat is None else _pack(lat["base.hist"]),
+        run=0 if runs is None else int(runs["run"]), last_ts_ms=w.last_ts_ms, seq=state.seq,
+        watermark_ms=state.watermark_ms,
         next_eval_ms=state.next_eval_ms, fail_since_eval=state.fail_since_eval, active=dict(state.active),
-        machine=dict(state.machine),
-        quality_short_slot_id=_pack(w.quality_short_slot_id) if w.quality_short_slot_id is not None else b"",
-        quality_short_counts=_pack(w.quality_short_counts) if w.quality_short_counts is not None else b"",
-        quality_base_slot_id=_pack(w.quality_base_slot_id) if w.quality_base_slot_id is not None else b"",
-        quality_base_counts=_pack(w.quality_base_counts) if w.quality_base_counts is not None else b"",
-        quality_model=w.quality_model,
-        extensions={name: {key: (a.dtype.str, list(a.shape), _pack(a)) for key, a in arrays.items()}
-                    for name, arrays in w.extensions.items()},
+        machine=cast(MachineWire, dict(state.machine)),  # encoded as the dict it is (msgspec writes a map)
+        quality_short_slot_id=b"" if q is None else _pack(q["short.slot_id"]),
+        quality_short_counts=b"" if q is None else _pack(q["short.counts"]),
+        quality_base_slot_id=b"" if q is None else _pack(q["base.slot_id"]),
+        quality_base_counts=b"" if q is None else _pack(q["base.counts"]),
+        quality_model=model,
+        extensions={name: {key: (cast(ExtensionDtype, a.dtype.str), list(a.shape), _pack(a)) for key, a in arrays.items()}
+                    for name, arrays in ext.items()},
         judged_since_eval=state.judged_since_eval,
         route_shares=None if state.route_shares is None else RouteSharesWire(**dataclasses.asdict(state.route_shares)),
     )
@@ -200,7 +226,8 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
              ) -> ChannelState:
     """The :class:`ChannelState` a decoded snapshot holds (ring sizes: the engine's).
 
-    ``short_hist`` is the latency ring's ``(lat_slots, n_buckets)`` with
+    The top-level fields of :data:`WIRE_FIELDS` become the rows of those signals' windows
+    (``ChannelWindows.extensions``, beside the others). ``short_hist`` is the latency ring's ``(lat_slots, n_buckets)`` with
     ``short_lat_slot_id``, or (older snapshots) ``(short_slots, n_buckets)`` in
     the 10 s slots of ``short_slot_id`` with ``short_lat_slot_id`` None.
 
@@ -222,24 +249,31 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
         counters = {name: cube[:, j].copy() for j, name in enumerate(V1_COUNTER_NAMES)}
     else:
         counters = {name: unpack(b, np.float32, (ns,)) for name, b in snap.counters.items()}
-    quality = {}
-    if snap.quality_short_slot_id:
-        qk = quality_counters
-        quality = dict(quality_short_slot_id=unpack(snap.quality_short_slot_id, np.int64, (ns,)),
-                       quality_short_counts=unpack(snap.quality_short_counts, np.float32, (ns, qk)),
-                       quality_base_slot_id=unpack(snap.quality_base_slot_id, np.int64, (nb,)),
-                       quality_base_counts=unpack(snap.quality_base_counts, np.float32, (nb, qk)),
-                       quality_model=snap.quality_model)
     extensions = {name: {key: _unpack_extension(name, key, *packed, z, windows_layout)
                          for key, packed in arrays.items()}
                   for name, arrays in snap.extensions.items()}
-    windows = ChannelWindows(
-        n_buckets=k, short_slot_id=unpack(snap.short_slot_id, np.int64, (ns,)), counters=counters,
-        short_hist=unpack(snap.short_hist, np.float32, (lat_slots if snap.short_lat_slot_id else ns, k)),
-        short_lat_slot_id=unpack(snap.short_lat_slot_id, np.int64, (lat_slots,)) if snap.short_lat_slot_id else None,
-        base_slot_id=unpack(snap.base_slot_id, np.int64, (nb,)),
-        base_hist=unpack(snap.base_hist, np.float32, (nb, k)), run=snap.run, last_ts_ms=snap.last_ts_ms,
-        extensions=extensions, **quality)
+    short_slot_id = unpack(snap.short_slot_id, np.int64, (ns,))
+    if snap.base_hist:  # the latency windows (a record of an engine without them has none)
+        if snap.short_lat_slot_id:
+            lat_ids = unpack(snap.short_lat_slot_id, np.int64, (lat_slots,))
+            lat_hist = unpack(snap.short_hist, np.float32, (lat_slots, k))
+        else:  # written with 10 s latency slots: summed into the ring's longer ones
+            lat_ids, lat_hist = coarsen_slots(short_slot_id, unpack(snap.short_hist, np.float32, (ns, k)),
+                                              ns // lat_slots, lat_slots)
+        extensions[LATENCY] = {"short.slot_id": lat_ids, "short.hist": lat_hist,
+                               "base.slot_id": unpack(snap.base_slot_id, np.int64, (nb,)),
+                               "base.hist": unpack(snap.base_hist, np.float32, (nb, k))}
+    extensions[RUNS] = {"run": np.array(snap.run, np.int32)}
+    if snap.quality_short_slot_id:
+        qk = quality_counters
+        extensions[QUALITY] = {"short.slot_id": unpack(snap.quality_short_slot_id, np.int64, (ns,)),
+                               "short.counts": unpack(snap.quality_short_counts, np.float32, (ns, qk)),
+                               "base.slot_id": unpack(snap.quality_base_slot_id, np.int64, (nb,)),
+                               "base.counts": unpack(snap.quality_base_counts, np.float32, (nb, qk))}
+        if snap.quality_model is not None:
+            extensions[QUALITY]["model"] = np.array(snap.quality_model)
+    windows = ChannelWindows(short_slot_id=short_slot_id, counters=counters, last_ts_ms=snap.last_ts_ms,
+                             extensions=extensions)
     return ChannelState(channel=snap.channel, route=snap.route, tier=snap.tier, windows=windows,
                         watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms,
                         fail_since_eval=snap.fail_since_eval, seq=snap.seq, active=dict(snap.active),
@@ -271,10 +305,11 @@ def import_channel(engine, snap: ChannelSnapshot) -> int:
     refused snapshot leaves no trace in it).
     """
     st = engine.store
-    if snap.n_buckets != st.buckets.n_buckets:
-        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {st.buckets.n_buckets}")
-    state = to_state(snap, st.short.n_slots, st.base.n_slots, st.quality.short.n_counters, st.short_lat.n_slots,
-                     st.windows_layout())
+    layout = st.windows_layout()
+    _check_buckets(snap, layout)
+    lat, q = layout.get(LATENCY, {}), layout.get(QUALITY, {})
+    state = to_state(snap, st.short.n_slots, lat.get("base.hist", (st.baseline_hours + 1,))[0],
+                     q.get("short.counts", (0, 3))[-1], lat.get("short.hist", (10,))[0], layout)
     try:
         return engine.state.import_state(state)
     except ValueError as exc:
@@ -291,8 +326,7 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
     fields are out of range (before the engine changes). The windows in ``raw`` are checked when they
     are loaded (:func:`pipeline.engine.residency.restore`: a bad one then starts the channel's windows empty).
     """
-    if snap.n_buckets != engine.store.buckets.n_buckets:
-        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {engine.store.buckets.n_buckets}")
+    _check_buckets(snap, engine.store.windows_layout())
     try:
         return engine.state.hold_channel(HeldChannel(
             channel=snap.channel, route=snap.route, tier=snap.tier, last_ts_ms=snap.last_ts_ms,
@@ -300,3 +334,11 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
             machine=_machine_fields(snap.machine), route_shares=_route_shares(snap)), raw)
     except ValueError as exc:
         raise SnapshotError(str(exc)) from None
+
+
+def _check_buckets(snap: ChannelSnapshot, layout: Mapping[str, Mapping[str, tuple[int, ...]]]) -> None:
+    """Raise :class:`SnapshotError` when ``snap``'s latency buckets differ from those of the engine's latency
+    windows (``layout``: :meth:`~pipeline.windows.store.WindowStore.windows_layout`; none: no check)."""
+    hist = layout.get(LATENCY, {}).get("base.hist")
+    if hist is not None and snap.base_hist and snap.n_buckets != hist[-1]:
+        raise SnapshotError(f"snapshot has {snap.n_buckets} latency buckets, engine {hist[-1]}")

@@ -103,7 +103,7 @@ class BernoulliCusum(RingWindows):
         if arrays is not None:
             got = arrays.get("state")
             if got is None or np.shape(got) != (6,):
-                raise ValueError(f"{self.name} windows: state has shape {np.shape(got)}, store (6,)")
+                raise ValueError(f"{self.name} windows: state has shape {None if got is None else np.shape(got)}, store (6,)")
         super().import_row(i, arrays)
         self.state[i] = self._fresh(1)[0] if arrays is None else np.asarray(arrays["state"], np.float64)
 

@@ -41,6 +41,15 @@ class WindowSpec:
     baseline_hours: int = 24
 
 
+def row_selector(rows: np.ndarray) -> slice | np.ndarray:
+    """Index for channel rows ``rows`` (unique int64): ``slice(0, n)`` when they are ``0 .. n - 1`` in order
+    (the usual round: slicing makes views, not fancy-index copies), else ``rows`` itself."""
+    n = rows.shape[0]
+    if n and rows[0] == 0 and rows[-1] == n - 1 and bool(np.all(rows[1:] > rows[:-1])):
+        return slice(0, n)
+    return rows
+
+
 class SignalWindows(ABC):
     """Per-channel state of one signal, rows indexed like the store's channels.
 

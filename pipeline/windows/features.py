@@ -54,8 +54,8 @@ class EventColumns:
 
     def take(self, mask: np.ndarray) -> "EventColumns":
         """The rows selected by ``mask`` (bool (n,)); optional columns read so far are kept."""
-        out = EventColumns(*(getattr(self, f)[mask] for f in self._ARRAYS),
-                           events=None if self.events is None else list(compress(self.events, mask.tolist())))
+        arrays = {f: getattr(self, f)[mask] for f in self._ARRAYS}
+        out = EventColumns(**arrays, events=None if self.events is None else list(compress(self.events, mask.tolist())))
         out._cache.update({k: v[mask] for k, v in self._cache.items()})
         return out
 

@@ -175,5 +175,8 @@ class QualityWindows:
         """Restore from :meth:`state` (raises ``ValueError`` on a shape mismatch)."""
         self.short.load(state["short"])  # type: ignore[arg-type]
         self.base.load(state["base"])  # type: ignore[arg-type]
-        self.version = list(state["version"])  # type: ignore[arg-type]
+        saved = state["version"]
+        if not isinstance(saved, list):
+            raise ValueError(f"quality state version is {type(saved).__name__}, not a list")
+        self.version = list(saved)
         self.version.extend([None] * (self.short.capacity - len(self.version)))

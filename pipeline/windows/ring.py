@@ -8,13 +8,11 @@ ring position holds evicts the old interval (the ring rolls over in event
 time, never in wall-clock time). Memory is fixed per channel:
 ``n_slots * (n_counters + n_buckets) * 4`` bytes, whatever the event count.
 
-The store's rings (see :mod:`pipeline.windows.store`):
-  - short: 30 × 10 s counters (the 1 min and 5 min windows of SPEC §4.1–4.4);
-  - short latency: 10 × 30 s histograms;
-  - baseline: 25 × 1 h latency histograms (the rolling 24 h baseline of
-    SPEC §4.3 plus the hour being filled).
-Signals that bring their own windows keep further rings of their own
-(:mod:`pipeline.windows.extension`).
+The store's ring (see :mod:`pipeline.windows.store`): 30 × 10 s counters
+(the 1 min and 5 min windows of SPEC §4.1–4.4). The signals' windows keep
+rings of their own (:mod:`pipeline.windows.extension`), e.g. the latency
+signal's 10 × 30 s and 25 × 1 h histograms (the rolling 24 h baseline of
+SPEC §4.3 plus the hour being filled).
 """
 
 from __future__ import annotations
@@ -376,3 +374,22 @@ def masked_sums(mask: np.ndarray, cube: np.ndarray, rows: slice | np.ndarray = s
             spread[rows] = mask
             return np.einsum("cs,csk->ck", spread, cube[:top])[rows].astype(np.float64)
     return np.einsum("cs,csk->ck", mask, cube[rows]).astype(np.float64)
+
+
+def coarsen_slots(ids: np.ndarray, hist: np.ndarray, factor: int, n_slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """One channel's histogram slots regrouped into slots ``factor`` (>= 1) times longer, keeping the
+    ``n_slots`` newest: ``(slot_id int64 (n_slots,), hist float32 (n_slots, k))`` in ring positions
+    (``id % n_slots``; -1 / zeros where none). ``ids`` int64 (m,) are the old slots' interval numbers (-1:
+    empty), ``hist`` (m, k) their histograms; a new slot sums the old ones it covers. For snapshots
+    written with 10 s latency slots (now 30 s)."""
+    out_ids = np.full(n_slots, -1, np.int64)
+    out = np.zeros((n_slots, hist.shape[-1]), np.float32)
+    held = ids >= 0
+    if not held.any():
+        return out_ids, out
+    target = ids[held] // factor
+    keep = target > target.max() - n_slots
+    for t, h in zip(target[keep].tolist(), hist[held][keep]):
+        out_ids[t % n_slots] = t
+        out[t % n_slots] += h
+    return out_ids, out

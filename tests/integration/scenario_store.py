@@ -34,7 +34,7 @@ def store_scenario(client: Any, name: str = "sparse-consecutive-failures", seed:
     engine, sink, verdicts = Engine(), ClickHouseSink(client), []
     for i in range(0, len(events), batch_size):
         batch = [msgspec.convert(e, RequestEvent) for e in events[i:i + batch_size]]
-        result = engine.process(batch)
+        result = engine.process(batch, fields=engine.read_fields(batch))
         sink.add_events([(e, ok, missing) for e, (ok, missing) in zip(result.accepted, result.structure)])
         sink.add_verdicts(result.verdicts)
         verdicts.extend(result.verdicts)

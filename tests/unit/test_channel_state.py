@@ -65,7 +65,7 @@ def _run(evict_idle_ms: int) -> tuple[Engine, list, dict]:
     seen: dict = {}
     for k in range(0, len(events), 100):
         batch = events[k:k + 100]
-        verdicts += engine.process(batch, low_watermark_ms=batch[-1].ts_ms).verdicts
+        verdicts += engine.process(batch, low_watermark_ms=batch[-1].ts_ms, fields=engine.read_fields(batch)).verdicts
         hour = batch[-1].ts_ms // HOUR
         seen.setdefault(hour, (engine.n_resident, "x" in engine.residency.evicted))
     return engine, verdicts, seen
@@ -87,23 +87,27 @@ def test_an_idle_channel_is_evicted_and_returns_with_its_baseline_and_identical_
 
 def test_eviction_empties_the_rows_and_the_snapshot_restores_them() -> None:
     engine = Engine(limits=StateLimits(evict_idle_ms=HOUR))
-    engine.process(_traffic("a", "r", T0, T0 + 20 * MIN, 5_000, 100.0), low_watermark_ms=T0 + 20 * MIN)
+    engine.process((batch := _traffic("a", "r", T0, T0 + 20 * MIN, 5_000, 100.0)), low_watermark_ms=T0 + 20 * MIN,
+                   fields=engine.read_fields(batch))
     i = engine.store.index["a"]
-    hist = engine.store.base.hist[i].copy()
+    lat = engine.store.extensions["latency_p95_ratio"]  # the latency windows (LatencyWindows)
+    hist = lat.base.hist[i].copy()
     assert engine.advance(T0 + 2 * HOUR) and engine.residency.evicted.keys() == {"a"} and engine.n_resident == 0
-    assert not engine.store.base.hist[i].any() and not engine.store.short.hist[i].any()
-    assert (engine.store.base.slot_id[i] == -1).all()
+    assert not lat.base.hist[i].any() and not lat.short.hist[i].any()
+    assert (lat.base.slot_id[i] == -1).all()
     assert engine.advance(T0 + 3 * HOUR) == []  # an evicted channel is not evaluated
-    engine.process([_ev(999, T0 + 3 * HOUR, "a")], low_watermark_ms=T0 + 3 * HOUR)
+    engine.process((batch := [_ev(999, T0 + 3 * HOUR, "a")]), low_watermark_ms=T0 + 3 * HOUR,
+                   fields=engine.read_fields(batch))
     assert engine.n_resident == 1 and not engine.residency.evicted
-    pos = (T0 // HOUR) % engine.store.base.n_slots  # the hour of the first traffic: back as it was
-    assert engine.store.base.slot_id[i, pos] == T0 // HOUR and hist[pos].sum() == 240
-    np.testing.assert_array_equal(engine.store.base.hist[i, pos], hist[pos])
+    pos = (T0 // HOUR) % lat.base.n_slots  # the hour of the first traffic: back as it was
+    assert lat.base.slot_id[i, pos] == T0 // HOUR and hist[pos].sum() == 240
+    np.testing.assert_array_equal(lat.base.hist[i, pos], hist[pos])
 
 
 def test_an_evicted_channel_keeps_its_snapshot_in_the_state_records() -> None:
     proc = BatchProcessor(Engine(limits=StateLimits(evict_idle_ms=HOUR)), clock_ms=lambda: T0 + 3 * HOUR)
-    proc.engine.process(_traffic("a", "r", T0, T0 + 10 * MIN, 5_000, 100.0), low_watermark_ms=T0 + 10 * MIN)
+    proc.engine.process((batch := _traffic("a", "r", T0, T0 + 10 * MIN, 5_000, 100.0)), low_watermark_ms=T0 + 10 * MIN,
+                        fields=proc.engine.read_fields(batch))
     proc.engine.advance(T0 + 2 * HOUR)
     records = dict(proc.snapshots())
     assert records["a"] is proc.engine.residency.evicted["a"]
@@ -111,7 +115,7 @@ def test_an_evicted_channel_keeps_its_snapshot_in_the_state_records() -> None:
 
 def test_no_data_is_published_on_the_transition_then_at_the_heartbeat() -> None:
     engine = Engine(PolicyConfig(no_data_heartbeat_ms=10 * MIN), StateLimits(evict_idle_ms=HOUR))
-    engine.process([_ev(0, T0, "a")], low_watermark_ms=T0)
+    engine.process((batch := [_ev(0, T0, "a")]), low_watermark_ms=T0, fields=engine.read_fields(batch))
     out = []
     for t in range(T0, T0 + 2 * HOUR, 30_000):
         out += [v for v in engine.advance(t) if v.state == "no_data"]
@@ -140,10 +144,11 @@ def test_a_snapshot_with_10_s_latency_histograms_loads_into_the_30_s_ring() -> N
 
     events = _traffic("a", "r", T0, T0 + 4 * MIN, 1_000, 100.0)
     engine = Engine()
-    engine.process(events, low_watermark_ms=T0)
+    engine.process(events, low_watermark_ms=T0, fields=engine.read_fields(events))
     i = engine.store.index["a"]
-    lat = engine.store.short_lat
-    keys = engine.store.buckets.key_of(np.array([e.latency_ms for e in events]))
+    windows = engine.store.extensions["latency_p95_ratio"]
+    lat = windows.short
+    keys = windows.buckets.key_of(np.array([e.latency_ms for e in events]))
     slot10 = np.array([e.ts_ms for e in events]) // 10_000
     old = np.zeros((engine.store.short.n_slots, lat.n_buckets), np.float32)  # per 10 s slot, as written before
     for p, s in enumerate(engine.store.short.slot_id[i].tolist()):
@@ -153,8 +158,9 @@ def test_a_snapshot_with_10_s_latency_histograms_loads_into_the_30_s_ring() -> N
     snap.short_hist, snap.short_lat_slot_id = _pack(old), b""
     fresh = Engine()
     j = import_channel(fresh, snap)
-    np.testing.assert_array_equal(fresh.store.short_lat.slot_id[j], lat.slot_id[i])
-    np.testing.assert_array_equal(fresh.store.short_lat.hist[j], lat.hist[i])
+    back = fresh.store.extensions["latency_p95_ratio"].short
+    np.testing.assert_array_equal(back.slot_id[j], lat.slot_id[i])
+    np.testing.assert_array_equal(back.hist[j], lat.hist[i])
     assert lat.hist[i].sum() == 240
 
 

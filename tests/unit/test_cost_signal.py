@@ -152,7 +152,7 @@ def _run(policy: PolicyConfig | None, events: list[RequestEvent]) -> list:
     eng = Engine(policy)
     verdicts = []
     for k in range(0, len(events), 500):
-        verdicts.extend(eng.process(events[k:k + 500]).verdicts)
+        verdicts.extend(eng.process(events[k:k + 500], fields=eng.read_fields(events[k:k + 500])).verdicts)
     return verdicts
 
 

@@ -220,7 +220,7 @@ def _fed(events: list[RequestEvent]) -> Engine:
     resolve_onto(events)  # what ingest does: the engine reads the structure flags off the events
     eng = Engine()
     for k in range(0, len(events), 500):
-        eng.process(events[k:k + 500])
+        eng.process(events[k:k + 500], fields=eng.read_fields(events[k:k + 500]))
     ok = [e for e in events if e.status == "ok"][::3]
     rng = np.random.default_rng(3)
     eng.add_quality_scores([e.channel for e in ok], [e.ts_ms for e in ok],
@@ -256,7 +256,7 @@ def test_late_events_change_nothing(sig, warm):
     feats, f = _finding(eng, sig, now)
     late = [msgspec.structs.replace(e, event_id="late" + e.event_id, status="timeout", latency_ms=60_000.0,
                                 ts_ms=e.ts_ms - 130_000) for e in events[-300:]]
-    r = eng.process(late, low_watermark_ms=0)
+    r = eng.process(late, low_watermark_ms=0, fields=eng.read_fields(late))
     assert len(r.late) == 300 and r.accepted == [] and eng.late_count == 300
     feats2, f2 = _finding(eng, sig, now)
     _same(feats, feats2)

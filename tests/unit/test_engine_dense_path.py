@@ -18,7 +18,8 @@ def _run(events: list[RequestEvent], sizes: list[int], dense_per_channel: int, m
     eng = Engine()
     out, i = [], 0
     for size in sizes:
-        out.extend(msgspec.json.encode(v) for v in eng.process(events[i:i + size], low_watermark_ms=0).verdicts)
+        out.extend(msgspec.json.encode(v) for v in eng.process(events[i:i + size], low_watermark_ms=0,
+                                                               fields=eng.read_fields(events[i:i + size])).verdicts)
         i += size
     return out, eng
 

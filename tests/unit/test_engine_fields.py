@@ -1,6 +1,6 @@
-"""Fields read once per message (:class:`pipeline.engine.columns.EventFields`) change nothing the engine
-does: the same verdicts byte for byte, the same late and refused events and the same window state as
-when the engine reads the events itself, on seeded streams that cross round boundaries out of order,
+"""Fields read once per message (:class:`pipeline.engine.columns.EventFields`, joined per batch) change
+nothing the engine does: the same verdicts byte for byte, the same late and refused events and the same
+window state as fields read per batch (``Engine.process`` takes them from its caller, issue #31), on seeded streams that cross round boundaries out of order,
 carry late events, optional fields present and absent, structure flags, and channels that are
 evicted and restored or refused over the limit."""
 
@@ -61,7 +61,8 @@ def _run(events: list[RequestEvent], sizes: list[int], with_fields: bool) -> tup
     i = 0
     for size in sizes:
         batch = events[i:i + size]
-        fields = eng.read_fields(batch) if with_fields else None
+        # per batch, or per message and joined (as the stream processor reads them while decoding)
+        fields = eng.read_fields(batch) if with_fields else EventFields.concat([eng.read_fields([e]) for e in batch])
         res = eng.process(batch, fields=fields)  # one stream: each round boundary reached advances all
         verdicts.extend(msgspec.json.encode(v) for v in res.verdicts)
         other.append(([e.event_id for e in res.late], [e.event_id for e in res.refused],

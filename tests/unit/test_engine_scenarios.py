@@ -49,7 +49,8 @@ def feed(events: list[dict], fine_from: int, fine_to: int, coarse: int = 500) ->
             j = i
             while j < len(events) and j - i < coarse and not (t < fine_from <= events[j]["ts_ms"]):
                 j += 1
-        out.extend(engine.process([msgspec.convert(e, RequestEvent) for e in events[i:j]]).verdicts)
+        out.extend(engine.process((batch := [msgspec.convert(e, RequestEvent) for e in events[i:j]]),
+                                  fields=engine.read_fields(batch)).verdicts)
         i = j
     return engine, out
 
@@ -283,7 +284,8 @@ def _event(i: int, ts: int, status: str = "ok", channel: str = "a") -> RequestEv
 def test_late_events_are_returned_not_counted():
     engine = Engine()
     wm = T0 + 1_000_000
-    r1 = engine.process([_event(i, wm - 10_000 + i) for i in range(9)] + [_event(9, wm)])
+    r1 = engine.process((batch := [_event(i, wm - 10_000 + i) for i in range(9)] + [_event(9, wm)]),
+                        fields=engine.read_fields(batch))
     assert r1.late == [] and len(r1.accepted) == 10
     limit = wm - engine.policy.allowed_lateness_ms
     assert engine.policy.allowed_lateness_ms == 120_000
@@ -293,7 +295,7 @@ def test_late_events_are_returned_not_counted():
     # Event time is per channel: the first event of another channel is never late,
     # however far behind channel "a" it is (its partition may simply lag).
     other = _event(14, limit - 500_000, channel="b")
-    r2 = engine.process([late_a, on_time[0], late_b, on_time[1], other])
+    r2 = engine.process((batch := [late_a, on_time[0], late_b, on_time[1], other]), fields=engine.read_fields(batch))
     # A batch spanning several rounds is fed in event-time order.
     assert r2.late == [late_b, late_a]
     assert r2.accepted == [other, *on_time]
@@ -306,14 +308,15 @@ def test_late_events_are_returned_not_counted():
 
 def test_all_late_batch():
     engine = Engine()
-    engine.process([_event(0, T0 + 500_000)])
-    r = engine.process([_event(1, T0), _event(2, T0 + 1)])
+    engine.process((batch := [_event(0, T0 + 500_000)]), fields=engine.read_fields(batch))
+    r = engine.process((batch := [_event(1, T0), _event(2, T0 + 1)]), fields=engine.read_fields(batch))
     assert [e.event_id for e in r.late] == ["e1", "e2"] and r.verdicts == [] and r.accepted == []
     assert engine.late_count == 2
 
 
 def test_empty_batch():
-    r = Engine().process([])
+    eng = Engine()
+    r = eng.process([], fields=eng.read_fields([]))
     assert r.verdicts == [] and r.late == [] and r.accepted == []
 
 
@@ -321,7 +324,8 @@ def test_route_growth_bound_applies_once_per_round_however_the_channels_come_due
     """Channels of one route reaching a boundary in two calls get the shares of one call at that boundary."""
     def engine_with_weights(weights: list[float]) -> Engine:
         eng = Engine()
-        eng.process([_event(i, 1_000, channel=c) for i, c in enumerate("abc")])
+        eng.process((batch := [_event(i, 1_000, channel=c) for i, c in enumerate("abc")]),
+                    fields=eng.read_fields(batch))
         for m, w in zip(eng.machines, weights):
             m.weight = w
         return eng
@@ -341,7 +345,7 @@ def test_route_growth_bound_applies_once_per_round_however_the_channels_come_due
 
 def test_settled_route_shares_are_reused_and_follow_a_weight_change():
     eng = Engine()
-    eng.process([_event(i, 1_000, channel=c) for i, c in enumerate("abc")])
+    eng.process((batch := [_event(i, 1_000, channel=c) for i, c in enumerate("abc")]), fields=eng.read_fields(batch))
     first = eng.routes.after_round(np.arange(3), 30_000)
     assert first == {0: pytest.approx(1 / 3), 1: pytest.approx(1 / 3), 2: pytest.approx(1 / 3)}
     settled = eng.routes.prev_shares["chat"]

@@ -42,7 +42,8 @@ from pipeline.ingest import reasons as R
 from pipeline.ingest.decode import Decoded, DecodeResult, Decoder
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.engine.batch import BatchProcessor
-from pipeline.windows.store import BASE_SLOT_MS, FAILURES, JUDGED, NEUTRAL, OK, RATE_LIMITED, SHORT_SLOT_MS
+from pipeline.signals.latency_p95_ratio import BASE_SLOT_MS
+from pipeline.windows.store import FAILURES, JUDGED, NEUTRAL, OK, RATE_LIMITED, SHORT_SLOT_MS
 
 NOW = 1_780_000_000_000  # the decoder's wall clock in this test
 MIN = 60_000
@@ -488,7 +489,8 @@ def _ring_counts(engine: Engine, stored: list[RequestEvent]) -> None:
             for col in (JUDGED, FAILURES, OK, NEUTRAL, RATE_LIMITED):
                 got = float(store.short.counts[row, held[s], col]) if s in held else 0.0
                 assert got == ref[(s, col)], (ch, s, col, got, ref[(s, col)])
-        lat = store.short_lat  # latency histograms: 30 s slots
+        latency = store.extensions["latency_p95_ratio"]
+        lat = latency.short  # latency histograms: 30 s slots
         per, top_l = lat.slot_ms // SHORT_SLOT_MS, newest[ch] // lat.slot_ms
         held_l = {int(s): p for p, s in enumerate(lat.slot_id[row]) if s > top_l - lat.n_slots}
         for s in range(top_l - lat.n_slots + 1, top_l + 1):
@@ -496,9 +498,10 @@ def _ring_counts(engine: Engine, stored: list[RequestEvent]) -> None:
             want = sum(ref[(t, "latency")] for t in range(s * per, (s + 1) * per))
             assert got == want, (ch, s, "latency", got, want)
         top_h = newest[ch] // BASE_SLOT_MS
-        held_h = {int(s): p for p, s in enumerate(store.base.slot_id[row]) if s > top_h - store.base.n_slots}
-        for h in range(top_h - store.base.n_slots + 1, top_h + 1):
-            got = float(store.base.hist[row, held_h[h]].sum()) if h in held_h else 0.0
+        base = latency.base
+        held_h = {int(s): p for p, s in enumerate(base.slot_id[row]) if s > top_h - base.n_slots}
+        for h in range(top_h - base.n_slots + 1, top_h + 1):
+            got = float(base.hist[row, held_h[h]].sum()) if h in held_h else 0.0
             assert got == hours[ch][h], (ch, h, got, hours[ch][h])
 
 

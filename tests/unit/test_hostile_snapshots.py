@@ -54,7 +54,7 @@ def _events(start_ms: int, seconds: int, fail_every: int = 0) -> list[RequestEve
 def good_record() -> bytes:
     """A fresh export (version 3) of channel x after 4 minutes of traffic with some failures."""
     eng = Engine()
-    eng.process(_events(T0, 240, fail_every=9), low_watermark_ms=0)
+    eng.process((batch := _events(T0, 240, fail_every=9)), low_watermark_ms=0, fields=eng.read_fields(batch))
     return export_channel(eng, 0)
 
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from scipy.stats import lognorm
 
-from pipeline.signals.latency_p95_ratio import SHIFT_ALPHA, LatencyRatio, baseline_tail_share, shift_p_value
+from pipeline.signals.latency_p95_ratio import (SHIFT_ALPHA, SHIFT_NULL_RATIO, LatencyRatio, baseline_tail_share,
+                                                shift_p_value)
 from pipeline.policy.defaults import PAID_TIER, threshold_arrays
 from pipeline.windows.histogram import LatencyBuckets
-from pipeline.windows.store import SHIFT_NULL_RATIO
 from pipeline.windows.view import WindowView
 
 B = LatencyBuckets()
@@ -71,11 +71,11 @@ def _fired(h30: np.ndarray, base_p95: float, base_n: float) -> np.ndarray:
     c = h30.shape[0]
     base = {f.name: np.zeros(c) for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")}
     b = np.full(c, base_p95)
-    base.update(p95_ms=b, n_latency_5m=np.full(c, 1_200.0), p95_lower_ms=0.5 * b, p95_lower_30s_ms=0.5 * b,
+    extra = dict(p95_ms=b, n_latency_5m=np.full(c, 1_200.0), p95_lower_ms=0.5 * b, p95_lower_30s_ms=0.5 * b,
                 n_latency_30s=h30.sum(axis=1), p95_30s_ms=B.quantile(h30, 0.95),
                 n_shift_30s=B.count_above(h30, b, SHIFT_NULL_RATIO), base_p95_ms=b, base_n=np.full(c, base_n),
                 base_hours=np.full(c, 24.0))
-    view = WindowView(now_ms=0, **base)
+    view = WindowView(now_ms=0, **base, extra=extra)
     return LatencyRatio().detect(view, threshold_arrays([PAID_TIER] * c), np.zeros(c, bool)).fired
 
 

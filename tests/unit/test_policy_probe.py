@@ -117,7 +117,7 @@ def _states(seed: int, rate_after: float, end_ms: int) -> list[tuple[int, str]]:
     ev = _stream(seed, rate_after, end_ms)
     out = []
     for k in range(0, len(ev), 500):
-        out.extend(eng.process(ev[k:k + 500]).verdicts)
+        out.extend(eng.process(ev[k:k + 500], fields=eng.read_fields(ev[k:k + 500])).verdicts)
     seq, prev = [], None
     for v in out:
         if v.channel == "noisy" and v.state != prev:

@@ -96,7 +96,7 @@ def test_samples_flow_to_engine_topic_and_sink(tmp_path):
 
     agent, proc, sent, made = asyncio.run(main())
     eng = proc.engine
-    assert eng.quality.added == 7 and eng.store.quality.version[:2] == ["v1", "v1"]
+    assert eng.quality.added == 7 and eng.store.extensions["quality"].scores.version[:2] == ["v1", "v1"]
     docs = [json.loads(v) for _, v in sent]
     for d in docs:
         jsonschema.validate(d, SCHEMA)
@@ -200,8 +200,8 @@ def test_model_roll_without_restart(tmp_path):
         return proc.engine
 
     eng = asyncio.run(main())
-    assert eng.quality.resets == 1 and eng.store.quality.version[0] == "v2"
-    assert eng.store.quality.base.counts[0, :, 0].sum() == 2  # v1 scores cleared
+    assert eng.quality.resets == 1 and eng.store.extensions["quality"].scores.version[0] == "v2"
+    assert eng.store.extensions["quality"].scores.base.counts[0, :, 0].sum() == 2  # v1 scores cleared
 
 
 def _write(p: Path, text: str) -> Path:

@@ -75,9 +75,9 @@ def test_bad_input_is_scored_or_skipped_with_counted_reasons(scorer):
     assert counts["scored"] == len(picks) and counts["empty"] == 2 and counts["non_latin"] == 1
 
     eng = Engine()
-    eng.process(evs[:-1])
-    eng.process([msgspec.convert({"event_id": "e-odd", "ts_ms": T0, "channel": "ch-odd", "route": "r",
-                                  "status": "ok", "latency_ms": 5.0}, RequestEvent)])
+    eng.process(evs[:-1], fields=eng.read_fields(evs[:-1]))
+    eng.process((batch := [msgspec.convert({"event_id": "e-odd", "ts_ms": T0, "channel": "ch-odd", "route": "r",
+                                  "status": "ok", "latency_ms": 5.0}, RequestEvent)]), fields=eng.read_fields(batch))
     assert eng.add_quality_scores([p.channel for p in picks], [p.ts_ms for p in picks], s, scorer.version) == len(s)
     for p, v in zip(picks, s):
         row = quality_row(p.event_id, p.ts_ms, p.channel, p.route, v, scorer.version, p.response, p.prompt)
@@ -103,7 +103,7 @@ def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_
     (tmp_path / "v3").mkdir()  # a broken copy: metadata without weights
     shutil.copy(src / "v1" / "metadata.json", tmp_path / "v3" / "metadata.json")
     eng = Engine()
-    eng.process(events()[:1])
+    eng.process((batch := events()[:1]), fields=eng.read_fields(batch))
 
     async def main():
         agent = QualityAgent(QualitySettings(models_dir=str(tmp_path), sample_interval_ms=1), get_engine=lambda: eng,
@@ -124,4 +124,4 @@ def test_worker_factory_rolls_the_real_model_without_reloading_the_embedder(tmp_
     agent = asyncio.run(main())
     agent.scorer.close()
     assert agent.counters["reloads"] == 1 and agent.counters["reload_failed"] == 1
-    assert eng.quality.added == 1 and eng.store.quality.version[0] == "v2"
+    assert eng.quality.added == 1 and eng.store.extensions["quality"].scores.version[0] == "v2"

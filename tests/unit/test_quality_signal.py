@@ -16,6 +16,7 @@ from scipy.stats import ttest_ind, ttest_ind_from_stats
 
 from pipeline.contracts import RequestEvent
 from pipeline.signals import QualityDrop
+from pipeline.signals.quality import QualityScoreWindows
 from pipeline.engine import Engine
 from pipeline.engine.replay import replay
 from pipeline.policy.defaults import PAID_TIER, Thresholds, threshold_arrays
@@ -101,16 +102,16 @@ def test_window_follows_the_newest_scored_slot_when_scoring_lags():
 
 
 def test_store_state_roundtrip_and_old_state_without_quality():
-    st = WindowStore()
+    st = WindowStore(windows=(QualityScoreWindows,))
     st.channel_index("a", "r", "paid")
-    st.quality.add(np.array([0]), np.array([T0 + 5]), np.array([0.25]), "v1")
+    st.extensions["quality"].add_scores(np.array([0]), np.array([T0 + 5]), np.array([0.25]), "v1")
     state = st.state()
-    fresh = WindowStore()
+    fresh = WindowStore(windows=(QualityScoreWindows,))
     fresh.load(state)
-    assert fresh.quality.version[0] == "v1"
+    assert fresh.extensions["quality"].scores.version[0] == "v1"
     assert fresh.view(T0 + 60_000).quality_n_5m.tolist() == [1.0]
-    old = {k: v for k, v in state.items() if k != "quality"}
-    fresh2 = WindowStore()
+    old = {**state, "extensions": {}}  # a state saved before the quality windows existed
+    fresh2 = WindowStore(windows=(QualityScoreWindows,))
     fresh2.load(old)
     assert fresh2.view(T0 + 60_000).quality_n_5m.tolist() == [0.0]
 
@@ -121,13 +122,13 @@ def qview(c=1, **kw):
     from pipeline.windows.view import WindowView
 
     base = {f.name: np.zeros(c) for f in dataclasses.fields(WindowView) if f.name not in ("now_ms", "extra")}
-    base.update(p95_ms=np.full(c, np.nan), base_p95_ms=np.full(c, np.nan))
+    extra = {"p95_ms": np.full(c, np.nan), "base_p95_ms": np.full(c, np.nan), "quality_lag_ms": np.zeros(c)}
     defaults = dict(quality_n_5m=150, quality_mean_5m=0.8, quality_var_5m=0.06, base_quality_n=5_000,
                     base_quality_mean=0.8, base_quality_var=0.06, base_quality_hours=24)
     defaults.update(kw)
     for k, v in defaults.items():
-        base[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (c,)).copy()
-    return WindowView(now_ms=0, **base)
+        extra[k] = np.broadcast_to(np.asarray(v, dtype=np.float64), (c,)).copy()
+    return WindowView(now_ms=0, **base, extra=extra)
 
 
 def th(c=1, t: Thresholds = PAID_TIER):
@@ -229,7 +230,7 @@ def test_engine_add_quality_scores_counts_drops():
     assert eng.add_quality_scores(["a/x@paid", "nope", "b/y@paid"], [T0 + 1, T0 + 1, T0 + 2], [1.5, 0.5, np.nan],
                                   "v1") == 1
     assert eng.quality.dropped == {"unknown_channel": 1, "not_finite": 1}
-    assert eng.store.quality.short.counts[0, :, 1].sum() == pytest.approx(1.0)  # clipped to 1
+    assert eng.store.extensions["quality"].scores.short.counts[0, :, 1].sum() == pytest.approx(1.0)  # clipped to 1
     assert eng.add_quality_scores(["a/x@paid"], [T0 - 3_600_000], [0.5], "v1") == 0
     assert eng.quality.dropped["too_old"] == 1
     eng.add_quality_scores(["a/x@paid"], [T0 + 3], [0.5], "v2")
@@ -279,7 +280,7 @@ def test_snapshot_carries_quality_windows_and_version():
     raw = export_channel(eng, 0)
     import_channel(fresh, decode_snapshot(raw))
     v2 = fresh.store.view(T0 + int(1.2 * 3_600_000))
-    assert fresh.store.quality.version[0] == "fake-1"
+    assert fresh.store.extensions["quality"].scores.version[0] == "fake-1"
     for f in ("quality_n_5m", "quality_mean_5m", "base_quality_n", "base_quality_mean", "base_quality_hours"):
         assert getattr(v2, f)[0] == pytest.approx(getattr(view, f)[0]), f
     # a snapshot written before the quality rings existed: loads with empty ones
@@ -289,7 +290,7 @@ def test_snapshot_carries_quality_windows_and_version():
     fresh2 = Engine()
     import_channel(fresh2, decode_snapshot(old))
     assert fresh2.store.view(T0 + int(1.2 * 3_600_000)).base_quality_n[0] == 0
-    assert fresh2.store.quality.version[0] is None
+    assert fresh2.store.extensions["quality"].scores.version[0] is None
 
 
 # --- sampler ---------------------------------------------------------------------------------------

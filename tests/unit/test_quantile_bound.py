@@ -81,7 +81,7 @@ def _stream(seed: int, rps: float, hours: float, shift_at_ms: int | None, sigma:
 def _first_degraded(events, after_ms: int) -> int | None:
     eng = Engine()
     for k in range(0, len(events), 200):
-        for v in eng.process(events[k:k + 200]).verdicts:
+        for v in eng.process(events[k:k + 200], fields=eng.read_fields(events[k:k + 200])).verdicts:
             if v.ts_ms >= after_ms and "latency_p95_ratio" in v.reasons:
                 return v.ts_ms - after_ms
     for v in eng.advance(events[-1].ts_ms + 1):

@@ -66,7 +66,8 @@ def reference():
     eng = Engine()
     out, states = [], []
     for events in calls:
-        out.append([_enc.encode(v) for v in eng.process(events, low_watermark_ms=0).verdicts])
+        out.append([_enc.encode(v) for v in eng.process(events, low_watermark_ms=0,
+                                                        fields=eng.read_fields(events)).verdicts])
         states.append([export_channel(eng, i) for i in range(eng.store.n_channels)])
     return calls, out, states, final_state(eng)
 
@@ -96,7 +97,9 @@ def test_a_restart_between_any_two_calls_of_the_ramp_changes_nothing(reference):
         restored = Engine()
         for blob in states[cut - 1]:
             import_channel(restored, decode_snapshot(blob))
-        got = [[_enc.encode(v) for v in restored.process(events, low_watermark_ms=0).verdicts] for events in calls[cut:]]
+        got = [[_enc.encode(v) for v in restored.process(events, low_watermark_ms=0,
+                                                         fields=restored.read_fields(events)).verdicts]
+               for events in calls[cut:]]
         assert got == out[cut:], f"restart after call {cut}"
         assert final_state(restored) == final, f"restart after call {cut}"
 
@@ -108,14 +111,16 @@ def test_a_change_of_the_shares_flags_every_channel_of_the_route_for_its_snapsho
     k = next(i for i, c in enumerate(calls) if c[0].channel == "x" and c[0].ts_ms == TRIP_MS + 330_000)
     eng = Engine()
     for events in calls[:k]:
-        eng.process(events, low_watermark_ms=0)
+        eng.process(events, low_watermark_ms=0, fields=eng.read_fields(events))
     eng.take_changed()
     before = eng.routes.export_route_shares(1)
-    eng.process(calls[k], low_watermark_ms=0)  # x's round at 15.5 min: its share grows under the bound
+    eng.process(calls[k], low_watermark_ms=0,
+                fields=eng.read_fields(calls[k]))  # x's round at 15.5 min: its share grows under the bound
     assert eng.take_changed().tolist() == [0, 1]
     after = eng.routes.export_route_shares(1)
     assert after.version == before.version + 1 and after.shares["x"] == pytest.approx(1 / 11 + MIN_GROWTH_ABS)
-    eng.process(calls[k + 1], low_watermark_ms=0)  # y's round at the same boundary: the same shares
+    eng.process(calls[k + 1], low_watermark_ms=0,
+                fields=eng.read_fields(calls[k + 1]))  # y's round at the same boundary: the same shares
     assert eng.take_changed().tolist() == [1] and eng.routes.export_route_shares(0) == after
 
 
@@ -137,10 +142,10 @@ def test_a_route_larger_than_the_saved_limit_is_not_in_the_records():
     n = MAX_SAVED_ROUTE + 1
     events = [RequestEvent(event_id=f"e{k}", ts_ms=T0 + k, channel=f"c{k}", route="big", status="ok",
                            latency_ms=100.0, tier="paid") for k in range(n)]
-    eng.process(events, low_watermark_ms=0)
+    eng.process(events, low_watermark_ms=0, fields=eng.read_fields(events))
     eng.routes.after_round(np.arange(n), T0 + 30_000)
     assert len(eng.routes.prev_shares["big"]) == n and eng.routes.export_route_shares(0) is None
     small = Engine()
-    small.process(events[:MAX_SAVED_ROUTE], low_watermark_ms=0)
+    small.process(events[:MAX_SAVED_ROUTE], low_watermark_ms=0, fields=small.read_fields(events[:MAX_SAVED_ROUTE]))
     small.routes.after_round(np.arange(MAX_SAVED_ROUTE), T0 + 30_000)
     assert len(small.routes.export_route_shares(0).shares) == MAX_SAVED_ROUTE

@@ -81,7 +81,7 @@ def _want_mean(events: list[RequestEvent], channel: str, now_ms: int) -> float:
 
 def _feed(eng: Engine, events: list[RequestEvent]) -> None:
     for k in range(0, len(events), 400):
-        eng.process(events[k:k + 400])
+        eng.process(events[k:k + 400], fields=eng.read_fields(events[k:k + 400]))
 
 
 def test_signal_windows_feed_the_view_and_the_verdict_metrics():

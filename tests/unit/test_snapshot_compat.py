@@ -17,6 +17,7 @@ from pipeline.engine import Engine
 from pipeline.state.channel_state import MAX_SAVED_ROUTE
 from pipeline.state.snapshot import (COMPRESSED_MARK, SNAPSHOT_VERSION, SnapshotError, decode_snapshot,
                                      export_channel, import_channel)
+from pipeline.signals.latency_p95_ratio import LatencyWindows
 from pipeline.windows.features import Counter, V1_COUNTER_NAMES
 from pipeline.windows.store import WindowStore
 
@@ -182,7 +183,7 @@ def _events(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
 def _feed(eng: Engine, events: list[RequestEvent]) -> list:
     out = []
     for k in range(0, len(events), 500):
-        out.extend(eng.process(events[k:k + 500]).verdicts)
+        out.extend(eng.process(events[k:k + 500], fields=eng.read_fields(events[k:k + 500])).verdicts)
     return out
 
 
@@ -242,7 +243,7 @@ def test_store_state_loads_counters_by_name():
     eng = Engine()
     _feed(eng, _events(T0, T0 + HOUR, 5))
     state = eng.store.state()
-    wider = WindowStore(counters=SLOW.counters)
+    wider = WindowStore(counters=SLOW.counters, windows=(LatencyWindows,))
     wider.load(state)
     now = T0 + HOUR
     a, b = eng.store.view(now), wider.view(now)
@@ -253,3 +254,25 @@ def test_store_state_loads_counters_by_name():
     again = WindowStore()
     again.load(legacy)
     np.testing.assert_array_equal(again.view(now).judged_5m, a.judged_5m)
+
+
+# --- version-3 records written by main c047104, before every signal's windows were one mechanism --------
+
+def test_version_3_records_of_the_built_in_windows_restore_and_are_written_back_byte_for_byte():
+    """Records main c047104 wrote (tests/data/make_snapshot_v3_main.py: latency histograms, failure run and
+    quality rings then built into the store) restore every view feature exactly, and today's code writes
+    the same channels back as the same bytes: workers of either version read each other's snapshots during
+    a rolling upgrade. Checked to fail on a layout change: writing the latency rows under ``extensions``
+    leaves ``short_hist`` empty, which main's reader refuses (and the byte comparison fails)."""
+    raws = msgspec.msgpack.decode((DATA / "snapshot_v3_main.msgpack").read_bytes())
+    want = json.loads((DATA / "snapshot_v3_main_expected.json").read_text())
+    eng = Engine()
+    rows = [import_channel(eng, decode_snapshot(raw)) for raw in raws]
+    assert eng.store.names == want["names"] and rows == [0, 1] and eng.state.dropped_state == {}
+    assert [export_channel(eng, i) for i in rows] == raws  # before a view: the CUSUMs advance in a view
+    view = eng.store.view(want["now_ms"])
+    assert {f for f in want["features"]} <= set(view.extra) | set(view.__dataclass_fields__)
+    for name, values in want["features"].items():
+        np.testing.assert_array_equal(np.asarray(view.feature(name), np.float64),
+                                      np.array([np.nan if v is None else v for v in values]), err_msg=name)
+    assert view.run.tolist() == [0.0, 6.0] and view.base_n.tolist() == [5760.0, 5754.0]

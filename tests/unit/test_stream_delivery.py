@@ -240,5 +240,5 @@ def test_sink_bounds_and_fault_hook_come_from_the_environment():
 def test_loading_snapshots_reserves_ring_rows_for_every_restorable_channel():
     bp = BatchProcessor(Engine())
     bp.load_snapshots({f"p/m{i}": (b"not decoded until the channel's first event", {}) for i in range(100)})
-    assert bp.engine.store.short.capacity == 100 and bp.engine.store.base.capacity == 100
+    assert bp.engine.store.short.capacity == 100 and bp.engine.store.extensions["latency_p95_ratio"].base.capacity == 100
     assert bp.engine.store.n_channels == 0  # nothing registered before its events come

@@ -209,12 +209,13 @@ def test_changed_flags_follow_events_rounds_and_verdicts() -> None:
         return RequestEvent(event_id=f"{ch}{t}", ts_ms=t, channel=ch, route="r", status="ok", latency_ms=100.0,
                             tier="paid")
 
-    eng.process([ev("x", START_MS), ev("y", START_MS)], low_watermark_ms=START_MS)
+    eng.process((batch := [ev("x", START_MS), ev("y", START_MS)]), low_watermark_ms=START_MS,
+                fields=eng.read_fields(batch))
     assert eng.take_changed().tolist() == [0, 1] and eng.take_changed().tolist() == []
     quiet, beats, t = 0, [], START_MS
     while t < START_MS + 45 * 60_000:  # y busy, x silent: no_data 5 min after its last event
         t += 30_000
-        out = eng.process([ev("y", t)], low_watermark_ms=t).verdicts
+        out = eng.process((batch := [ev("y", t)]), low_watermark_ms=t, fields=eng.read_fields(batch)).verdicts
         changed = eng.take_changed().tolist()
         assert 1 in changed  # y had an event
         x_out = [v for v in out if v.channel == "x"]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from pipeline.signals.cost import CostWindows, cost_rows
+from pipeline.signals.latency_p95_ratio import LatencyWindows
 from pipeline.stats import CusumDesign
 from pipeline.windows.cusum import BernoulliCusum
 from pipeline.windows.extension import WindowSpec
@@ -160,16 +161,17 @@ def test_signal_windows_equal_previous_feeding(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_store_rings_equal_previous_feeding(seed):
-    store = WindowStore()
+    store = WindowStore(windows=(LatencyWindows,))
+    latency = store.extensions["latency_p95_ratio"]
     for i in range(200):
         store.channel_index(f"c{i}", "r", None)
-    short, lat, base = _twin(store.short), _twin(store.short_lat), _twin(store.base)
+    short, lat, base = _twin(store.short), _twin(latency.short), _twin(latency.base)
     for cols, _ in _batches(seed):
-        late, _, _ = store.add(cols)
-        key = store.buckets.key_of(cols.latency_ms)
+        late = store.add(cols)
+        key = latency.buckets.key_of(cols.latency_ms)
         want = short.add(cols.channel, cols.ts_ms, _old_short_rows(cols))
         lat.add(cols.channel, cols.ts_ms, None, cols.ok & ~want, key)
         base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
         assert late.tolist() == want.tolist()
-        for new, ref in ((store.short, short), (store.short_lat, lat), (store.base, base)):
+        for new, ref in ((store.short, short), (latency.short, lat), (latency.base, base)):
             _assert_same(new, ref)

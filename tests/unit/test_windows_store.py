@@ -9,7 +9,15 @@ import pytest
 
 from pipeline.windows.histogram import LatencyBuckets
 from pipeline.windows.ring import IntervalRing
-from pipeline.windows.store import BASE_SLOT_MS, LAT_SLOT_MS, SHORT_SLOT_MS, EventColumns, WindowStore
+from pipeline.signals.consecutive_failures import FailureRuns
+from pipeline.signals.latency_p95_ratio import BASE_SLOT_MS, LAT_SLOT_MS, LatencyWindows
+from pipeline.signals.quality import QualityScoreWindows
+from pipeline.windows.store import SHORT_SLOT_MS, EventColumns, WindowStore
+
+def _store() -> WindowStore:
+    """A store with the windows of latency, failure runs and quality (which need no optional columns)."""
+    return WindowStore(windows=(LatencyWindows, FailureRuns, QualityScoreWindows))
+
 
 ALPHA = 0.02
 TOL = ALPHA * (1 + 1e-9)
@@ -69,12 +77,12 @@ class Data:
             perm = i + rng.permutation(j - i)
             self.batches.append(perm)
             i = j
-        self.store = WindowStore()
+        self.store = _store()
         assert self.store.channel_index("a", "r", "paid") == 0
         assert self.store.channel_index("b", "r", "free") == 1
         self.late = np.zeros(ts.size, bool)
         for idx in self.batches:
-            late, _, _ = self.store.add(self._cols(idx))
+            late = self.store.add(self._cols(idx))
             self.late[idx] = late
 
     def _cols(self, idx) -> EventColumns:
@@ -140,7 +148,7 @@ def test_view_windows_exact(data, k):
 def test_aligned_now_is_exactly_last_five_minutes(data):
     """Fed every event before an aligned ``now``: the windows are exactly [now - 5 min, now)."""
     now = int(data.ts.max()) // SHORT_SLOT_MS * SHORT_SLOT_MS - 20 * 60_000
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", "paid")
     store.channel_index("b", "r", "free")
     sel = np.flatnonzero(data.ts < now)
@@ -179,7 +187,7 @@ def test_baseline_with_fresh_store_each_hour(data):
     """Querying at an earlier hour (fresh store fed up to then) gives that hour's baseline."""
     cut_hour = int(data.ts.min()) // HOUR + 2
     cut = cut_hour * HOUR + 1
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", "paid")
     store.channel_index("b", "r", "free")
     sel = np.flatnonzero(data.ts < cut)
@@ -194,7 +202,7 @@ def test_baseline_with_fresh_store_each_hour(data):
 
 
 def test_no_baseline_in_first_hour():
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", None)
     t = np.arange(100) * 1_000 + (T0 // HOUR) * HOUR + 10 * HOUR
     store.add(_columns(np.zeros(100), t, ["ok"] * 100, np.full(100, 50.0), np.zeros(100), np.zeros(100)))
@@ -204,7 +212,7 @@ def test_no_baseline_in_first_hour():
 
 
 def test_base_hours_near_epoch_counts_only_hours_with_data():
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", None)
     t = np.arange(100) * 1_000 + 10 * HOUR
     store.add(_columns(np.zeros(100), t, ["ok"] * 100, np.full(100, 50.0), np.zeros(100), np.zeros(100)))
@@ -212,7 +220,7 @@ def test_base_hours_near_epoch_counts_only_hours_with_data():
 
 
 def test_baseline_drops_hours_older_than_24():
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", None)
     # one event (latency = hour number + 1) in each of 30 hours
     hours = np.arange(30)
@@ -250,36 +258,43 @@ def test_since_restricts_windows(data, since_offset):
 
 def test_min_latency_gives_nan(data):
     now = int(data.ts.max())
-    v = data.store.view(now, min_latency=10**9)
+    lat = data.store.extensions["latency_p95_ratio"]
+    lat.min_latency = 10**9
+    try:
+        v = data.store.view(now)
+    finally:
+        lat.min_latency = 1
     assert np.isnan(v.p95_ms).all()
     assert (v.n_latency_5m > 0).all()
 
 
 def test_min_baseline_is_honoured_on_second_call():
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", None)
     t = np.arange(0, 2 * HOUR, 10_000) + 5
     n = t.size
     store.add(_columns(np.zeros(n), t, ["ok"] * n, np.full(n, 100.0), np.zeros(n), np.zeros(n)))
     now = int(t[-1])
     assert not math.isnan(store.view(now).base_p95_ms[0])
-    assert math.isnan(store.view(now, min_baseline=10**9).base_p95_ms[0])
+    store.extensions["latency_p95_ratio"].min_baseline = 10**9
+    assert math.isnan(store.view(now).base_p95_ms[0])
 
 
 def test_run_in_view_and_rate_limited_is_failure():
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", None)
     st = ["ok", "error", "cancelled", "timeout", "filtered", "rate_limited"]
     t = 1_000_000 + np.arange(6) * 100
-    late, run_ch, run_max = store.add(_columns(np.zeros(6), t, st, np.full(6, 10.0), np.zeros(6), np.zeros(6)))
-    assert not late.any() and run_ch.tolist() == [0] and run_max.tolist() == [3]
+    late = store.add(_columns(np.zeros(6), t, st, np.full(6, 10.0), np.zeros(6), np.zeros(6)))
+    runs = store.extensions["consecutive_failures"]
+    assert not late.any() and runs.groups.tolist() == [0] and runs.max_run.tolist() == [3]
     v = store.view(int(t[-1]))
     assert v.run.tolist() == [3.0]
     assert v.judged_5m[0] == 4 and v.failures_5m[0] == 3 and v.rate_limited_5m[0] == 1 and v.ok_5m[0] == 1
 
 
 def test_missing_counted_only_for_checked_ok():
-    store = WindowStore()
+    store = _store()
     store.channel_index("a", "r", None)
     st = ["ok", "ok", "ok", "error", "ok"]
     checked = [True, True, False, True, True]
@@ -291,7 +306,7 @@ def test_missing_counted_only_for_checked_ok():
 
 
 def test_many_channels_grow_capacity():
-    store = WindowStore()
+    store = _store()
     n_ch = 40
     for i in range(n_ch):
         assert store.channel_index(f"c{i}", "r", None) == i
@@ -307,7 +322,7 @@ def test_many_channels_grow_capacity():
 
 def test_snapshot_roundtrip(data):
     now = int(data.ts.max())
-    fresh = WindowStore()
+    fresh = _store()
     fresh.load(data.store.state())
     a, b = data.store.view(now), fresh.view(now)
     for f in ("judged_5m", "failures_1m", "p95_ms", "base_p95_ms", "base_n", "run"):
@@ -415,19 +430,20 @@ def test_ring_load_rejects_shape_mismatch():
 
 
 def test_reserve_allocates_once_for_the_channels_to_come():
-    store = WindowStore()
+    store = _store()
     store.reserve(300)
-    arrays = (store.short.hist, store.base.hist, store.runs.trailing, store.last_ts_ms)
-    assert store.short.capacity == store.base.capacity == 300 and store.last_ts_ms.shape[0] >= 300
+    lat, runs = store.extensions["latency_p95_ratio"], store.extensions["consecutive_failures"]
+    arrays = (store.short.counts, lat.base.hist, runs.tracker.trailing, store.last_ts_ms)
+    assert store.short.capacity == lat.base.capacity == 300 and store.last_ts_ms.shape[0] >= 300
     for i in range(300):
         store.channel_index(f"p/m{i}", "chat", None)
-    assert all(a is b for a, b in zip(arrays, (store.short.hist, store.base.hist, store.runs.trailing,
+    assert all(a is b for a, b in zip(arrays, (store.short.counts, lat.base.hist, runs.tracker.trailing,
                                                store.last_ts_ms)))  # no copy while registering them
     assert store.n_channels == 300 and store.short.capacity == 300
 
 
 def test_route_members_follow_new_channels_and_route_moves():
-    store = WindowStore()
+    store = _store()
     for name, route in (("a", "chat"), ("b", "chat"), ("c", "code")):
         store.channel_index(name, route, None)
     assert store.route_members() == {"chat": [0, 1], "code": [2]}

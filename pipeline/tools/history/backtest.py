@@ -178,7 +178,8 @@ def feed(engine: Engine, chunk: ChannelEvents, batch_events: int = BATCH_EVENTS)
     ev, st, q = chunk.events, chunk.structure, chunk.quality
     if q is None:
         for i in range(0, len(ev), batch_events):
-            yield engine.process(ev[i:i + batch_events], st[i:i + batch_events])
+            batch = ev[i:i + batch_events]
+            yield engine.process(batch, st[i:i + batch_events], fields=engine.read_fields(batch))
         return
     step = engine.policy.eval_interval_ms
     bucket = np.fromiter((e.ts_ms for e in ev), np.int64, len(ev)) // step
@@ -186,7 +187,8 @@ def feed(engine: Engine, chunk: ChannelEvents, batch_events: int = BATCH_EVENTS)
     j = 0
     for a, b in zip(cuts[:-1], cuts[1:]):
         for i in range(a, b, batch_events):
-            yield engine.process(ev[i:min(b, i + batch_events)], st[i:min(b, i + batch_events)])
+            batch = ev[i:min(b, i + batch_events)]
+            yield engine.process(batch, st[i:min(b, i + batch_events)], fields=engine.read_fields(batch))
         k = int(np.searchsorted(q.ts_ms, (int(bucket[a]) + 1) * step, "left"))
         _add_scores(engine, q, j, k)
         j = k
