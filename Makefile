@@ -18,7 +18,7 @@ $(BIN)/.installed: pyproject.toml
 	@echo "==> Installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $@
 
-.PHONY: install demo test test-all lint bench
+.PHONY: install demo test test-all lint bench bench-cost
 install: $(BIN)/.installed
 
 demo: $(BIN)/.installed
@@ -45,3 +45,8 @@ lint: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/channel-health bench --repeat 3 --json bench.json
+
+# Instructions per event of the processor under valgrind's callgrind (a figure that does not move with the
+# VM; docs/THROUGHPUT.md "Instructions per event"): three runs of ~70 s each on 2 vCPUs; needs valgrind.
+bench-cost: $(BIN)/.installed
+	$(BIN)/python -m pipeline.tools.bench.cost --repeat 3 --json bench-cost.json

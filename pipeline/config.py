@@ -58,8 +58,12 @@ Variables (SPEC §7):
     replay's own clock) plus this is kept with its own ``ts_ms`` and counted as
     ahead of the clock, but moves no other channel's evaluation clock (SPEC §8).
 ``CHANNEL_HEALTH_MAX_CHANNELS``
-    Channels one worker holds state for (default 20 000); events of further
-    new channels are dead-lettered ``too_many_channels`` (:class:`StateLimits`).
+    Channels one worker holds in memory (default 20 000). A new channel over it
+    evicts the least-recently-seen channels idle for ``CHANNEL_HEALTH_EVICT_HORIZON_S``
+    (default 300) to snapshots; only when none is, or when
+    ``CHANNEL_HEALTH_MAX_HELD_CHANNELS`` (default 3 × the first) channels are held
+    with the evicted ones, its events are dead-lettered ``too_many_channels``
+    (:class:`StateLimits`).
 ``CHANNEL_HEALTH_EVICT_IDLE_S``
     Event-time seconds without events after which a channel's windows leave
     memory, kept as a compressed snapshot until it returns (default 3600).
@@ -206,8 +210,18 @@ class QueryLimits:
 class StateLimits:
     """Bounds of one worker's per-channel state and of its ``event_id`` dedup (SPEC §8).
 
-    ``max_channels`` >= 1: channels held (resident or evicted); a new channel
-    beyond it is refused (its events dead-lettered ``too_many_channels``).
+    ``max_channels`` >= 1: channels with their windows in memory (resident). A new
+    channel beyond it first makes room: the least-recently-seen resident channels
+    without events for ``evict_horizon_ms`` (event time) are evicted; only when every
+    resident channel had events within it is the new one refused (its events
+    dead-lettered ``too_many_channels``). ``evict_horizon_ms`` >= 0, default 5 min
+    = SPEC §4's ``no_data`` delay: a channel quiet that long is already reported
+    ``no_data``, so parking it changes only its heartbeats, while one with events
+    within it is being judged and would come straight back (issue #34 part 2).
+    ``max_held_channels`` >= ``max_channels`` (None: 3 × ``max_channels``): channels
+    held in all, resident or evicted; a new channel beyond it is refused too. It
+    bounds the evicted snapshots a flood of names leaves (≈ 7 KB each with one
+    event, docs/RELIABILITY.md: 40,000 evicted ≈ 290 MB at the default).
     ``evict_idle_ms`` >= 0: a channel without events for this long (event
     time) is evicted: its windows leave memory, its state is kept as a
     compressed snapshot and restored on its next event (0: never evict).
@@ -228,10 +242,21 @@ class StateLimits:
     evict_idle_ms: int = 3_600_000
     dedup_horizon_ms: int = 600_000
     dedup_max_ids: int = 500_000
+    evict_horizon_ms: int = 300_000
+    max_held_channels: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_channels < 1 or self.evict_idle_ms < 0 or self.dedup_horizon_ms <= 0 or self.dedup_max_ids < 2:
             raise ValueError(f"invalid state limits: {self!r}")
+        if self.evict_horizon_ms < 0 or (self.max_held_channels is not None
+                                         and self.max_held_channels < self.max_channels):
+            raise ValueError(f"invalid state limits (evict_horizon_ms >= 0, max_held_channels >= max_channels): "
+                             f"{self!r}")
+
+    @property
+    def held_limit(self) -> int:
+        """Channels held in all, resident or evicted: ``max_held_channels``, or 3 × ``max_channels``."""
+        return self.max_held_channels if self.max_held_channels is not None else 3 * self.max_channels
 
 
 @dataclass(frozen=True)
@@ -556,7 +581,9 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     for name, field_name, scale, low in (("MAX_CHANNELS", "max_channels", 1, 1),
                                          ("EVICT_IDLE_S", "evict_idle_ms", 1000, 0),
                                          ("DEDUP_HORIZON_S", "dedup_horizon_ms", 1000, 1),
-                                         ("DEDUP_MAX_IDS", "dedup_max_ids", 1, 2)):
+                                         ("DEDUP_MAX_IDS", "dedup_max_ids", 1, 2),
+                                         ("EVICT_HORIZON_S", "evict_horizon_ms", 1000, 0),
+                                         ("MAX_HELD_CHANNELS", "max_held_channels", 1, 1)):
         raw = env.get(f"{ENV_PREFIX}{name}")
         if raw is None:
             continue
@@ -567,6 +594,10 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         except ValueError:
             raise ConfigError(f"{ENV_PREFIX}{name} must be an integer >= {low}, got {raw!r}") from None
         limits[field_name] = value * scale
+    held, resident = limits.get("max_held_channels"), limits.get("max_channels", StateLimits.max_channels)
+    if held is not None and held < resident:
+        raise ConfigError(f"{ENV_PREFIX}MAX_HELD_CHANNELS must be >= {ENV_PREFIX}MAX_CHANNELS ({resident}), "
+                          f"got {held}")
     security = KafkaSecurity(
         protocol=protocol,
         sasl_mechanism=env.get(f"{ENV_PREFIX}KAFKA_SASL_MECHANISM"),

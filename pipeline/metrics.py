@@ -152,7 +152,8 @@ class PipelineMetrics:
     def track_processor(self, get_processor: Callable[[], Any]) -> None:
         """Events in, refused snapshots and dead letters by reason from a
         :class:`~pipeline.engine.batch.BatchProcessor` (its ``events_in``, ``duplicates``,
-        ``refused_snapshots``, ``ahead_of_clock`` and ``counters.by_reason``), read at scrape time."""
+        ``refused_snapshots``, ``ahead_of_clock``, ``refused_by_prefix`` and ``counters.by_reason``), read at
+        scrape time."""
         self.track("channel_health_events_in_total", "Request events decoded (duplicates included).",
                    lambda: None if (p := get_processor()) is None else p.events_in, kind="counter")
         self.track("channel_health_duplicates_dropped_total", "Re-sent events dropped: their event_id was seen "
@@ -164,6 +165,10 @@ class PipelineMetrics:
         self.track("channel_health_events_ahead_of_clock_total", "Events stamped further ahead of the evaluation "
                    "clock than CHANNEL_HEALTH_MAX_CLOCK_SKEW (stored; moved no other channel's rounds).",
                    lambda: None if (p := get_processor()) is None else p.ahead_of_clock, kind="counter")
+        self.track("channel_health_channels_refused_events_total", "Events dead-lettered too_many_channels, by "
+                   "channel-name prefix (at most 50 prefixes, then '(other)'): where a flood of names comes from.",
+                   lambda: None if (p := get_processor()) is None else dict(p.refused_by_prefix.counts),
+                   kind="counter", labels=("prefix",))
         self.track("channel_health_dead_letters_total", "Inputs sent to the dead-letter topic, by reason.",
                    lambda: None if (p := get_processor()) is None else dict(p.counters.by_reason),
                    kind="counter", labels=("reason",))

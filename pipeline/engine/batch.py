@@ -34,6 +34,7 @@ from pipeline.ingest.dead_letter import DeadLetter
 from pipeline.ingest.decode import Decoder
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.ingest.dedup import EventIdDedup
+from pipeline.ingest.prefix_counts import PrefixCounts
 from pipeline.ingest.reasons import TOO_MANY_CHANNELS
 from pipeline.sinks.batches import split_stored
 from pipeline.state.refusals import RefusalLog
@@ -118,6 +119,8 @@ class BatchProcessor:
         self.duplicates = 0
         #: events dead-lettered ``too_many_channels``.
         self.refused = 0
+        #: the same per channel-name prefix (bounded; a flood shows where it comes from).
+        self.refused_by_prefix = PrefixCounts()
         self._logged_at = (0.0, 0, 0)  # (monotonic time, duplicates, refused) of the last log line
         self.clock_ms = clock_ms
         self.event_clock = event_clock
@@ -320,15 +323,18 @@ class BatchProcessor:
 
     def _refuse(self, refused: list[RequestEvent], out: ProcessedBatch) -> None:
         """Dead-letter events of channels over the engine's channel limit."""
-        limit = self.engine.limits.max_channels
+        limits = self.engine.limits
         for e in refused:
             out.dead_letters.append(DeadLetter(
                 reason=TOO_MANY_CHANNELS,
-                detail=f"channel {e.channel[:100]!r} is new and this worker already holds its limit of {limit} "
-                       f"channels (CHANNEL_HEALTH_MAX_CHANNELS)",
+                detail=f"channel {e.channel[:100]!r} is new and this worker already holds its limit of "
+                       f"{limits.max_channels} channels in memory, none idle for "
+                       f"{limits.evict_horizon_ms / 1000:.0f} s to make room, or {limits.held_limit} with the "
+                       f"evicted ones (CHANNEL_HEALTH_MAX_CHANNELS, _EVICT_HORIZON_S, _MAX_HELD_CHANNELS)",
                 raw=encode(e), event_id=e.event_id))
             self.counters.add_dead_letter(TOO_MANY_CHANNELS)
         self.refused += len(refused)
+        self.refused_by_prefix.add([e.channel for e in refused])
         self._log_bounded()
 
     def _log_bounded(self) -> None:
@@ -337,9 +343,11 @@ class BatchProcessor:
         wall = time.monotonic()
         if wall - at < LOG_EVERY_S:
             return
+        top = ", ".join(f"{p!r}: {n}" for p, n in self.refused_by_prefix.top(5))
         log.warning("dropped %d re-sent events (event_id seen within the dedup horizon) and dead-lettered %d "
-                    "events of channels over the limit since the last report (totals %d, %d)",
-                    self.duplicates - dups, self.refused - refused, self.duplicates, self.refused)
+                    "events of channels over the limit since the last report (totals %d, %d; refused by name "
+                    "prefix, top 5: %s)", self.duplicates - dups, self.refused - refused, self.duplicates,
+                    self.refused, top or "none")
         self._logged_at = (wall, self.duplicates, self.refused)
 
     def _note_leaders(self, fields: EventFields) -> int:

@@ -264,8 +264,16 @@ class Engine:
         if len(fields) != len(events):
             raise ValueError(f"fields hold {len(fields)} events, the batch {len(events)}")
         if self.residency.evicted or self.store.n_channels + len(events) > self.limits.max_channels:  # else: no look-up
+            # event time for making room (issue #34 part 2): the low watermark (it moves with every partition's
+            # input, refused channels' too), or in one-stream mode the batch's newest event up to the clock bound
+            if low_watermark_ms is None:
+                newest = int(fields.ts_ms.max())
+                room_ms = newest if max_advance_ms is None else min(newest, max_advance_ms)
+            else:
+                room_ms = low_watermark_ms
+            room_ms = max(room_ms, self.store.watermark_ms or 0)
             events, structure, fields = self.residency.admit(events, structure, result.refused, self.channel_rows,
-                                                             fields)
+                                                             fields, room_ms)
             if not events:
                 return result
         n = len(events)

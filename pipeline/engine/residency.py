@@ -6,10 +6,15 @@ Bounded per-worker channel state (:class:`~pipeline.config.StateLimits`):
 snapshot bytes, which channels are in memory and the counts:
 
 - :meth:`Residency.admit` runs before a batch is counted: events of evicted channels
-  bring their state back (:func:`~pipeline.state.snapshot.import_channel`),
-  and new channels beyond ``max_channels`` (resident + evicted) are refused
-  in order of first sight (their events go to the caller's ``refused`` list,
-  to be dead-lettered as ``too_many_channels``).
+  bring their state back (:func:`~pipeline.state.snapshot.import_channel`).
+  New channels that would take the resident channels over ``max_channels``
+  first make room: the least-recently-seen resident channels without events
+  for ``evict_horizon_ms`` are evicted (SPEC §8: a flood of new names never
+  locks out a real channel, issue #34 part 2). New channels still without
+  room, or beyond ``held_limit`` channels held in all, are refused in order of
+  first sight (their events go to the caller's ``refused`` list, to be
+  dead-lettered as ``too_many_channels``; the processor counts them per name
+  prefix, :mod:`pipeline.ingest.prefix_counts`).
 - :meth:`Residency.evict_idle` runs after each low-watermark advance: a channel without
   events for ``evict_idle_ms`` of event time is exported into
   ``residency.evicted`` (compressed snapshot bytes, a few KB), its window rows are
@@ -45,7 +50,6 @@ log = logging.getLogger(__name__)
 #: batches.
 EVICT_PER_CALL = 64
 
-
 def refusal_log() -> RefusalLog:
     """An engine's bounded warnings about evicted channels' snapshots that cannot be loaded back
     (:meth:`Residency.restore`; :class:`~pipeline.state.refusals.RefusalLog`)."""
@@ -73,6 +77,8 @@ class Residency:
         #: per channel row: windows in memory.
         self.resident = np.zeros(0, bool)
         self.evictions = self.returns = self.bad_snapshots = self.refused_count = 0
+        #: evictions made to give a new channel room (also in ``evictions``).
+        self.pressure_evictions = 0
         #: bounded warnings about evicted channels' snapshots that cannot be loaded back (``bad_snapshots``)
         self.snapshot_refusals = refusal_log()
         self._evict_round: int | None = None  # event-time round of the last idle scan (see evict_due)
@@ -88,29 +94,57 @@ class Residency:
         return int(self.resident[:n].sum())
 
     def admit(self, events: Sequence[RequestEvent], structure: Sequence | None, refused: list[RequestEvent],
-              rows: Mapping[str, int], fields: EventFields
+              rows: Mapping[str, int], fields: EventFields, now_ms: int | None = None
               ) -> tuple[Sequence[RequestEvent], Sequence | None, EventFields]:
-        """Restore the evicted channels of ``events``; refuse new channels over the limit.
+        """Restore the evicted channels of ``events``; make room for new ones; refuse new channels over the limit.
 
-        ``rows``: channel name → row of the channels registered. Returns ``(events, structure, fields)``
+        ``rows``: channel name → row of the channels registered; ``now_ms``: the event time (UTC epoch ms)
+        room is made at (:meth:`make_room`; default: the store's watermark). Returns ``(events, structure, fields)``
         without the refused events (``structure``, per event, may be None; ``fields``: the events' fields);
         the refused ones are appended to ``refused`` and counted in ``refused_count``.
         """
         names = set(fields.channel)
         if self.evicted and not names.isdisjoint(self.evicted):
-            self.restore(names.intersection(self.evicted), rows)
+            self.restore(names.intersection(self.evicted), rows)  # held already: never refused
         new = names.difference(rows)
-        room = max(self.limits.max_channels - self.store.n_channels, 0)
+        if not new:
+            return events, structure, fields
+        c = self.store.n_channels
+        room = self.limits.max_channels - self.held(c)
+        if len(new) > room:
+            room += self.make_room(len(new) - room, [rows[n] for n in names if n in rows],
+                                   self.store.watermark_ms if now_ms is None else now_ms)
+        room = max(min(room, self.limits.held_limit - c), 0)
         if len(new) <= room:
             return events, structure, fields
         order = [c for c in dict.fromkeys(fields.channel) if c in new]
         out = set(order[room:])
         keep = [c not in out for c in fields.channel]
-        before = len(refused)
-        refused.extend(compress(events, [not k for k in keep]))
-        self.refused_count += len(refused) - before
+        gone = list(compress(events, [not k for k in keep]))
+        refused.extend(gone)
+        self.refused_count += len(gone)
         return (list(compress(events, keep)), (list(compress(structure, keep)) if structure is not None else None),
                 fields.take(np.flatnonzero(keep)))
+
+    def make_room(self, need: int, busy: Sequence[int], now_ms: int | None) -> int:
+        """Evict up to ``need`` resident channels, least recently seen first, among those without events for
+        ``evict_horizon_ms`` before event time ``now_ms`` and not in ``busy`` (rows of the batch being
+        admitted). Returns the number evicted (0 while ``now_ms`` is None: no event time known yet).
+
+        An evicted channel returns exactly on its next event (:meth:`restore`), so a ``now_ms`` pushed ahead
+        by a far-future stamp (at most the decoder's future bound) costs snapshot round trips, never state."""
+        c = self.store.n_channels
+        if now_ms is None or need <= 0 or c == 0:
+            return 0
+        last = self.store.last_ts_ms[:c]
+        idle = self.resident[:c] & (last <= now_ms - self.limits.evict_horizon_ms)
+        idle[np.asarray(busy, np.int64)] = False
+        rows = np.flatnonzero(idle)
+        if rows.size > need:
+            rows = rows[np.argsort(last[rows], kind="stable")[:need]]
+        self._evict(rows)
+        self.pressure_evictions += int(rows.size)
+        return int(rows.size)
 
     def restore(self, names: set[str], rows: Mapping[str, int]) -> None:
         """Load evicted channels ``names`` back from their snapshots (their registry ``rows`` stay).
@@ -153,12 +187,17 @@ class Residency:
         if idle_ms <= 0 or c == 0:
             return 0
         idle = np.flatnonzero(self.resident[:c] & (self.store.last_ts_ms[:c] <= now_ms - idle_ms))[:limit]
-        names = self.store.names
-        for i in idle.tolist():
-            self.evicted[names[i]] = self.export(i)
-        if idle.size:
-            self.resident[idle] = False
-            self.mark_changed(idle)  # its record is now the eviction's snapshot bytes
-            self.store.clear_rows(idle)
-            self.evictions += int(idle.size)
+        self._evict(idle)
         return int(idle.size)
+
+    def _evict(self, rows: np.ndarray) -> None:
+        """Export channel ``rows`` (resident) to snapshot bytes in ``evicted`` and empty their windows."""
+        if not rows.size:
+            return
+        names = self.store.names
+        for i in rows.tolist():
+            self.evicted[names[i]] = self.export(i)
+        self.resident[rows] = False
+        self.mark_changed(rows)  # its record is now the eviction's snapshot bytes
+        self.store.clear_rows(rows)
+        self.evictions += int(rows.size)

@@ -103,3 +103,17 @@ def test_verdict_delay_uses_first_send_past_the_verdict_time():
     # 1,500 and 2,000 first became possible at 11.0 s; 500 at 10.0 s; 9,000 was never sent past.
     assert report.verdict_delays(received, sent) == [250.0, 500.0, 500.0]
     assert report.verdict_delays(received, sent, after_ts_ms=1_000) == [250.0, 500.0]
+
+
+def test_the_2_worker_scaling_is_reported_beside_what_the_machine_allows():
+    """Issue #34 part 3: on 2 CPUs a worker (with its sink process) that used 1.6 cores leaves room for ×1.25
+    at most; ×1.5 measured on 8 CPUs is 75 % of the ×2 there."""
+    stages = _stages()
+    stages["pipeline_aiokafka_batched"].update(cpu_s=16.0, seconds=10.0)
+    stages["workers_2"]["events_per_s"] = 144_000.0
+    w = report.build(stages, {}, {"cpus": 2})["workers"]
+    assert (w["scaling"], w["scaling_limit"], w["scaling_of_limit"], w["cpus"]) == (1.2, 1.25, 0.96, 2)
+    assert "(×1.20; at most ×1.25 on these 2 CPUs" in report.table(report.build(stages, {}, {"cpus": 2}))
+    stages["workers_2"]["events_per_s"] = 180_000.0
+    w = report.build(stages, {}, {"cpus": 8})["workers"]
+    assert (w["scaling"], w["scaling_limit"], w["scaling_of_limit"]) == (1.5, 2.0, 0.75)

@@ -111,6 +111,21 @@ def verdict_delays(verdicts: Iterable[tuple[int, float]], sent: Iterable[tuple[i
     return out
 
 
+def scaling_limit(cpus: int | None, cpu_s: float | None, seconds: float | None, workers: int = 2) -> float | None:
+    """The most ``workers`` workers can scale over one on ``cpus`` CPUs: ``min(workers, cpus / cores)``, where
+    ``cores`` = ``cpu_s / seconds`` is what one worker's run used (its process and its sink process, so the
+    broker and the rest of the machine are not counted: an upper bound). None when a figure is missing.
+
+    On 2 CPUs a worker that used 1.3 cores leaves room for ×1.54, not ×2:
+
+    >>> scaling_limit(2, 13.0, 10.0), scaling_limit(8, 13.0, 10.0), scaling_limit(None, 1.0, 1.0)
+    (1.538, 2.0, None)
+    """
+    if not cpus or not cpu_s or not seconds:
+        return None
+    return round(min(float(workers), cpus / (cpu_s / seconds)), 3)
+
+
 def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
     for p in path:
         if not isinstance(d, Mapping) or p not in d:
@@ -188,7 +203,12 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
         "sink_process_peak_rss_mb": sink_peak,
         "replay_24h": {"rss_mb_by_hour": hours, "rss_growth_second_12h_mb": growth,
                        "events": replay.get("events"), "peak_rss_mb": replay.get("peak_rss_mb")},
-        "workers": {"1": w1, "2": w2, "scaling": ratio(w2, w1),
+        # the scaling ratio, beside the most this machine allows (its CPUs over the cores one worker used)
+        "workers": {"1": w1, "2": w2, "scaling": ratio(w2, w1), "cpus": machine.get("cpus"),
+                    "scaling_limit": (lim := scaling_limit(machine.get("cpus"),
+                                                           _get(stages, "pipeline_aiokafka_batched", "cpu_s"),
+                                                           _get(stages, "pipeline_aiokafka_batched", "seconds"))),
+                    "scaling_of_limit": ratio(ratio(w2, w1), lim),
                     "per_worker": _get(stages, "workers_2", "per_worker")},
         "sink": {"rows_per_s_capacity": sink_rate,
                  "rows_per_flush_s_in_worker": _get(stages, "pipeline_faust_batched", "sink_rows_per_flush_s")},
@@ -313,7 +333,8 @@ def table(doc: Mapping[str, Any]) -> str:
                      f"hour 24 {hours[-1]:.0f} MB (growth over the second 12 h: {_fmt(rep['rss_growth_second_12h_mb'])} MB)")
     w = doc["workers"]
     lines.append(f"workers (aiokafka driver, batched): 1 → {_fmt(w['1'])} ev/s, 2 → {_fmt(w['2'])} ev/s "
-                 f"(×{_fmt(w['scaling'])})")
+                 f"(×{_fmt(w['scaling'])}; at most ×{_fmt(w.get('scaling_limit'))} on these {_fmt(w.get('cpus'))} "
+                 f"CPUs, the cores one worker with its sink used allowing no more)")
     ra = doc.get("restore_at_assignment_s") or {}
     if ra.get("faust_worker") is not None or ra.get("aiokafka_driver") is not None:
         lines.append(f"restore at assignment ({_fmt(ra.get('restored_channels'))} channels; state topic read + restore, "

@@ -1,0 +1,110 @@
+"""Bytes per channel of each window family (issue #34 part 1's measurement; docs/MEMORY.md).
+
+``python -m pipeline.tools.bench.channel_memory CHANNELS EVENTS_PER_CHANNEL``: an
+:class:`~pipeline.engine.Engine` in this process takes ``CHANNELS`` channels
+(``p{i%7}/m-{i:05d}``, routes of 5) with ``EVENTS_PER_CHANNEL`` ``ok`` events
+each, spread over 24 h of event time (all at one time for 1), in event-time
+order in batches of 5,000 with the low watermark at each batch's end. It prints
+JSON: the engine's RSS growth (psutil) and, per window family of the
+:class:`~pipeline.windows.store.WindowStore`, the bytes of its numpy arrays per
+channel two ways: ``allocated`` (``nbytes``: the cost once every slot is
+written) and ``written_pages`` (4 KiB pages holding a non-zero byte: a lower
+bound of what is resident, as Linux maps an anonymous page on its first write).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from typing import Any
+
+import numpy as np
+
+PAGE = 4096
+DAY_MS = 86_400_000
+T0 = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
+
+
+def arrays(obj: Any, seen: set[int] | None = None, depth: int = 0) -> list[np.ndarray]:
+    """The numpy arrays reachable from ``obj`` through attributes, lists, tuples and dict values (4 levels).
+
+    >>> class A: pass
+    >>> a = A(); a.x = np.zeros(3); a.y = [np.ones(2), {"k": np.zeros(1)}]
+    >>> sorted(x.size for x in arrays(a))
+    [1, 2, 3]
+    """
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 4:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        items: list[Any] = list(obj)
+    elif isinstance(obj, dict):
+        items = list(obj.values())
+    elif hasattr(obj, "__dict__"):
+        items = list(vars(obj).values())
+    else:
+        items = [getattr(obj, s) for s in getattr(obj, "__slots__", ()) if hasattr(obj, s)]
+    return [a for x in items for a in arrays(x, seen, depth + 1)]
+
+
+def written_bytes(a: np.ndarray) -> int:
+    """Bytes in the 4 KiB pages of ``a``'s buffer that hold a non-zero byte (whole ``nbytes`` when small or
+    not contiguous).
+
+    >>> z = np.zeros(4 * 4096, np.uint8); z[5000] = 1
+    >>> written_bytes(z)
+    4096
+    """
+    if a.nbytes < PAGE or not a.flags.c_contiguous:
+        return int(a.nbytes)
+    b = a.reshape(-1).view(np.uint8)
+    n = b.size // PAGE
+    return int(b[:n * PAGE].reshape(n, PAGE).any(axis=1).sum()) * PAGE + int(b.size - n * PAGE)
+
+
+def families(store: Any) -> dict[str, Any]:
+    """The window families of a :class:`~pipeline.windows.store.WindowStore`, by name."""
+    fam = {"short": store.short, "short_lat": store.short_lat, "base": store.base, "runs": store.runs,
+           "quality.short": store.quality.short, "quality.base": store.quality.base}
+    fam.update({f"ext:{name}": ext for name, ext in store.extensions.items()})
+    return fam
+
+
+def measure(n_channels: int, per_channel: int) -> dict[str, Any]:
+    """The figures described in the module docstring."""
+    import psutil
+
+    from pipeline.contracts import RequestEvent
+    from pipeline.engine import Engine
+
+    proc = psutil.Process()
+    engine = Engine()
+    gc.collect()
+    rss0 = proc.memory_info().rss
+    events = [RequestEvent(event_id=f"e{k}-{i}", ts_ms=T0 + (k * DAY_MS // per_channel if per_channel > 1 else 0) + i,
+                           channel=f"p{i % 7}/m-{i:05d}", route=f"r{i // 5}", status="ok",
+                           latency_ms=100.0 + (i % 50) * 7)
+              for k in range(per_channel) for i in range(n_channels)]
+    events.sort(key=lambda e: e.ts_ms)
+    for j in range(0, len(events), 5_000):
+        batch = events[j:j + 5_000]
+        engine.process(batch, low_watermark_ms=batch[-1].ts_ms)
+    del events, batch
+    gc.collect()
+    grown = proc.memory_info().rss - rss0
+    out: dict[str, Any] = {"channels": n_channels, "events_per_channel": per_channel,
+                           "engine_rss_growth_mb": round(grown / 2**20, 1),
+                           "rss_per_channel_kb": round(grown / n_channels / 1024, 1), "families": {}}
+    for name, obj in families(engine.store).items():
+        arrs = arrays(obj)
+        out["families"][name] = {"allocated": round(sum(a.nbytes for a in arrs) / n_channels),
+                                 "written_pages": round(sum(written_bytes(a) for a in arrs) / n_channels)}
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2])), indent=1))
