@@ -198,7 +198,7 @@ class RouteShares:
             else:
                 s = bounded_shares(np.array(w), start[1], self.policy.max_share_growth)
                 if probing is not None:
-                    s = probe_capped(s, np.array(w), probing)
+                    s = probe_capped(s, np.array(w), probing, 1.0 - self.policy.max_penalty)
                 if start[1] is not None and s.shape == start[1].shape and np.array_equal(s, start[1]):
                     s = start[1]  # unchanged (settled): keep the object, so the next round finds it cached
                 values = s.tolist()

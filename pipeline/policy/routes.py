@@ -133,23 +133,28 @@ def panic_floor(weights: np.ndarray, failure_ratio: np.ndarray, eligible: np.nda
     return w, panicked
 
 
-def probe_capped(shares: np.ndarray, weights: np.ndarray, probing: np.ndarray) -> np.ndarray:
+def probe_capped(shares: np.ndarray, weights: np.ndarray, probing: np.ndarray,
+                 full_weight: float = 1.0) -> np.ndarray:
     """Shares with each ``probing`` (``half_open``) channel held to its probe share (SPEC §4.2).
 
-    A probing channel's probe share is what its weight gets beside the other channels at their
-    normal weight 1: ``w / (w + k - 1)`` (the default 0.05 in a route of 2: 0.048). The excess goes
+    ``shares``, ``weights`` float (k,); ``probing`` bool (k,); ``full_weight`` in (0, 1]: the weight
+    from which a channel counts wholly in service (``1 - max_penalty``). A probing channel's probe
+    share is what its weight ``w`` gets beside the other channels at their weight, each counted at
+    least at ``full_weight``: ``w / (w + sum_o max(w_o, full_weight))`` (0.05 beside one open channel,
+    full 0.7: 0.067; beside a healthy one at 0.97: 0.049, the plain normalised share). The excess goes
     to the channels that are not probing and have weight, in proportion to their shares (their
     weights where their shares are 0); with none, the shares stay (the traffic has to go somewhere).
 
     >>> probe_capped(np.array([1.0, 0.0]), np.array([0.05, 0.0]), np.array([True, False])).tolist()
     [1.0, 0.0]
-    >>> probe_capped(np.array([0.09, 0.91]), np.array([0.05, 0.5]), np.array([True, False])).round(4).tolist()
-    [0.0476, 0.9524]
+    >>> probe_capped(np.array([0.09, 0.91]), np.array([0.05, 0.5]), np.array([True, False]), 0.7).round(4).tolist()
+    [0.0667, 0.9333]
     """
     k = len(shares)
     if not probing.any() or k < 2:
         return shares
-    cap = np.where(probing, weights / (weights + k - 1), 1.0)
+    counted = np.maximum(weights, full_weight)
+    cap = np.where(probing, weights / (weights + counted.sum() - counted), 1.0)
     over = np.maximum(shares - cap, 0.0) * probing
     excess = float(over.sum())
     takers = ~probing & (weights > 0)

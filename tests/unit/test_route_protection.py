@@ -81,14 +81,18 @@ def test_a_probing_channel_does_not_count_as_in_service_and_is_kept_only_if_it_w
 
 
 def test_half_open_gets_its_probe_share_never_the_whole_route():
-    # the old rule: weights [0.05, 0.5] normalised give the half_open channel 0.09; [0.05, 0] gave it 1.0
-    s = probe_capped(np.array([0.0909, 0.9091]), np.array([0.05, 0.5]), np.array([True, False]))
-    assert s.tolist() == pytest.approx([0.05 / 1.05, 1 - 0.05 / 1.05])
+    # the old rule: weights [0.05, 0.5] normalised give the half_open channel 0.09; [0.05, 0] gave it 1.0;
+    # the cap counts the other channel at least at 0.7: 0.05 / 0.75
+    s = probe_capped(np.array([0.0909, 0.9091]), np.array([0.05, 0.5]), np.array([True, False]), 0.7)
+    assert s.tolist() == pytest.approx([0.05 / 0.75, 1 - 0.05 / 0.75])
+    # beside a healthy channel at 0.97 the normalised share is the probe share: unchanged
+    s = probe_capped(np.array([0.05 / 1.02, 0.97 / 1.02]), np.array([0.05, 0.97]), np.array([True, False]), 0.7)
+    assert s.tolist() == [0.05 / 1.02, 0.97 / 1.02]
     # three channels: the cap is 0.05 / 2.05, the excess split by the others' shares
-    s = probe_capped(np.array([0.2, 0.4, 0.4]), np.array([0.05, 1.0, 1.0]), np.array([True, False, False]))
+    s = probe_capped(np.array([0.2, 0.4, 0.4]), np.array([0.05, 1.0, 1.0]), np.array([True, False, False]), 0.7)
     assert s.tolist() == pytest.approx([0.05 / 2.05, 0.5 - 0.025 / 2.05, 0.5 - 0.025 / 2.05])
     # nobody else has weight: the shares stay (the traffic has to go somewhere)
-    assert probe_capped(np.array([1.0, 0.0]), np.array([0.05, 0.0]), np.array([True, False])).tolist() == [1.0, 0.0]
+    assert probe_capped(np.array([1.0, 0.0]), np.array([0.05, 0.0]), np.array([True, False]), 0.7).tolist() == [1.0, 0.0]
 
 
 # --- the engine: states set by hand on a registered route --------------------------------------------
