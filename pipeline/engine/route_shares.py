@@ -119,23 +119,29 @@ class RouteShares:
         """Route ``r``'s weights after the panic floor, and its ``half_open`` mask (None: none probing);
         updates :attr:`panic_weight` and :attr:`down_routes` for the route (SPEC §4.2)."""
         machines = self.machines
-        for i in idx:
-            self.panic_weight.pop(i, None)
+        if self.panic_weight:
+            for i in idx:
+                self.panic_weight.pop(i, None)
         states = [machines[i].state for i in idx]
         probing = np.array([s == HALF_OPEN for s in states]) if HALF_OPEN in states else None
         threshold = self.policy.panic_threshold(r)
+        full = max(1.0 - self.policy.max_penalty, 1e-6)  # the weight left in service as panic_floor counts it
+        left = sum(min(1.0, x / full) for x, s in zip(w, states) if s != HALF_OPEN)
+        if left >= threshold * len(w) - 1e-12 and sum(w) > 0:  # settled: no panic, not route_down
+            self.down_routes.discard(r)  # (every channel with a hard fault is open: all weights 0)
+            return w, probing
         hard = [has_hard_fault(machines[i].reasons) for i in idx]
         if all(hard):
             self.down_routes.add(r)
         else:
             self.down_routes.discard(r)
-        if sum(w) >= threshold * len(w) - 1e-12:
+        if left >= threshold * len(w) - 1e-12:
             return w, probing
         eligible = np.array([not h and s != NO_DATA for h, s in zip(hard, states)])
         ratio = np.array([self._fail_ratio.get(i, 0.5) for i in idx])
         weights, panicked = panic_floor(np.array(w), ratio, eligible,
                                         probing if probing is not None else np.zeros(len(w), bool),
-                                        threshold, self.policy.route_panic_weight, 1.0 - self.policy.max_penalty)
+                                        threshold, self.policy.route_panic_weight, full)
         for j in np.flatnonzero(panicked).tolist():
             self.panic_weight[idx[j]] = float(weights[j])
         if probing is not None:
