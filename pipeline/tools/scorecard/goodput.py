@@ -45,7 +45,8 @@ ORACLE_CHUNKS = 20
 @dataclass(frozen=True)
 class RouteTruth:
     """One route on the grid: ``t_s`` (n,) scenario seconds, ``demand_rps`` (n,), ``channels`` (k names),
-    ``static`` (k, n) the route's configured shares (columns sum to 1 where there is demand)."""
+    ``static`` (k, n) the route's configured shares (its ``RouteSpec.shares``; replayed channels: their
+    arrival rates), columns summing to 1 where there is demand."""
 
     route: str
     t_s: np.ndarray
@@ -67,9 +68,13 @@ class Truth:
         self.routes: dict[str, RouteTruth] = {}
         self._eff: dict[str, Effects] = {}
         self._fixed: dict[str, np.ndarray] = {}
+        specs = {r.name: r for r in sc.routes}
         for r, chans in by_route.items():
             rps = np.array([np.asarray(sc.expected_rps(c, t), dtype=np.float64) for c in chans])
             demand = rps.sum(axis=0)
+            if r in specs:  # the configured split: a router does not know which channel is suppressed
+                conf = np.array([specs[r].shares.get(c, 0.0) for c in chans], np.float64)
+                rps = np.outer(conf / conf.sum(), demand)
             with np.errstate(invalid="ignore", divide="ignore"):
                 static = np.where(demand > 0, rps / np.where(demand > 0, demand, 1.0), 0.0)
             self.routes[r] = RouteTruth(r, t, demand, tuple(chans), static)
