@@ -25,12 +25,14 @@ def scorecard(
     open, cooldown or ejection on the faulted channel after the fault starts) and the false verdicts
     (non-healthy on clean channels or before the fault). A second table shows channel-health's
     first reasons, the injected fault strength at detection, open cycles and the recovery timeline
-    against SPEC §4. No Kafka, no ClickHouse; seconds per scenario and seed (clean-day: minutes).
+    against SPEC §4. A third shows the outcome (docs/SCORECARD.md "Goodput"): the share of the
+    requests a router following each policy would have served, with each channel's capacity from the
+    scenario, the seconds a route had no channel in service, and an oracle router as the ceiling. No Kafka, no ClickHouse; seconds per scenario and seed (clean-day: minutes).
 
     Example:  channel-health scorecard --seeds 3 --scenarios error-creep,latency-swap --json card.json
     """
     from pipeline.tools.simulate.traces import DataNotFoundError
-    from pipeline.tools.scorecard.report import detail, table
+    from pipeline.tools.scorecard.report import detail, outcome_table, table
     from pipeline.tools.scorecard.run import run_scorecard
     from pipeline.tools.scorecard.scenarios import DEFAULT_SCENARIOS
 
@@ -44,6 +46,9 @@ def scorecard(
     typer.echo(table(doc))
     typer.echo("\nchannel-health detail (primary faulted channel):\n")
     typer.echo(detail(doc))
+    typer.echo("\nOutcome: goodput (share of the requests a router following the policy serves; median over "
+               "the seeds) and route blackout (seconds with no channel in service), beside the oracle:\n")
+    typer.echo(outcome_table(doc))
     if json_path is not None:
         json_path.write_text(json.dumps(doc, indent=1))
         typer.echo(f"\nfigures written to {json_path}")

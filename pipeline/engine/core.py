@@ -43,6 +43,7 @@ from pipeline.contracts import RequestEvent, Verdict
 from pipeline.signals import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig, threshold_arrays
 from pipeline.policy.reasons import published_reasons
+from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
 from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
@@ -384,9 +385,13 @@ class Engine:
             now = int(cols.ts_ms[idx])
             m.add_penalty(self.policy.penalty_per_run, now, self.policy)
             if m.trip(now, ["consecutive_failures"]):
-                out.append(self._verdict(c, now, {"consecutive_failures": float(threshold[c]),
-                                                  "consecutive_failures_threshold": float(threshold[c])},
-                                         soft_now=self._soft_active(c)))
+                metrics: dict = {"consecutive_failures": float(threshold[c]),
+                                 "consecutive_failures_threshold": float(threshold[c])}
+                kept = self.routes.keep_on_trip(c)  # SPEC §4.2: the route's last channel stays in service
+                if kept is not None and (share := self.routes.last_share(c)) is not None:
+                    metrics["route_share"] = share
+                out.append(self._verdict(c, now, metrics, soft_now=self._soft_active(c), weight=kept,
+                                         route_reasons=[ROUTE_PANIC] if kept is not None else []))
         return out
 
     # -- evaluation ---------------------------------------------------------
@@ -490,7 +495,9 @@ class Engine:
         self.changed[rows[stepped]] = True
         self.fail_since_eval[rows] = 0.0
         self.judged_since_eval[rows] = 0.0
+        self.routes.note_outcomes(rows, view.judged_1m, view.failures_1m)
         shares = self.routes.after_round(rows, now_ms)
+        panic, down = self.routes.panic_weight, self.routes.down_routes
         self.last_eval_ms = now_ms
         out = []
         keys = [k for f in (*hard, *soft, *advisory) for k in f.metrics]
@@ -505,8 +512,11 @@ class Engine:
             metrics["penalty"] = round(m.penalty, 4)
             # hard findings beside the trip reasons only while open (a probe is judged on its own traffic)
             hard_now = [f.reason for f in hard if f.fired[j]] if m.state == OPEN else ()
+            route_reasons = ([ROUTE_PANIC] if i in panic else []) + ([ROUTE_DOWN] if down and
+                                                                     self.store.routes[i] in down else [])
             out.append(self._verdict(i, now_ms, metrics, cleaned=True, hard_now=hard_now,
-                                     soft_now=[f.reason for f in (*soft, *advisory) if f.fired[j]]))
+                                     soft_now=[f.reason for f in (*soft, *advisory) if f.fired[j]],
+                                     weight=panic.get(i), route_reasons=route_reasons))
         return out
 
     def _heartbeat_due(self, m: ChannelMachine, now_ms: int) -> bool:
@@ -519,13 +529,17 @@ class Engine:
         return [r for r, arr in self.active.items() if i < arr.shape[0] and arr[i]]
 
     def _verdict(self, i: int, now_ms: int, metrics: dict, hard_now: Sequence[str] = (),
-                 soft_now: Sequence[str] = (), cleaned: bool = False) -> Verdict:
-        """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`. ``cleaned``:
-        ``metrics`` values are published numbers already (:func:`published_values`)."""
+                 soft_now: Sequence[str] = (), cleaned: bool = False, weight: float | None = None,
+                 route_reasons: Sequence[str] = ()) -> Verdict:
+        """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`, then
+        ``route_reasons`` (SPEC §4.2 ``route_panic``/``route_down``). ``cleaned``: ``metrics`` values
+        are published numbers already (:func:`published_values`). ``weight``: the weight the route's
+        panic floor keeps the channel at (None: its own)."""
         m = self.machines[i]
         self.seq[i] += 1
         self.changed[i] = True
         clean = metrics if cleaned else {k: clean_value(v) for k, v in metrics.items()}
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
-                       weight=float(m.weight), reasons=published_reasons(m.state, m.reasons, hard_now, soft_now),
+                       weight=float(m.weight if weight is None else weight),
+                       reasons=published_reasons(m.state, m.reasons, hard_now, soft_now) + list(route_reasons),
                        metrics=cast(dict[str, float | int | str | None], clean), ts_ms=now_ms, seq=self.seq[i])

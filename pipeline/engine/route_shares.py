@@ -13,6 +13,14 @@ capture carries it), and come back on restore
 its growth bound where the stopped worker was, instead of afresh. Routes of
 more than :data:`MAX_SAVED_ROUTE` channels are not saved (each record would
 hold them all): they start their bound afresh after a restart.
+
+Route protection (SPEC §4.2) happens here, per round, before the growth bound: the panic floor
+(:func:`~pipeline.policy.routes.panic_floor`: when the route's weights sum to less than its panic
+threshold, its least bad channels without a hard fault keep a floor weight, published with reason
+``route_panic`` through :attr:`RouteShares.panic_weight`), the probe cap
+(:func:`~pipeline.policy.routes.probe_capped`: a ``half_open`` channel gets its probe share, never the
+whole route) and ``route_down`` (:attr:`RouteShares.down_routes`: every channel has a hard fault).
+A settled route (no channel in ``half_open``, weights at or above the threshold) skips all three.
 """
 
 from __future__ import annotations
@@ -22,8 +30,8 @@ from typing import Callable
 import numpy as np
 
 from pipeline.policy.defaults import PolicyConfig
-from pipeline.policy.routes import bounded_shares
-from pipeline.policy.state_machine import ChannelMachine
+from pipeline.policy.routes import bounded_shares, has_hard_fault, panic_floor, probe_capped
+from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, ChannelMachine
 from pipeline.state.channel_state import MAX_SAVED_ROUTE, RouteShareRecord
 from pipeline.windows.store import WindowStore
 
@@ -49,12 +57,18 @@ class RouteShares:
         self.shares_by_route: dict[str, dict[str, float]] = {}
         #: route -> (round boundary, shares before it): the growth bound's start (see :meth:`after_round`).
         self._share_round: dict[str, tuple[int, np.ndarray | None]] = {}
-        #: route -> (weights, start shares, shares, shares as floats) of its last computation.
-        self._share_cache: dict[str, tuple[tuple[float, ...], np.ndarray | None, np.ndarray, list[float]]] = {}
+        #: route -> (weights [+ half_open mask], start shares, shares, shares as floats) of its last computation.
+        self._share_cache: dict[str, tuple[tuple[float | bool, ...], np.ndarray | None, np.ndarray, list[float]]] = {}
         #: route -> version of its shares (raised at every change; continued from restored records).
         self._share_version: dict[str, int] = {}
         #: route -> the newest record restored for it, until the route's next round in this engine.
         self._restored_routes: dict[str, RouteShareRecord] = {}
+        #: channel index -> its recent failure ratio (failures + 1) / (requests + 2) as of its last round.
+        self._fail_ratio: dict[int, float] = {}
+        #: channel index -> the weight the panic floor keeps it at (reason ``route_panic``), this round.
+        self.panic_weight: dict[int, float] = {}
+        #: routes whose every channel has a hard fault (reason ``route_down``), as of their last round.
+        self.down_routes: set[str] = set()
 
     def export_route_shares(self, i: int) -> RouteShareRecord | None:
         """The shares of channel ``i``'s route, for its snapshot: None before the route's first round,
@@ -101,6 +115,64 @@ class RouteShares:
         self._share_round[r] = (record.round_ms, np.array([start[n] for n in names], np.float64)
                                 if start is not None and start.keys() == record.shares.keys() else None)
 
+    def _protect(self, r: str, idx: list[int], w: tuple[float, ...]) -> tuple[tuple[float, ...], np.ndarray | None]:
+        """Route ``r``'s weights after the panic floor, and its ``half_open`` mask (None: none probing);
+        updates :attr:`panic_weight` and :attr:`down_routes` for the route (SPEC §4.2)."""
+        machines = self.machines
+        if self.panic_weight:
+            for i in idx:
+                self.panic_weight.pop(i, None)
+        states = [machines[i].state for i in idx]
+        probing = np.array([s == HALF_OPEN for s in states]) if HALF_OPEN in states else None
+        threshold = self.policy.panic_threshold(r)
+        full = max(1.0 - self.policy.max_penalty, 1e-6)  # the weight left in service as panic_floor counts it
+        left = sum(min(1.0, x / full) for x, s in zip(w, states) if s != HALF_OPEN)
+        if left >= threshold * len(w) - 1e-12 and sum(w) > 0:  # settled: no panic, not route_down
+            self.down_routes.discard(r)  # (every channel with a hard fault is open: all weights 0)
+            return w, probing
+        hard = [has_hard_fault(machines[i].reasons) for i in idx]
+        if all(hard):
+            self.down_routes.add(r)
+        else:
+            self.down_routes.discard(r)
+        if left >= threshold * len(w) - 1e-12:
+            return w, probing
+        eligible = np.array([not h and s != NO_DATA for h, s in zip(hard, states)])
+        ratio = np.array([self._fail_ratio.get(i, 0.5) for i in idx])
+        weights, panicked = panic_floor(np.array(w), ratio, eligible,
+                                        probing if probing is not None else np.zeros(len(w), bool),
+                                        threshold, self.policy.route_panic_weight, full)
+        for j in np.flatnonzero(panicked).tolist():
+            self.panic_weight[idx[j]] = float(weights[j])
+        if probing is not None:
+            probing = probing & ~panicked  # a channel kept by the floor is not held to its probe share
+        return tuple(weights.tolist()), probing
+
+    def keep_on_trip(self, i: int) -> float | None:
+        """The weight channel ``i`` keeps when a failure run trips it between rounds, or None (it drops
+        to 0): kept (reason ``route_panic``) when nothing else of its route has weight, it has no hard
+        fault and the route's panic threshold is above 0: the trip must not black the route out
+        until the next round (SPEC §4.2); the next round's panic floor then decides."""
+        r = self.store.routes[i]
+        if self.policy.panic_threshold(r) <= 0 or has_hard_fault(self.machines[i].reasons):
+            return None
+        if any(self.panic_weight.get(j, self.machines[j].weight) > 0
+               for j in self.store.route_members()[r] if j != i):
+            return None
+        w = self.panic_weight.get(i, self.policy.route_panic_weight)
+        self.panic_weight[i] = w
+        return w
+
+    def last_share(self, i: int) -> float | None:
+        """Channel ``i``'s share after its route's last round (None before one)."""
+        return self.shares_by_route.get(self.store.routes[i], {}).get(self.store.names[i])
+
+    def note_outcomes(self, rows: np.ndarray, requests: np.ndarray, failures: np.ndarray) -> None:
+        """The recent (1 min) judged ``requests`` and ``failures`` of channels ``rows`` this round: the
+        panic floor ranks channels by ``(failures + 1) / (requests + 2)`` (Laplace's rule: 0.5 without data)."""
+        ratio = (np.asarray(failures, np.float64) + 1.0) / (np.asarray(requests, np.float64) + 2.0)
+        self._fail_ratio.update(zip(rows.tolist(), ratio.tolist()))
+
     def after_round(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.
 
@@ -124,12 +196,15 @@ class RouteShares:
             if start is None or start[0] != now_ms:
                 start = (now_ms, self.prev_shares.get(r))
                 self._share_round[r] = start
-            w = tuple(machines[i].weight for i in idx)
+            w, probing = self._protect(r, idx, tuple(machines[i].weight for i in idx))
+            key = w if probing is None else (*w, *probing.tolist())
             cached = self._share_cache.get(r)
-            if cached is not None and cached[0] == w and cached[1] is start[1]:
+            if cached is not None and cached[0] == key and cached[1] is start[1]:
                 s, values = cached[2], cached[3]  # same weights from the same start: same shares
             else:
                 s = bounded_shares(np.array(w), start[1], self.policy.max_share_growth)
+                if probing is not None:
+                    s = probe_capped(s, np.array(w), probing, 1.0 - self.policy.max_penalty)
                 if start[1] is not None and s.shape == start[1].shape and np.array_equal(s, start[1]):
                     s = start[1]  # unchanged (settled): keep the object, so the next round finds it cached
                 values = s.tolist()
@@ -137,7 +212,7 @@ class RouteShares:
                 if last is None or last.shape != s.shape or not np.array_equal(last, s):
                     self._share_version[r] = self._share_version.get(r, 0) + 1  # the channels' snapshots
                     self.mark_changed(idx)                                      # carry the new version
-                self._share_cache[r] = (w, start[1], s, values)
+                self._share_cache[r] = (key, start[1], s, values)
                 self.shares_by_route[r] = {names[i]: x for i, x in zip(idx, values)}
             self.prev_shares[r] = s
             out.update(zip(idx, values))

@@ -141,10 +141,31 @@ class PolicyConfig:
     #: probe's lower and the baseline's upper Wilson bound
     #: (:func:`pipeline.policy.probe.probe_passes` gives the error rates).
     probe_confidence: float = 0.99
+    #: SPEC §4.2 panic floor (Envoy's ``healthy_panic_threshold``, default 50 %): when a route's
+    #: channels' weights sum to less than this share of its normal weight (1 per channel), its least
+    #: bad channels without a hard fault keep ``route_panic_weight`` (:func:`~pipeline.policy.routes.
+    #: panic_floor`); 0 turns it off. In [0, 1]; per route in ``route_panic_thresholds``.
+    route_panic_threshold: float = 0.5
+    #: Weight a channel kept by the panic floor gets, in (0, 1]: the degraded floor, so a kept channel
+    #: weighs as a degraded one beside the others.
+    route_panic_weight: float = 0.5
+    #: route -> its own panic threshold (``[route."name"] panic_threshold`` in policy.toml).
+    route_panic_thresholds: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.5 < self.probe_confidence < 1.0:
             raise ValueError(f"probe_confidence must be in (0.5, 1), got {self.probe_confidence}")
+        for where, v in [("route_panic_threshold", self.route_panic_threshold),
+                         *((f'[route."{r}"] panic_threshold', t) for r, t in self.route_panic_thresholds.items())]:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise ValueError(f"{where} must be a number in [0, 1], got {v!r}")
+        w = self.route_panic_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 < w <= 1.0:
+            raise ValueError(f"route_panic_weight must be a number in (0, 1], got {w!r}")
+
+    def panic_threshold(self, route: str) -> float:
+        """The panic threshold of ``route`` (its own, else :attr:`route_panic_threshold`), in [0, 1]."""
+        return float(self.route_panic_thresholds.get(route, self.route_panic_threshold))
 
     def thresholds(self, channel: str, tier: str | None) -> Thresholds:
         """Thresholds for a channel: the channel override, else its tier's."""
@@ -197,6 +218,8 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
         latency_ratio_trip = 2.0
         [channel."lepton/llama-70b@free"]
         consecutive_failures = 3
+        [route."chat-70b"]       # SPEC §4.2 route protection
+        panic_threshold = 0.3    # in [0, 1]; 0: no panic floor on this route
 
     A cooldown above 120 s needs ``allow_long_cooldown = true`` in ``[policy]``;
     the policy rules (:mod:`pipeline.policy.rules`) are checked last.
@@ -221,6 +244,17 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     allow_long = top.pop("allow_long_cooldown", False)
     if not isinstance(allow_long, bool):
         raise ValueError(f"[policy]: allow_long_cooldown must be true or false, got {allow_long!r}")
+    panic: dict[str, float] = {}
+    for route, table in data.get("route", {}).items():
+        if not isinstance(table, Mapping):
+            raise ValueError(f'[route."{route}"] must be a table, got {table!r}')
+        unknown_r = set(table) - {"panic_threshold"}
+        if unknown_r:
+            raise ValueError(f'[route."{route}"]: unknown keys {sorted(unknown_r)}; valid keys: ["panic_threshold"]')
+        if "panic_threshold" in table:
+            panic[route] = table["panic_threshold"]
+    if panic:
+        top["route_panic_thresholds"] = panic
     known = {f.name for f in dataclasses.fields(PolicyConfig)} - {"tiers", "channels"}
     unknown = set(top) - known
     if unknown:

@@ -182,6 +182,8 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
     end_ms = max(last_ts.values()) if last_ts else start_ms
     for line in summary_lines(timeline.changes, fault_windows(scenario, start_ms), start_ms, end_ms):
         out.line(f"  {line}")
+    for line in timeline.route_lines(end_ms):
+        out.line(f"  {line}")
     return 0
 
 

@@ -78,11 +78,15 @@ class Timeline:
     latest: dict[str, Verdict] = field(default_factory=dict)
     changes: dict[str, list[Verdict]] = field(default_factory=dict)
     _cycles: dict[str, _Cycle] = field(default_factory=dict)
+    #: route -> ms its every channel's latest verdict had weight 0 (no channel in service; SPEC §4.2)
+    dark_ms: dict[str, int] = field(default_factory=dict)
+    _dark_since: dict[str, int] = field(default_factory=dict)
 
     def add(self, v: Verdict) -> list[str]:
         """Lines to print now for verdict ``v`` (empty when its state did not change or a cycle absorbed it)."""
         prev = self.latest.get(v.channel)
         self.latest[v.channel] = v
+        self._track_route(v)
         if prev is None:
             self.changes[v.channel] = [v]
             return []
@@ -100,6 +104,26 @@ class Timeline:
             return []
         out = self._close(v.channel)
         out.append(change_line(prev.state, v, self.start_ms))
+        return out
+
+    def _track_route(self, v: Verdict) -> None:
+        """Account the time ``v.route`` has no channel at a weight above 0 (its channels' latest verdicts)."""
+        dark = all(x.weight <= 0 for x in self.latest.values() if x.route == v.route)
+        self.dark_ms.setdefault(v.route, 0)
+        since = self._dark_since.get(v.route)
+        if dark and since is None:
+            self._dark_since[v.route] = v.ts_ms
+        elif not dark and since is not None:
+            self.dark_ms[v.route] += max(0, v.ts_ms - since)
+            del self._dark_since[v.route]
+
+    def route_lines(self, end_ms: int) -> list[str]:
+        """Per route (sorted), the time it had no channel in service (weight > 0), up to ``end_ms``."""
+        out = []
+        for r in sorted(self.dark_ms):
+            ms = self.dark_ms[r] + (max(0, end_ms - self._dark_since[r]) if r in self._dark_since else 0)
+            out.append(f"route {r}: " + ("a channel in service throughout" if ms == 0
+                                         else f"no channel in service for {fmt_duration(ms)}"))
         return out
 
     def _close(self, channel: str) -> list[str]:

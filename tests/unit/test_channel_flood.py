@@ -46,7 +46,7 @@ def _run(limits: StateLimits) -> tuple[Engine, list]:
     verdicts = []
     for k in range(0, len(events), 50):
         batch = events[k:k + 50]
-        verdicts += engine.process(batch, low_watermark_ms=batch[-1].ts_ms).verdicts
+        verdicts += engine.process(batch, low_watermark_ms=batch[-1].ts_ms, fields=engine.read_fields(batch)).verdicts
     return engine, verdicts
 
 

@@ -102,6 +102,22 @@ def test_summary_of_a_channel_still_open_and_of_a_false_alarm():
     ]
 
 
+def test_the_summary_says_how_long_a_route_had_no_channel_in_service():
+    """Issue #33: the demo shows the route's blackout (every channel's latest weight 0), not only states."""
+    tl = Timeline(S)
+    b = "b/backup@paid"
+    feed(tl, [v(0, "healthy"), v(0, "healthy", channel=b), v(100, "open", weight=0.0),
+              v(220, "open", weight=0.0, channel=b),                    # dark from 220 s ...
+              v(310, "half_open", weight=0.05),                         # ... to 310 s: 90 s
+              v(320, "open", weight=0.0), v(400, "open", weight=0.5, channel=b)])  # 320 -> 400 s: 80 s
+    assert tl.route_lines(S + 1000_000) == ["route chat-70b: no channel in service for 2m50s"]
+    feed(tl, [v(500, "open", weight=0.0, channel=b)])              # dark from 500 s to the end (1000 s)
+    assert tl.route_lines(S + 1000_000) == ["route chat-70b: no channel in service for 11m10s"]
+    tl = Timeline(S)
+    feed(tl, [v(0, "healthy"), v(0, "healthy", channel=b), v(100, "open", weight=0.0)])
+    assert tl.route_lines(S + 1000_000) == ["route chat-70b: a channel in service throughout"]
+
+
 def test_each_demo_run_gets_a_fresh_folder(tmp_path: Path):
     now = 1_780_000_000.0
     a = fresh_data_dir(tmp_path, now)

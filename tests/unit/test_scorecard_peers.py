@@ -82,24 +82,45 @@ def test_oneapi_full_store_holds_11_and_nothing_reenables():
     assert not b.allows(10**13)
 
 
-# --- Linkerd: 7 consecutive 5xx; shut 1 s x 2^k to 60 s (+ jitter <= 50 %); one probation call ----
+# --- Linkerd: 7 consecutive 5xx or success rate < 0.8 over 10 s with >= 5 responses; shut 1 s x 2^k
+# to 60 s (+ jitter <= 50 %); one probation call -----------------------------------------------------
 
-def test_linkerd_trips_on_the_seventh_consecutive_5xx_and_429_is_a_success():
-    assert feed(LinkerdAccrual(jitter=0), [fail(i) for i in range(6)]) == []
-    assert feed(LinkerdAccrual(jitter=0), [fail(i) for i in range(7)]) == [6]
-    calls = [fail(i) for i in range(6)] + [fail(6, 429)] + [fail(7 + i) for i in range(6)]
+def spaced(n: int, t0: int = 0, http: int = 502) -> list[Call]:
+    """``n`` failures 11 s apart: each alone in the 10 s success-rate window (only the count can trip)."""
+    return [fail(t0 + 11_000 * i, http) for i in range(n)]
+
+
+def test_linkerd_trips_on_the_seventh_consecutive_5xx_and_429_is_not_a_5xx():
+    assert feed(LinkerdAccrual(jitter=0), spaced(6)) == []
+    assert feed(LinkerdAccrual(jitter=0), spaced(7)) == [66_000]
+    calls = spaced(6) + [fail(66_000, 429)] + spaced(6, 77_000)
+    assert feed(LinkerdAccrual(jitter=0), calls) == []
+
+
+def test_linkerd_success_rate_under_0_8_over_10_s_with_5_responses_trips():
+    # 4 ok then 1 failure: 4/5 = 0.8 is not below 0.8; the 2nd failure makes 4/6 < 0.8
+    calls = [ok(i * 100) for i in range(4)] + [fail(400), fail(500)]
+    assert feed(LinkerdAccrual(jitter=0), calls) == [500]
+    assert feed(LinkerdAccrual(jitter=0), calls[:5]) == []
+    # a 429 counts as a failure of the success rate (unified.rs), not of the count
+    calls = [ok(i * 100) for i in range(3)] + [fail(300, 429), fail(400, 429)]
+    assert feed(LinkerdAccrual(jitter=0), calls) == [400]
+    # responses older than 10 s leave the window: 3 failures then 3 ok 10 s later never trip
+    calls = [fail(0), fail(1), fail(2)] + [ok(10_000 + i) for i in range(3)] + [fail(10_004)]
     assert feed(LinkerdAccrual(jitter=0), calls) == []
 
 
 def test_linkerd_backoff_doubles_to_60_s_and_a_good_probe_resets_it():
     b = LinkerdAccrual(jitter=0)
-    assert feed(b, [fail(i) for i in range(7)]) == [6]
-    assert not b.allows(1_005) and b.allows(1_006)
-    assert b.record(fail(1_006)) is True  # failed probe: shut 2 s
-    assert not b.allows(3_005) and b.allows(3_006)
-    assert b.record(ok(3_006)) is False and b.allows(3_007)
-    assert feed(b, [fail(4_000 + i) for i in range(7)]) == [4_006]
-    assert not b.allows(5_005) and b.allows(5_006)  # 1 s again
+    assert feed(b, spaced(7)) == [66_000]
+    assert not b.allows(66_999) and b.allows(67_000) and not b.serving(67_000)
+    assert b.record(fail(67_000)) is True  # failed probe: shut 2 s
+    assert not b.allows(68_999) and b.allows(69_000)
+    assert b.record(fail(69_000, 429)) is True  # a 429 fails the probe too: shut 4 s
+    assert not b.allows(72_999) and b.allows(73_000)
+    assert b.record(ok(73_000)) is False and b.allows(73_001) and b.serving(73_001)
+    assert feed(b, spaced(7, 100_000)) == [166_000]
+    assert not b.allows(166_999) and b.allows(167_000)  # 1 s again
     assert [backoff_ms(k) for k in (0, 1, 5, 6, 12)] == [1_000, 2_000, 32_000, 60_000, 60_000]
     # jitter: whole seconds of base_s * U * 0.5 (none for 1 s and 2 s), capped at 60 s in all
     assert backoff_ms(0, 0.999) == 1_000 and backoff_ms(2, 0.999) == 5_000 and backoff_ms(5, 0.999) == 47_000
@@ -108,9 +129,9 @@ def test_linkerd_backoff_doubles_to_60_s_and_a_good_probe_resets_it():
 
 def test_linkerd_jitter_stays_within_half_the_base():
     b = LinkerdAccrual(seed=3)
-    feed(b, [fail(i) for i in range(7)])
-    assert b.until_ms == 1_006  # 1 s: no whole second of jitter
-    for k, t in enumerate(range(1_006, 400_000, 70_000)):
+    feed(b, spaced(7))
+    assert b.until_ms == 67_000  # 1 s: no whole second of jitter
+    for k, t in enumerate(range(67_000, 460_000, 70_000)):
         b.allows(t)
         b.record(fail(t))
         assert 0 <= b.until_ms - t - backoff_ms(k + 1) <= backoff_ms(k + 1) // 2

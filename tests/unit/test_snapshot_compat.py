@@ -98,10 +98,13 @@ def test_records_written_before_the_round_counts_and_route_shares_restore_them_e
         assert eng.judged_since_eval[i] == 0.0 and eng.routes.export_route_shares(i) is None
     eng = _restored_v1()
     eng.judged_since_eval[0] = 7.0
-    share = eng.routes.after_round(np.array([0]), T0)[0]  # the route's first round (its one channel is open: 0)
+    # the route's first round: its one channel is open (weight 0), and as the route's last channel the
+    # panic floor keeps it in service (SPEC §4.2, issue #33: share 1.0, weight 0.5 published)
+    share = eng.routes.after_round(np.array([0]), T0)[0]
     snap = decode_snapshot(export_channel(eng, 0))
-    assert snap.judged_since_eval == 7.0 and eng.machines[0].weight == share == 0.0
-    assert (snap.route_shares.version, snap.route_shares.shares) == (1, {"snap/model@free": 0.0})
+    assert snap.judged_since_eval == 7.0 and eng.machines[0].weight == 0.0 and share == 1.0
+    assert eng.routes.panic_weight == {0: 0.5}
+    assert (snap.route_shares.version, snap.route_shares.shares) == (1, {"snap/model@free": 1.0})
     assert (snap.route_shares.round_ms, snap.route_shares.round_start) == (T0, None)
 
 

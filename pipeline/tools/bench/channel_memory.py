@@ -92,7 +92,7 @@ def measure(n_channels: int, per_channel: int) -> dict[str, Any]:
     events.sort(key=lambda e: e.ts_ms)
     for j in range(0, len(events), 5_000):
         batch = events[j:j + 5_000]
-        engine.process(batch, low_watermark_ms=batch[-1].ts_ms)
+        engine.process(batch, low_watermark_ms=batch[-1].ts_ms, fields=engine.read_fields(batch))
     del events, batch
     gc.collect()
     grown = proc.memory_info().rss - rss0

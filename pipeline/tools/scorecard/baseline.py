@@ -90,9 +90,14 @@ class Pool(Protocol):
 
     def offer(self, channel: str, call: Call) -> bool: ...
 
+    def in_service(self, channel: str, ts_ms: int) -> bool: ...
+
 
 class PerChannel:
-    """A :class:`Pool` of independent per-channel breakers made by ``factory()``."""
+    """A :class:`Pool` of independent per-channel breakers made by ``factory()``.
+
+    ``in_service``: the breaker's ``serving(ts_ms)`` where it has one (a channel that only lets a probe
+    through is not in service), else ``allows(ts_ms)`` (a half-open breaker serves its calls)."""
 
     def __init__(self, factory, channels: list[str]):
         self.breakers = {c: factory() for c in channels}
@@ -103,3 +108,9 @@ class PerChannel:
         if not b.allows(call.ts_ms):
             return False
         return b.record(call)
+
+    def in_service(self, channel: str, ts_ms: int) -> bool:
+        """Whether a router following this pool sends ``channel`` traffic at ``ts_ms`` (goodput model)."""
+        b = self.breakers[channel]
+        serving = getattr(b, "serving", None)
+        return bool(serving(ts_ms)) if serving is not None else bool(b.allows(ts_ms))

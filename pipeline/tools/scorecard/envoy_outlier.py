@@ -24,6 +24,8 @@ INTERVAL_MS = 10_000
 BASE_EJECTION_MS = 30_000
 MAX_EJECTION_MS = 300_000
 MAX_EJECTION_PERCENT = 10.0
+#: ``common_lb_config.healthy_panic_threshold`` default (50 %): below it Envoy balances over all hosts.
+PANIC_THRESHOLD_PERCENT = 50.0
 
 
 class EnvoyOutlierPool:
@@ -64,3 +66,11 @@ class EnvoyOutlierPool:
         due = call.ts_ms + min(BASE_EJECTION_MS * self.ejections[channel], MAX_EJECTION_MS)
         self.ejected_until[channel] = math.ceil(due / INTERVAL_MS) * INTERVAL_MS
         return True
+
+    def in_service(self, channel: str, ts_ms: int) -> bool:
+        """Not ejected (as of the last call), or Envoy's panic mode: with fewer than
+        ``healthy_panic_threshold`` (50 %) of the hosts healthy, every host gets traffic."""
+        ejected = sum(1 for until in self.ejected_until.values() if ts_ms < until)
+        if 100.0 * (len(self.hosts) - ejected) / len(self.hosts) < PANIC_THRESHOLD_PERCENT:
+            return True
+        return not (channel in self.ejected_until and ts_ms < self.ejected_until[channel])

@@ -94,3 +94,8 @@ class HeliconePool:
         if not m.serving(call.ts_ms):
             return removed
         return m.record(call) or removed
+
+    def in_service(self, channel: str, ts_ms: int) -> bool:
+        """In the balancer as of its last check (health) and not rate-limited at ``ts_ms``; with every
+        provider removed the route has none (Helicone has no fallback to removed providers)."""
+        return self.monitors[channel].serving(ts_ms)

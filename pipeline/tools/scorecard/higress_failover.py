@@ -61,3 +61,7 @@ class HigressFailoverPool:
         self.failures[channel] = 0
         self.unavailable[channel] = (call.ts_ms // HEALTH_CHECK_INTERVAL_MS + 1) * HEALTH_CHECK_INTERVAL_MS
         return True
+
+    def in_service(self, channel: str, ts_ms: int) -> bool:
+        """:meth:`serving` (with every token removed, all of them, as ``GetGlobalRandomToken`` picks any)."""
+        return self.serving(channel, ts_ms)

@@ -68,6 +68,10 @@ class NewApiAutoDisable:
         """Enabled: yes. Disabled: only the call that stands for the next channel test."""
         return self._test_due(ts_ms) if self.disabled else True
 
+    def serving(self, ts_ms: int) -> bool:
+        """In the channel pool (not auto-disabled); a disabled channel's test is not service."""
+        return not self.disabled
+
     def record(self, call: Call) -> bool:
         """File the call (and the channel test it stands for, when one is due); True when it disabled."""
         test = self._test_due(call.ts_ms)

@@ -7,7 +7,8 @@ JSON (``--json PATH``)::
                     "policies": {"channel-health": {...}, "litellm": {...}, "envoy": {...},
                                  "resilience4j": {...}, "pybreaker": {...}, "new-api": {...},
                                  "one-api": {...}, "linkerd": {...}, "helicone": {...},
-                                 "higress": {...}}}]}
+                                 "higress": {...}},
+                    "oracle": {"goodput", "goodput_per_seed", "route_blackout_s", ...}}]}
 
 Each policy: ``detection_delay_s`` (median over seeds of the primary target's delay, a missed seed
 counting as infinitely late; null when the median is a miss or there is no target), ``detected``
@@ -15,7 +16,10 @@ counting as infinitely late; null when the median is a miss or there is no targe
 ``false_verdicts_per_seed``, ``open_cycles`` (median), ``injected_at_detection`` (median per metric
 over the detecting seeds), ``targets`` (per target channel: ``detection_delay_s``, ``detected``);
 channel-health also ``first_reasons`` (per seed) and ``recovery`` (median per field; see
-:func:`.runner.recovery_timeline`).
+:func:`.runner.recovery_timeline`). Outcome (issue #33, :mod:`.goodput`): ``goodput`` (median over the
+seeds of the share of the scenario's requests served, 0..1), ``goodput_per_seed``, ``route_blackout_s``
+(median seconds with a route of the scenario and no channel in service, summed over routes) and
+``route_blackout_s_per_seed``; ``oracle`` holds the same for a router that knows the truth.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import math
 from statistics import median
 from typing import Sequence
 
-from .runner import CHANNEL_HEALTH, POLICIES, PolicyRun, targets
+from .runner import CHANNEL_HEALTH, ORACLE, POLICIES, PolicyRun, targets
 from .scenarios import GRADUAL_TARGET_ERROR_RATE, TARGET_DELAY_S
 
 _SHORT = {"channel-health": "channel-health", "litellm": "LiteLLM", "envoy": "Envoy",
@@ -74,11 +78,37 @@ def aggregate(sc, runs: Sequence[dict[str, PolicyRun]]) -> dict:
                                     "detected": sum(r.delays_s.get(t.channel) is not None for r in rs)}
                         for t in tg},
         }
+        d.update(_outcome(rs))
         if p == CHANNEL_HEALTH:
             d["first_reasons"] = [r.reasons for r in rs]
             d["recovery"] = _median_fields([r.recovery for r in rs])
         entry["policies"][p] = d
+    entry["oracle"] = _outcome([r[ORACLE] for r in runs if ORACLE in r])
     return entry
+
+
+def _outcome(rs: Sequence[PolicyRun]) -> dict:
+    """Goodput and blackout of one policy over its seeds (see the module doc)."""
+    good = [r.goodput for r in rs if r.goodput is not None]
+    return {"goodput": round(median(good), 5) if good else None, "goodput_per_seed": [r.goodput for r in rs],
+            "route_blackout_s": median([r.route_blackout_s for r in rs]) if rs else 0.0,
+            "route_blackout_s_per_seed": [r.route_blackout_s for r in rs]}
+
+
+def outcome_table(doc: dict) -> str:
+    """Markdown table: per scenario, each policy's median goodput (%) and route blackout (s), and the oracle."""
+    head = "| scenario | " + " | ".join(_SHORT[p] for p in POLICIES) + " | oracle |"
+    lines = [head, "|" + "---|" * (2 + len(POLICIES))]
+    for e in doc["scenarios"]:
+        cells = []
+        for d in [*(e["policies"][p] for p in POLICIES), e.get("oracle") or {}]:
+            g = d.get("goodput")
+            cell = "—" if g is None else f"{100 * g:.2f} %"
+            if d.get("route_blackout_s"):
+                cell += f", dark {d['route_blackout_s']:.0f} s"
+            cells.append(cell)
+        lines.append(f"| {e['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _cell(d: dict, n: int, has_target: bool) -> str:

@@ -6,6 +6,7 @@ import time
 from typing import Callable, Sequence
 
 from .report import aggregate
+from .goodput import Truth
 from .runner import run_seed
 from .scenarios import DEFAULT_SCENARIOS, scorecard_scenario
 
@@ -24,7 +25,8 @@ def run_scorecard(names: Sequence[str] = DEFAULT_SCENARIOS, seeds: int = 5,
     doc = {"seeds": list(range(seeds)), "scenarios": []}
     for sc in scenarios:
         t0 = time.monotonic()
-        runs = [run_seed(sc, s) for s in range(seeds)]
+        truth = Truth(sc)
+        runs = [run_seed(sc, s, truth=truth) for s in range(seeds)]
         doc["scenarios"].append(aggregate(sc, runs))
         if progress:
             progress(f"{sc.name}: {seeds} seed(s) in {time.monotonic() - t0:.0f} s")

@@ -15,6 +15,8 @@ Definitions (the same for every policy):
   and on targets before their start. Every trip counts, a re-trip from ``half_open`` too (for
   channel-health and the breakers alike), so a false open that probes and re-opens twice counts 3.
 * open cycles: entries into ``open`` (a breaker: opens) on the primary target after its start.
+* goodput, route blackout: what a router following the policy would have served (:mod:`.goodput`),
+  summed over the scenario's routes; the ``oracle`` (a router that knows the truth) is the ceiling.
 """
 
 from __future__ import annotations
@@ -22,12 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from pipeline.engine.replay import replay
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.simulate.scenario import BAD_STATES, Scenario
 
 from .baseline import PerChannel, to_call
 from .envoy_outlier import EnvoyOutlierPool
+from .goodput import Truth, oracle_shares, outcome, peer_shares, step_shares
 from .helicone_monitor import HeliconePool
 from .higress_failover import HigressFailoverPool
 from .linkerd_accrual import LinkerdAccrual
@@ -40,6 +45,7 @@ from .resilience4j_breaker import Resilience4jBreaker
 #: Scenario time 0 of every run: a fixed whole hour (reproducible event ids and times).
 START_MS = 1_780_000_000_000 - 1_780_000_000_000 % 3_600_000
 CHANNEL_HEALTH = "channel-health"
+ORACLE = "oracle"
 BASELINES: dict[str, Callable[[list[str]], object]] = {
     "litellm": lambda chans: PerChannel(lambda: LiteLLMCooldown(single=len(chans) == 1), chans),
     "envoy": EnvoyOutlierPool,
@@ -88,6 +94,8 @@ class PolicyRun:
     reasons: list[str] = field(default_factory=list)
     recovery: dict[str, float | None] | None = None
     injected: dict[str, float] = field(default_factory=dict)
+    goodput: float | None = None
+    route_blackout_s: float = 0.0
 
 
 def _score(entries: list[tuple[str, float, bool, list[str]]], tg: list[Target]) -> PolicyRun:
@@ -173,9 +181,40 @@ def injected_at(sc: Scenario, target: Target, t_s: float) -> dict[str, float]:
     return {k: round(v, 5) for k, v in out.items()}
 
 
-def run_seed(sc: Scenario, seed: int, policy: PolicyConfig | None = None) -> dict[str, PolicyRun]:
-    """Replay ``sc`` with ``seed`` through the engine and every baseline; one :class:`PolicyRun` each."""
+def _route_outcome(truth: Truth, shares: dict[str, np.ndarray]) -> tuple[float | None, float]:
+    """(goodput over all routes, blackout seconds summed over routes) for per-route shares (k, n)."""
+    served = demand = dark = 0.0
+    for r, s in shares.items():
+        a, b, c = outcome(truth, r, s)
+        served, demand, dark = served + a, demand + b, dark + c
+    return (round(served / demand, 5) if demand > 0 else None), dark
+
+
+def _engine_shares(truth: Truth, verdicts: list, t_of: Callable[[int], float]) -> dict[str, np.ndarray]:
+    """Per route, the shares a router following the engine's verdicts uses over the grid: each channel's
+    latest ``route_share`` where its weight is above 0 (:mod:`pipeline.router.table`)."""
+    changes: dict[str, list[tuple[float, dict[str, float]]]] = {}
+    latest: dict[str, dict[str, float]] = {}
+    for v in verdicts:  # time order
+        snap = latest.setdefault(v.route, {})
+        share = v.metrics.get("route_share")
+        snap[v.channel] = float(share) if v.weight > 0 and isinstance(share, (int, float)) else 0.0
+        seq = changes.setdefault(v.route, [])
+        t = t_of(v.ts_ms)
+        if seq and seq[-1][0] == t:
+            seq[-1] = (t, dict(snap))
+        else:
+            seq.append((t, dict(snap)))
+    return {r: step_shares(rt, changes.get(r, [])) for r, rt in truth.routes.items()}
+
+
+def run_seed(sc: Scenario, seed: int, policy: PolicyConfig | None = None,
+             truth: Truth | None = None) -> dict[str, PolicyRun]:
+    """Replay ``sc`` with ``seed`` through the engine and every baseline; one :class:`PolicyRun` each,
+    and an :data:`ORACLE` run (goodput and blackout only). ``truth``: the scenario's
+    :class:`~.goodput.Truth` when the caller has it (it does not depend on the seed)."""
     cfg = policy or PolicyConfig()
+    truth = truth or Truth(sc)
     events = list(sc.events(start_ms=START_MS, seed=seed))
     _, verdicts = replay(events, policy=cfg)
     tg = targets(sc)
@@ -193,6 +232,9 @@ def run_seed(sc: Scenario, seed: int, policy: PolicyConfig | None = None) -> dic
             entries.append((v.channel, t, v.state == "open", list(v.reasons)))
         prev[v.channel] = v.state
     out = {CHANNEL_HEALTH: _score(entries, tg)}
+    ordered = sorted(verdicts, key=lambda v: (v.ts_ms, v.seq))
+    out[CHANNEL_HEALTH].goodput, out[CHANNEL_HEALTH].route_blackout_s = _route_outcome(
+        truth, _engine_shares(truth, ordered, t_of))
     if tg:
         ends = [f.end_s for f in sc.faults if f.channel == tg[0].channel]
         out[CHANNEL_HEALTH].recovery = recovery_timeline(states.get(tg[0].channel, []),
@@ -206,10 +248,30 @@ def run_seed(sc: Scenario, seed: int, policy: PolicyConfig | None = None) -> dic
     calls = [(e["route"], e["channel"], c) for e in sorted(events, key=lambda e: e["ts_ms"])
              if (c := to_call(e)) is not None]
     del events
+    grid_ms = [START_MS + round(1000 * t) for t in next(iter(truth.routes.values())).t_s.tolist()] \
+        if truth.routes else []
     for name, make in BASELINES.items():
         pools = {r: make(chans) for r, chans in routes.items()}
-        opens = [(ch, t_of(c.ts_ms), True, []) for r, ch, c in calls if pools[r].offer(ch, c)]
+        serving = {r: np.ones((len(rt.channels), len(grid_ms)), bool) for r, rt in truth.routes.items()}
+        probes = [(r, j, ch) for r, rt in truth.routes.items() if r in pools for j, ch in enumerate(rt.channels)
+                  if ch in routes[r]]
+        g, opens = 0, []
+        for r, ch, c in calls:
+            while g < len(grid_ms) and grid_ms[g] <= c.ts_ms:  # the pools' state at each grid second
+                for pr, j, pch in probes:
+                    serving[pr][j, g] = pools[pr].in_service(pch, grid_ms[g])
+                g += 1
+            if pools[r].offer(ch, c):
+                opens.append((ch, t_of(c.ts_ms), True, []))
+        for rest in range(g, len(grid_ms)):
+            for pr, j, pch in probes:
+                serving[pr][j, rest] = pools[pr].in_service(pch, grid_ms[rest])
         out[name] = _score(opens, tg)
+        out[name].goodput, out[name].route_blackout_s = _route_outcome(
+            truth, {r: peer_shares(rt, serving[r]) for r, rt in truth.routes.items()})
+    out[ORACLE] = PolicyRun()
+    out[ORACLE].goodput, out[ORACLE].route_blackout_s = _route_outcome(
+        truth, {r: oracle_shares(truth, r) for r in truth.routes})
     for run in out.values():
         if tg and run.detect_s.get(tg[0].channel) is not None:
             run.injected = injected_at(sc, tg[0], run.detect_s[tg[0].channel])
