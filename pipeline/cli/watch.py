@@ -35,6 +35,7 @@ from pipeline.config import Settings
 from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.alert.reasons import override_text
 
 #: Live refresh interval (s): at least once a second (issue #20).
 REFRESH_S = 1.0
@@ -168,15 +169,16 @@ def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig
 
 
 def state_text(row: dict) -> str:
-    """E.g. ``half_open · 40 s → recovering``, ``open [override]``."""
+    """E.g. ``half_open · 40 s → recovering in 50 s``; a forced state has no scheduled transition and says
+    who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``."""
     if row.get("state") is None:
         return "no verdict"
+    o = row.get("override")
     text = f"{row['state']} · {row['in_state_s']:.0f} s"
-    if row.get("next"):
+    if row.get("next") and not (o and o.get("kind") in ("open", "healthy")):
         text += f" → {row['next']['to']} in {row['next']['in_s']:.0f} s"
-    if row.get("override"):
-        o = row["override"]
-        text += f" [override {o.get('kind')} by {o.get('by')}: {o.get('reason')}]"
+    if o:
+        text += f"; {override_text(o)}"
     return text
 
 

@@ -74,6 +74,25 @@ def test_next_transition_follows_the_policy_schedule() -> None:
     assert state_text(row) == "half_open · 50 s → recovering in 40 s"
 
 
+def test_a_forced_state_shows_who_forced_it_and_no_scheduled_transition() -> None:
+    """Issue #35: a forced open read "open · 90 s → half_open in 0 s" with the override dropped as markup."""
+    from rich.console import Console
+
+    from pipeline.cli.watch import render
+
+    o = {"kind": "open", "by": "ana", "key_id": "k1", "reason": "[red]vendor[/red] #123", "state": "open",
+         "weight": 0.0, "expires_ts_ms": 1_780_005_840_000, "set_ts_ms": 1_780_004_040_000}
+    row = {"state": "open", "in_state_s": 90.0, "next": {"to": "half_open", "in_s": 0.0}, "override": o,
+           "weight": 0.0, "share": 0.0, "reasons": [], "panels": {}}
+    assert state_text(row) == ("open · 90 s; forced open by ana (key k1) until 22:04:00 UTC: [red]vendor[/red] #123")
+    weight = dict(row, state="degraded", next=None, override={**o, "kind": "weight", "weight": 0.2, "key_id": ""})
+    assert state_text(weight).endswith("weight forced to 0.2 by ana (unsigned) until 22:04:00 UTC: "
+                                       "[red]vendor[/red] #123")
+    console = Console(width=400, record=True, color_system=None)
+    console.print(render({"clickhouse": {"error": None}, "routes": {"r": {"c1": row}}}))
+    assert "forced open by ana (key k1) until 22:04:00 UTC: [red]vendor[/red] #123" in console.export_text()
+
+
 def test_board_shows_degraded_channel_and_the_five_panels(scenario: tuple[VerdictBook, Path]) -> None:
     from pipeline.config import Settings
     from pipeline.storage.client import close_clients, open_client
