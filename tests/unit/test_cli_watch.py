@@ -180,7 +180,8 @@ def test_board_without_clickhouse_says_why_and_renders(scenario: tuple[VerdictBo
     console = Console(record=True, width=250)
     console.print(render(board))
     text = console.export_text()
-    assert "ClickHouse panels: chdb is held by the worker" in text and FREE in text
+    # the error is already one whole sentence (history_off_line): the title shows it as is
+    assert "channel-health watch  (chdb is held by the worker; use a ClickHouse server)" in text and FREE in text
 
 
 def test_the_book_feeds_each_new_verdict_to_the_prometheus_gauges() -> None:
@@ -205,3 +206,52 @@ def test_the_book_feeds_each_new_verdict_to_the_prometheus_gauges() -> None:
     counted = sum(s.value for m in reg.collect() if m.name == "channel_health_verdicts"
                   for s in m.samples if s.name.endswith("_total"))
     assert counted == sum(max(1, len(v.reasons)) for v in verdicts)
+
+
+def test_a_locked_chdb_is_said_in_one_line_never_as_a_raw_exception() -> None:
+    """Issue #35: the default setup printed `Code: 76. DB::Exception: Cannot lock file ...` above empty panels."""
+    from pipeline.cli.watch import history_off_line
+    from pipeline.storage.errors import StorageConnectError
+
+    raw = StorageConnectError("cannot open chDB directory /x/chdb: RuntimeError: Code: 76. DB::Exception: Cannot "
+                              "lock file /x/chdb/status. Another server instance in same directory is already "
+                              "running. (CANNOT_OPEN_FILE)\nstack trace:\n0. DB::Exception ...")
+    line = history_off_line("chdb://./data/chdb", raw)
+    assert line == ("history panels off: another process (the worker) holds the chDB directory, and chDB allows "
+                    "one process per directory; showing live state from channel.health. For history too, point "
+                    "CHANNEL_HEALTH_CLICKHOUSE_URL at a ClickHouse server")
+    other = history_off_line("https://u:pw@ch:8443", ConnectionError("refused\nsecond line"))
+    assert other == ("history panels off: ClickHouse unavailable (ConnectionError: refused); showing live state "
+                     "from channel.health") and "\n" not in other
+
+
+def _board(name: str) -> dict:
+    row = {"state": "degraded", "in_state_s": 5.0, "next": None, "override": None, "weight": 0.5, "share": 0.25,
+           "reasons": ["latency_p95_ratio"], "panels": {"traffic_1m": 1204, "latency_ms_5m": {"p50": 100.0,
+           "p90": 200.0, "p95": 640.0, "p99": 900.0}, "error_rate_1m": 0.021, "missing_rate_5m": 0.0,
+           "quality_5m": 0.91, "quota_remaining": 0.5}}
+    return {"clickhouse": {"error": None}, "routes": {"chat-70b": {name: row}}}
+
+
+def test_piped_board_is_not_wrapped_at_80_columns_and_names_are_never_cut(monkeypatch) -> None:
+    import io
+
+    from pipeline.cli.watch import PIPE_WIDTH, board_console, render
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    name = "provider-with-a-very-long-deployment-name/" + "x" * 150 + "/llama-3.1-70b-instruct@paid"
+    out = io.StringIO()
+    console = board_console(file=out, color_system=None)
+    assert not console.is_terminal and console.width == PIPE_WIDTH
+    console.print(render(_board(name)))
+    assert name in out.getvalue()  # one line, whole (the old board: 80 columns, the name cut)
+    narrow = io.StringIO()
+    console = board_console(file=narrow, width=60, color_system=None)
+    console.print(render(_board(name), 60))
+    text = narrow.getvalue()
+    assert name in "".join(line.split("│")[2].strip() for line in text.splitlines() if line.count("│") > 2)
+    assert "quota" not in text and "channel" in text  # the least-needed panels left out when narrow
+    wide = io.StringIO()
+    board_console(file=wide, width=400, color_system=None).print(render(_board("c1"), 400))
+    assert all(col in wide.getvalue() for col in ("quota", "quality 5m", "P50/P90/P95/P99 ms 5m"))
+    assert "        1204 " not in wide.getvalue() and " 1204 │" in wide.getvalue()  # numbers right-aligned
