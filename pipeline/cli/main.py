@@ -282,9 +282,11 @@ def simulate(
 def query(
     sql: str = typer.Argument(..., help="One read-only statement (SELECT / WITH / SHOW / DESCRIBE / EXPLAIN)."),
     param: list[str] = typer.Option([], "--param", "-p", help="Bound parameter name=value, used as {name:Type}."),
-    as_json: bool = typer.Option(False, "--json", help="Print rows as JSON lines."),
+    as_json: bool = typer.Option(False, "--json", help="Print rows as JSON lines (the same as --format json)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (numbers right-aligned; columns too wide for "
+                            "the terminal are named, never cut silently), csv, tsv or json (JSON lines)."),
 ) -> None:
-    """Run a read-only query against the configured ClickHouse and print a table.
+    """Run a read-only query against the configured ClickHouse and print a table, CSV, TSV or JSON lines.
 
     ClickHouse enforces it: readonly=1, no file/network/process functions, one statement, limits
     (CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S, _MAX_MEMORY_BYTES, _MAX_RESULT_ROWS, _MAX_RESULT_BYTES).
@@ -293,9 +295,14 @@ def query(
     {ch:String} GROUP BY state" -p ch=lepton/llama-70b@free
     """
     from pipeline.storage.client import POINT_AT_DATA, open_client
-    from pipeline.storage.query import (QueryLimitExceeded, QueryRefused, check_readonly_sql, format_table,
-                                        run_readonly_query)
+    from pipeline.storage.query import QueryLimitExceeded, QueryRefused, check_readonly_sql, run_readonly_query
 
+    from pipeline.cli.output import FORMATS, format_rows
+
+    fmt = "json" if as_json else fmt.lower()
+    if fmt not in FORMATS:
+        typer.secho(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", fg="red", err=True)
+        raise typer.Exit(2)
     params = {}
     for p in param:
         if "=" not in p:
@@ -320,11 +327,7 @@ def query(
             message += f"\n(queried ClickHouse at {settings.clickhouse_url_redacted}; {POINT_AT_DATA})"
         typer.secho(redact_secrets(message), fg="red", err=True)
         raise typer.Exit(1) from None
-    if as_json:
-        for r in rows:
-            typer.echo(json.dumps(dict(zip(cols, r)), default=str))
-    else:
-        typer.echo(format_table(cols, rows))
+    typer.echo(format_rows(cols, rows, fmt), nl=False)
 
 
 @app.command()
