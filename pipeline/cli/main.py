@@ -108,6 +108,8 @@ def demo(
     seed: int = typer.Option(0, help="Simulator seed (same seed, same events)."),
     timeout_s: float = typer.Option(600.0, help="Give up waiting for the worker after this many seconds."),
     speed: float = typer.Option(200.0, help="Event-time speed-up of the replay (200: 2.4 h in ~45 s); 0 = as fast as possible."),
+    keep: bool = typer.Option(False, "--keep", help="After the replay, keep broker and worker up until Ctrl-C and "
+                              "print the exports to try watch, override and alert against them."),
 ) -> None:
     """Run the main job on the embedded default: broker + ClickHouse (chDB) + worker + simulator.
 
@@ -121,7 +123,7 @@ def demo(
         typer.secho(f"unknown scenario {scenario!r}; choose one of: {', '.join(_scenario_names())}", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        rc = run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed)
+        rc = run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed, keep=keep)
     except DataNotFoundError as exc:  # ../shared/data present but incomplete: one line, not a traceback
         typer.secho(f"traces: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
