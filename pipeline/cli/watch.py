@@ -213,6 +213,33 @@ def history_off_line(url: str, exc: BaseException) -> str:
                           f"showing live state from channel.health")
 
 
+def chdb_held(url: str) -> bool:
+    """True when ``url`` is a ``chdb://`` directory whose ``status`` file another process holds locked.
+
+    ClickHouse (and so chDB) takes an exclusive ``flock`` on ``<dir>/status`` while it runs; probing it with a
+    non-blocking ``flock`` (released at once) tells a held directory apart without opening the engine, which
+    would print its own ``Cannot lock file`` error straight to the terminal. False for any other URL, a
+    missing directory, or a platform without ``fcntl``.
+    """
+    if not url.startswith("chdb"):
+        return False
+    try:
+        import fcntl
+
+        from pipeline.storage.client import chdb_path
+
+        status = chdb_path(url) / "status"
+        with open(status, "rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    except (ImportError, OSError, ValueError):
+        return False
+    return False
+
+
 def board_console(**kw: Any) -> Any:
     """A rich Console for the board: the terminal's width on a terminal, :data:`PIPE_WIDTH` otherwise
     (``COLUMNS``, when set, wins as rich reads it)."""
@@ -286,6 +313,9 @@ class Board:
 
         await read_to_end(self.settings.kafka_bootstrap or "", self.settings.topics.health,
                           lambda k, v: self.book.add(v), self.settings.kafka_security.aiokafka_kwargs(), 30.0)
+        if chdb_held(self.settings.clickhouse_url):  # the default setup: the worker holds the directory
+            self.ch_error = history_off_line(self.settings.clickhouse_url, OSError("Cannot lock file: held"))
+            return
         try:
             from pipeline.storage.client import open_client
 

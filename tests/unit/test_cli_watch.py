@@ -255,3 +255,34 @@ def test_piped_board_is_not_wrapped_at_80_columns_and_names_are_never_cut(monkey
     board_console(file=wide, width=400, color_system=None).print(render(_board("c1"), 400))
     assert all(col in wide.getvalue() for col in ("quota", "quality 5m", "P50/P90/P95/P99 ms 5m"))
     assert "        1204 " not in wide.getvalue() and " 1204 │" in wide.getvalue()  # numbers right-aligned
+
+
+def test_a_held_chdb_directory_is_seen_without_opening_the_engine(tmp_path: Path) -> None:
+    """On the demo stack chDB itself printed `Code: 76. DB::Exception: Cannot lock file` to the terminal while
+    the board tried to open the directory: the lock is now probed first and the engine never opened."""
+    import fcntl
+
+    from pipeline.cli.watch import Board, chdb_held
+    from pipeline.config import Settings
+
+    (tmp_path / "status").write_text("PID: 1\n")
+    url = f"chdb://{tmp_path}"
+    assert not chdb_held(url) and not chdb_held("http://h:8123") and not chdb_held(f"chdb://{tmp_path}/absent")
+    with open(tmp_path / "status", "rb") as held:  # what the worker's chDB does while it runs
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert chdb_held(url)
+        board = Board(Settings(kafka_bootstrap="x", clickhouse_url=url), PolicyConfig())
+
+        async def no_kafka(*a, **k) -> int:
+            return 0
+
+        import pipeline.stream.control as control
+
+        real, control.read_to_end = control.read_to_end, no_kafka
+        try:
+            import asyncio
+
+            asyncio.run(board.start())
+        finally:
+            control.read_to_end = real
+        assert board.client is None and board.ch_error.startswith("history panels off: another process (the worker)")
