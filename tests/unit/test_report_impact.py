@@ -102,3 +102,13 @@ def test_html_has_the_impact_and_overrides_tables(monkeypatch: pytest.MonkeyPatc
     assert '<table id="impact">' in page and "<td class=\"num\">2.5 min</td>" in page and "4.5 min" in page
     assert '<table id="overrides">' in page and "&lt;b&gt;vendor&lt;/b&gt;" in page and "unsigned" in page
     assert "Window (UTC, event time): <b>2026-05-28T20:30:00Z</b>" in page
+
+
+def test_lines_come_from_the_first_verdict_that_carries_them() -> None:
+    """A consecutive-failure pre-trip verdict carries no metrics (seen on the recovery demo): the onset and the
+    excess still come from the next verdict's lines."""
+    d = _data()
+    for k in ("error_rate_trip", "baseline_p95_ms", "error_baseline_rate"):
+        d.verdicts[10][k] = None
+    i = incident_impact(d, CH)
+    assert i is not None and i.onset == T0 + 8 * M and i.excess_failed == 54 and i.slowed == 200

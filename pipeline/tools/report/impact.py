@@ -5,8 +5,9 @@ Per channel, the **incident** runs from its first verdict outside ``healthy``/``
 next ``healthy`` verdict (*recovered*; none when it had not recovered by the end of the data).
 
 - **Onset**: the first minute (``channel_minute_stats``) at or before detection, and after the last calm
-  minute before it, whose error rate is over the trip line (``error_rate_trip`` of the detecting verdict)
-  or whose P95 is over :data:`P95_LINE` x the baseline P95 (``baseline_p95_ms`` of that verdict); the
+  minute before it, whose error rate is over the trip line (``error_rate_trip``) or whose P95 is over
+  :data:`P95_LINE` x the baseline P95 (``baseline_p95_ms``), both from the first verdict of the incident
+  that carries them (a pre-trip verdict of a failure run carries none); the
   minutes are walked back from detection while they stay over a line. None when no minute was over a line
   (then time to detect is not given: the signal that fired had no per-minute line, e.g. quality).
 - **Time to detect** = detection - onset; **time to recover** = recovery - detection.
@@ -65,8 +66,14 @@ def incident_impact(data: ReportData, channel: str) -> Impact | None:
         return None
     det = vs[first]
     rec = next((v for v in vs[first + 1:] if v["state"] == "healthy"), None)
-    trip = _num(det.get("error_rate_trip"))
-    base_p95 = _num(det.get("baseline_p95_ms"))
+    # the lines of the first verdict of the incident that carries them (a pre-trip verdict may carry none)
+    during_v = vs[first:] if rec is None else vs[first:vs.index(rec)]
+
+    def line(key: str) -> float | None:
+        return next((x for v in during_v if (x := _num(v.get(key))) is not None), None)
+
+    trip = line("error_rate_trip")
+    base_p95 = line("baseline_p95_ms")
     line_ms = P95_LINE * base_p95 if base_p95 else None
     mins = sorted((m for m in data.minutes if m["channel"] == channel), key=lambda m: m["minute"])
     onset = None
@@ -79,7 +86,7 @@ def incident_impact(data: ReportData, channel: str) -> Impact | None:
     during = [m for m in mins if m["minute"] + MINUTE > start and m["minute"] < end]
     requests = sum(int(m["requests"] or 0) for m in during)
     failed = sum(int(m["failures"] or 0) for m in during)
-    base_rate = _num(det.get("error_baseline_rate"))
+    base_rate = line("error_baseline_rate")
     excess = None if base_rate is None else max(0, round(failed - base_rate * requests))
     slowed = sum(int(m["requests"] or 0) for m in during
                  if line_ms is not None and (_num(m.get("p95_latency_ms")) or 0.0) > line_ms)
