@@ -45,11 +45,18 @@ def _opt(m: Metrics, key: str) -> float | None:
         return None
 
 
+#: Above this magnitude a number is written in 3 significant digits (``1.2e+12``): a corrupt or hostile
+#: metric must not spell out hundreds of digits in an alert.
+HUGE = 1e9
+
+
 def pct(x: float) -> str:
     """A share 0..1 as a percentage with two significant digits: ``0.0207`` → ``2.1 %``, ``0.0002`` → ``0.02 %``."""
     p = 100.0 * x
     if p == 0:
         return "0 %"
+    if abs(p) >= HUGE:
+        return f"{p:.3g} %"
     if abs(p) >= 10:
         return f"{p:.0f} %"
     return f"{p:.2g} %" if abs(p) >= 0.01 else f"{p:.1e} %"
@@ -57,11 +64,13 @@ def pct(x: float) -> str:
 
 def count(x: float) -> str:
     """A count with thousands separators: ``1215.0`` → ``1,215``."""
-    return f"{int(round(x)):,}"
+    return f"{x:.3g}" if abs(x) >= HUGE else f"{int(round(x)):,}"
 
 
 def ms(x: float) -> str:
     """Milliseconds: ``2699.58`` → ``2,700 ms``, ``95.6`` → ``96 ms``, ``0.4`` → ``0.4 ms``."""
+    if abs(x) >= HUGE:
+        return f"{x:.3g} ms"
     return f"{x:,.0f} ms" if abs(x) >= 1 else f"{x:.2g} ms"
 
 
@@ -73,7 +82,7 @@ def duration(s: float) -> str:
         return f"{s / 60:.0f} min"
     if s < 172_800:
         return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
+    return f"{s / 86400:.3g} d"
 
 
 def number(x: Any) -> str:
@@ -82,7 +91,7 @@ def number(x: Any) -> str:
         return str(x)
     if not math.isfinite(x):
         return str(x)
-    if float(x).is_integer() and abs(x) < 1e15:
+    if float(x).is_integer() and abs(x) < HUGE:
         return f"{int(x):,}"
     return f"{x:.3g}"
 

@@ -74,6 +74,16 @@ _values = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), s
 def test_rendering_never_raises_nor_returns_empty(code: str, metrics: dict) -> None:
     out = render_reason(code, metrics)
     assert isinstance(out, str) and (out or code == "")
+    # 4 metrics at most, each a short number: huge values (1e30) are not spelled out digit by digit
+    assert len(out) <= len(code) + 4 * 60 + 200, out
+
+
+def test_huge_values_stay_short() -> None:
+    assert render_reason("latency_p95_ratio", {"p95_ms": 1e300, "baseline_p95_ms": 1e-300,
+                                               "latency_samples_5m": 1e300}) == \
+        "P95 1e+300 ms vs 1e-300 ms baseline (infx, 1e+300 requests)"
+    assert render_reason("quota", {"quota_remaining": 1e30, "quota_exhaustion_s": 1e30}) == \
+        "quota 1e+32 % left, empty in about 1.16e+25 d"
 
 
 def test_pct_keeps_two_digits_and_small_values_visible() -> None:
