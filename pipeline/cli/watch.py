@@ -182,10 +182,12 @@ def state_text(row: dict) -> str:
     who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``."""
     if row.get("state") is None:
         return "no verdict"
+    from pipeline.alert.reasons import duration
+
     o = row.get("override")
-    text = f"{row['state']} · {row['in_state_s']:.0f} s"
+    text = f"{row['state']} · {duration(row['in_state_s'])}"  # 50 s, 12 min, 2.6 h: not "9240 s"
     if row.get("next") and not (o and o.get("kind") in ("open", "healthy")):
-        text += f" → {row['next']['to']} in {row['next']['in_s']:.0f} s"
+        text += f" → {row['next']['to']} in {duration(row['next']['in_s'])}"
     if o:
         text += f"; {override_text(o)}"
     return text
