@@ -78,7 +78,9 @@ class PipelineMetrics:
     ``_dead_letters_total{reason}``, ``_consumer_lag_messages{topic,partition}``,
     ``_batch_processing_seconds``, ``_verdict_latency_seconds``,
     ``_verdicts_total{state,reason}``, ``_channel_state{channel,state}``,
-    ``_channel_weight{channel}``, ``_metrics_dropped_channels_total``,
+    ``_channel_weight{channel}``, ``_metrics_dropped_channels_total``, per route (issue #35)
+    ``_route_channels{route,state}``, ``_route_weight_sum{route}``, ``_channel_route{channel,route}``,
+    ``_channel_override{channel,route,kind}``,
     ``_sink_backlog_rows``, ``_sink_write_seconds``, ``_sink_rows_written_total``,
     ``_sink_write_failures_total``, ``_quality_scored_total``, ``_quality_queue_samples``;
     alert process: ``_alert_verdicts_total``, ``_alert_bad_messages_total`` (tracked by
@@ -120,8 +122,41 @@ class PipelineMetrics:
         self._channels: set[str] = set()
         self._verdict_children: dict[tuple[str, str], Any] = {}  # (state, reason) -> verdicts_total child
         self._channel_children: dict[str, tuple] = {}  # channel -> ((state, state gauge child)..., weight child)
+        #: channel -> (route, state, weight, override kind or "") of the newest verdict (bounded channels):
+        #: the per-route and override series are read from it at scrape time (issue #35).
+        self._latest: dict[str, tuple[str, str, float, str]] = {}
+        self._track_routes()
         #: The HTTP server of :func:`start_metrics_server` (None: not served); :meth:`close` stops it.
         self.server: Any = None
+
+    def _track_routes(self) -> None:
+        """The per-route series and the override gauge (issue #35), computed from :attr:`_latest` per scrape."""
+        latest = self._latest
+
+        def route_channels() -> dict[tuple[str, str], int]:
+            out = {(r, s): 0 for r, _, _, _ in latest.values() for s in STATES}
+            for r, state, _, _ in latest.values():
+                out[(r, state)] = out.get((r, state), 0) + 1
+            return out
+
+        def route_weight() -> dict[str, float]:
+            out: dict[str, float] = {}
+            for r, _, w, _ in latest.values():
+                out[r] = out.get(r, 0.0) + w
+            return out
+
+        self.track("channel_health_route_channels", "Channels of each route by state (the newest verdict of "
+                   "each; bounded to max_channels channels).", route_channels, labels=("route", "state"))
+        self.track("channel_health_route_weight_sum", "Sum of the published weights of a route's channels: the "
+                   "route's capacity in channel units (bounded to max_channels channels).", route_weight,
+                   labels=("route",))
+        self.track("channel_health_channel_route", "1 per channel with its route (join on channel for per-route "
+                   "views of the channel series).", lambda: {(c, r): 1 for c, (r, _, _, _) in latest.items()},
+                   labels=("channel", "route"))
+        self.track("channel_health_channel_override", "1 while an operator's override is in force on the "
+                   "channel (kind open, healthy, weight or freeze); no series otherwise.",
+                   lambda: {(c, r, k): 1 for c, (r, _, _, k) in latest.items() if k},
+                   labels=("channel", "route", "kind"))
 
     def close(self) -> None:
         """Stop the HTTP endpoint, if this object has one (the metrics keep counting)."""
@@ -244,6 +279,9 @@ class PipelineMetrics:
             for s, child in children[0]:
                 child.set(1.0 if s == state else 0.0)
             children[1].set(v.weight)
+            forced = getattr(v, "override", None)
+            kind = forced.get("kind", "") if isinstance(forced, dict) else ""
+            self._latest[v.channel] = (str(getattr(v, "route", "")), state, float(v.weight), str(kind))
 
     def observe_flush(self, seconds: float, rows: int | None) -> None:
         """One ClickHouse flush that succeeded: ``seconds`` of wall time, ``rows`` written (None: unknown)."""

@@ -40,12 +40,28 @@ def history_sql(channel: str) -> str:
             f"WHERE channel = {sql_literal(channel)} ORDER BY ts DESC LIMIT 50")
 
 
-def _numbers(v: Verdict) -> str:
-    """``key=value`` of the metrics behind the reasons (keys sharing a reason's first word first)."""
-    stems = {r.split("_")[0] for r in v.reasons}
-    items = [(k, x) for k, x in v.metrics.items() if x is not None]
-    items.sort(key=lambda kv: (kv[0].split("_")[0] not in stems, kv[0]))
-    return ", ".join(f"{k}={x:g}" if isinstance(x, float) else f"{k}={x}" for k, x in items[:MAX_METRICS])
+def channel_line(v: Verdict, since_ms: int | None = None, policy: Any = None) -> str:
+    """What is wrong with ``v`` in people's numbers and what happens next (unescaped; issue #35).
+
+    ``state, weight``; for a forced state who forced it (key id) and why; each reason rendered by
+    :func:`pipeline.alert.reasons.render_reason` (value, line or baseline, sample size); then ``next: ...``
+    (:func:`pipeline.alert.reasons.next_step`). ``since_ms``: event time the state began (None: unknown);
+    ``policy``: a :class:`~pipeline.policy.defaults.PolicyConfig` (default: the defaults).
+    """
+    from pipeline.alert.reasons import next_step, override_text, render_reasons
+
+    if policy is None:
+        from pipeline.policy.defaults import PolicyConfig
+
+        policy = PolicyConfig()
+    override = v.override if isinstance(v.override, dict) else None
+    head = f"state {v.state}, weight {v.weight:g}"
+    rendered = "; ".join(render_reasons(v.reasons, v.metrics))
+    if override:
+        head += f", {override_text(override)}"
+        rendered = f"detectors: {rendered or 'nothing found'}"
+    nxt = next_step(v.state, since_ms, policy.open_cooldown_ms, policy.half_open_observe_ms, override)
+    return f"{head}; {rendered or 'no reason given'}; next: {nxt}"
 
 
 def title(n: Notification, esc: Escaper = terminal_text) -> str:
@@ -67,10 +83,10 @@ def lines(n: Notification, esc: Escaper = terminal_text, bold: str = "**") -> li
     (``**``, Slack's ``*``, or none for plain text).
     """
     out = [esc(n.detail)] if n.detail else []
+    since = dict(n.since_ms)
     for v, sev in n.firing:
-        out.append(f"- {bold}{esc(v.channel)}{bold} ({esc(sev)}) route {esc(v.route)}: state {esc(v.state)}, "
-                   f"weight {v.weight:g}, reasons {esc(', '.join(v.reasons)) or '-'}; "
-                   f"{esc(_numbers(v)) or 'no metrics'}")
+        out.append(f"- {bold}{esc(v.channel)}{bold} ({esc(sev)}) route {esc(v.route)}: "
+                   f"{esc(channel_line(v, since.get(v.channel)))}")
         out.append(f"  history: `{history_sql(v.channel)}`")
     for v in n.resolved:
         out.append(f"- resolved: {bold}{esc(v.channel)}{bold} route {esc(v.route)}: state {esc(v.state)}, "

@@ -44,6 +44,8 @@ class Notification:
     resolved: tuple[Verdict, ...] = ()
     title: str | None = None
     detail: str = ""
+    #: (channel, event time ms its state began) of the firing channels, where the alert process knows it.
+    since_ms: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -54,6 +56,7 @@ class _Group:
     dirty: bool = False
     next_flush_s: float | None = None
     last_sent_s: float | None = None
+    detail: str = ""
 
 
 class Grouper:
@@ -98,6 +101,11 @@ class Grouper:
         if group.next_flush_s is None or start < group.next_flush_s:
             group.next_flush_s = start
 
+    def note_restart(self) -> None:
+        """Mark every group's next message as re-announced after an alert-process restart."""
+        for g in self.groups.values():
+            g.detail = "still firing after an alert-process restart (state rebuilt from channel.health)"
+
     def due(self, now_s: float, *, flush_all: bool = False) -> list[Notification]:
         """Notifications due at ``now_s`` (``flush_all``: every pending one, ignoring the waits)."""
         out: list[Notification] = []
@@ -119,8 +127,9 @@ class Grouper:
                 severity = max((sev for _, sev in g.alerts.values()), key=RANK.__getitem__)
                 out.append(Notification("firing", f"channel-health/{g.route}", g.route, severity,
                                         firing=tuple(g.alerts[c] for c in sorted(g.alerts)),
-                                        resolved=tuple(g.resolved.values())))
+                                        resolved=tuple(g.resolved.values()), detail=g.detail))
                 g.resolved.clear()
+                g.detail = ""
                 g.dirty, g.next_flush_s, g.last_sent_s = False, None, now_s
         return out
 

@@ -7,11 +7,14 @@ consumer and sends what is due through a :class:`~pipeline.alert.delivery.Dispat
 It needs neither the worker nor ClickHouse: only the broker and the webhooks.
 Kafka: its own consumer group (``[kafka] group``, default
 ``channel-health-alert``), ``auto_offset_reset="latest"``, offsets committed
-automatically. Restart semantics: group state lives in memory only, so a
-restarted process starts empty; it resumes from the group's committed offsets
-(a first start: from now), and a channel still failing is alerted again on its
-next verdict (PagerDuty merges the repeat by ``dedup_key``), while a channel
-that recovered while the process was down gets no resolve from it.
+automatically. Restart semantics (issue #35): at start the process reads the compacted
+``channel.health`` to its end (:meth:`AlertService.rebuild`): every channel
+whose newest verdict is firing is put back in its group and announced again
+once (PagerDuty merges the repeat by ``dedup_key``; a chat says "still
+firing after an alert-process restart"), so its resolve goes out when it
+recovers. Then it resumes from the group's committed offsets (a first start:
+from now). A channel that fired and recovered entirely while the process was
+down leaves no firing verdict behind and gets no resolve from it.
 
 Bad messages (not JSON, wrong fields) are logged and counted, never fatal.
 Sends run in the background, one chain per dedup key so a resolve never
@@ -21,9 +24,10 @@ overtakes its alert; on stop, pending sends get ``drain_s`` to finish.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import msgspec
 
@@ -33,7 +37,7 @@ from pipeline.alert.grouping import Grouper, Notification
 from pipeline.alert.heartbeat import Heartbeat
 from pipeline.alert.severity import outcome, silenced_by
 from pipeline.config import Settings
-from pipeline.contracts import decode_verdict
+from pipeline.contracts import Verdict, decode_verdict
 
 log = logging.getLogger("channel_health.alert")
 
@@ -41,6 +45,8 @@ log = logging.getLogger("channel_health.alert")
 FETCH_TIMEOUT_MS = 250
 #: Pause after a broker error (s).
 ERROR_BACKOFF_S = 1.0
+#: Longest read of channel.health at start to rebuild the firing channels (s).
+REBUILD_TIMEOUT_S = 60.0
 
 
 class AlertService:
@@ -56,6 +62,43 @@ class AlertService:
         self.bad_messages = 0
         self.silenced = 0
         self._pending: list[Notification] = []
+        #: channel -> (state, event time ms it began, seq of the newest verdict): the "since" of an alert line.
+        self.since: dict[str, tuple[str, int, int]] = {}
+
+    def _track(self, verdict: Verdict) -> bool:
+        """Record the verdict's state start; False for a replayed (older) verdict, which is then ignored."""
+        old = self.since.get(verdict.channel)
+        if old is not None and verdict.seq <= old[2]:
+            return False
+        start = old[1] if old is not None and old[0] == verdict.state else verdict.ts_ms
+        self.since[verdict.channel] = (verdict.state, start, verdict.seq)
+        return True
+
+    def rebuild(self, values: Iterable[bytes | None]) -> int:
+        """Put back the channels still firing, from ``channel.health`` read to its end (compacted: the newest
+        verdict per channel); returns how many. Each is announced once more after ``group_wait``."""
+        newest: dict[str, Verdict] = {}
+        for value in values:
+            if value is None:
+                continue
+            try:
+                v = decode_verdict(value)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self.bad_messages += 1
+                continue
+            if self._track(v):
+                newest[v.channel] = v
+        now, n = self.clock(), 0
+        for v in newest.values():
+            result = outcome(v, self.config.rules)
+            if result == "keep" and v.state in ("half_open", "recovering"):  # after a trip: still firing
+                result = outcome(msgspec.structs.replace(v, state="open"), self.config.rules)
+            if result in ("resolve", "keep") or silenced_by(v, self.config.silences, self.wall()) is not None:
+                continue
+            self.grouper.observe(v, result, now)
+            n += 1
+        self.grouper.note_restart()
+        return n
 
     def handle(self, value: bytes | None) -> None:
         """One ``channel.health`` message (a tombstone is ignored). Never raises for bad content."""
@@ -72,6 +115,8 @@ class AlertService:
             return
         if self.heartbeat is not None and (n := self.heartbeat.beat(now)) is not None:
             self._pending.append(n)
+        if not self._track(verdict):
+            return
         result = outcome(verdict, self.config.rules)
         if result not in ("resolve", "keep"):
             silence = silenced_by(verdict, self.config.silences, self.wall())
@@ -87,7 +132,11 @@ class AlertService:
         out, self._pending = self._pending, []
         if self.heartbeat is not None and (n := self.heartbeat.check(now)) is not None:
             out.append(n)
-        return out + self.grouper.due(now, flush_all=flush_all)
+        return out + [self._with_since(n) for n in self.grouper.due(now, flush_all=flush_all)]
+
+    def _with_since(self, n: Notification) -> Notification:
+        since = tuple((v.channel, self.since[v.channel][1]) for v, _ in n.firing if v.channel in self.since)
+        return dataclasses.replace(n, since_ms=since) if since else n
 
 
 class Sender:
@@ -156,6 +205,18 @@ async def run_alerts(config: AlertConfig, settings: Settings, stop: asyncio.Even
                   lambda: service.messages, kind="counter")
     metrics.track("channel_health_alert_bad_messages_total", "channel.health messages that were not verdicts.",
                   lambda: service.bad_messages, kind="counter")
+    if consumer_factory is None:  # the compacted topic's newest verdicts: channels still firing (issue #35)
+        from pipeline.stream.control import read_to_end
+
+        values: list[bytes | None] = []
+        try:
+            await read_to_end(settings.kafka_bootstrap, settings.topics.health, lambda k, v: values.append(v),
+                              settings.kafka_security.aiokafka_kwargs(), REBUILD_TIMEOUT_S)
+        except (TimeoutError, KafkaError) as exc:
+            log.warning("alert state not rebuilt from %s (%s): channels firing before a restart get no resolve",
+                        settings.topics.health, exc)
+        firing = service.rebuild(values)
+        log.info("alert state rebuilt from %s: %d channel(s) still firing", settings.topics.health, firing)
     consumer = (consumer_factory or AIOKafkaConsumer)(settings.topics.health, **consumer_kwargs(settings, config))
     async with Dispatcher(config) as dispatcher:
         sender = Sender(dispatcher, metrics)

@@ -108,6 +108,8 @@ def demo(
     seed: int = typer.Option(0, help="Simulator seed (same seed, same events)."),
     timeout_s: float = typer.Option(600.0, help="Give up waiting for the worker after this many seconds."),
     speed: float = typer.Option(200.0, help="Event-time speed-up of the replay (200: 2.4 h in ~45 s); 0 = as fast as possible."),
+    keep: bool = typer.Option(False, "--keep", help="After the replay, keep broker and worker up until Ctrl-C and "
+                              "print the exports to try watch, override and alert against them."),
 ) -> None:
     """Run the main job on the embedded default: broker + ClickHouse (chDB) + worker + simulator.
 
@@ -121,7 +123,7 @@ def demo(
         typer.secho(f"unknown scenario {scenario!r}; choose one of: {', '.join(_scenario_names())}", fg="red", err=True)
         raise typer.Exit(2)
     try:
-        rc = run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed)
+        rc = run_demo(_settings(), scenario, data_dir, seed=seed, timeout_s=timeout_s, speed=speed, keep=keep)
     except DataNotFoundError as exc:  # ../shared/data present but incomplete: one line, not a traceback
         typer.secho(f"traces: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -282,9 +284,11 @@ def simulate(
 def query(
     sql: str = typer.Argument(..., help="One read-only statement (SELECT / WITH / SHOW / DESCRIBE / EXPLAIN)."),
     param: list[str] = typer.Option([], "--param", "-p", help="Bound parameter name=value, used as {name:Type}."),
-    as_json: bool = typer.Option(False, "--json", help="Print rows as JSON lines."),
+    as_json: bool = typer.Option(False, "--json", help="Print rows as JSON lines (the same as --format json)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table (numbers right-aligned; columns too wide for "
+                            "the terminal are named, never cut silently), csv, tsv or json (JSON lines)."),
 ) -> None:
-    """Run a read-only query against the configured ClickHouse and print a table.
+    """Run a read-only query against the configured ClickHouse and print a table, CSV, TSV or JSON lines.
 
     ClickHouse enforces it: readonly=1, no file/network/process functions, one statement, limits
     (CHANNEL_HEALTH_QUERY_MAX_EXECUTION_TIME_S, _MAX_MEMORY_BYTES, _MAX_RESULT_ROWS, _MAX_RESULT_BYTES).
@@ -293,9 +297,14 @@ def query(
     {ch:String} GROUP BY state" -p ch=lepton/llama-70b@free
     """
     from pipeline.storage.client import POINT_AT_DATA, open_client
-    from pipeline.storage.query import (QueryLimitExceeded, QueryRefused, check_readonly_sql, format_table,
-                                        run_readonly_query)
+    from pipeline.storage.query import QueryLimitExceeded, QueryRefused, check_readonly_sql, run_readonly_query
 
+    from pipeline.cli.output import FORMATS, format_rows
+
+    fmt = "json" if as_json else fmt.lower()
+    if fmt not in FORMATS:
+        typer.secho(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}", fg="red", err=True)
+        raise typer.Exit(2)
     params = {}
     for p in param:
         if "=" not in p:
@@ -320,11 +329,7 @@ def query(
             message += f"\n(queried ClickHouse at {settings.clickhouse_url_redacted}; {POINT_AT_DATA})"
         typer.secho(redact_secrets(message), fg="red", err=True)
         raise typer.Exit(1) from None
-    if as_json:
-        for r in rows:
-            typer.echo(json.dumps(dict(zip(cols, r)), default=str))
-    else:
-        typer.echo(format_table(cols, rows))
+    typer.echo(format_rows(cols, rows, fmt), nl=False)
 
 
 @app.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import re
 import time
 from typing import Optional
 
@@ -41,9 +42,16 @@ def _fail(message: str, code: int = 2) -> None:
 _settings = kafka_settings_or_exit
 
 
+#: A TTL names its unit: ``5m``, ``1h``, ``90s`` (a bare ``5`` is refused: 5 seconds or 5 minutes? issue #35).
+TTL_FORM = re.compile(r"\s*[0-9]+(?:\.[0-9]*)?\s*(ms|s|m|h|d|w)\s*", re.IGNORECASE)
+
+
 def _ttl_ms(ttl: Optional[str]) -> int:
+    """Milliseconds of ``--ttl`` (a number with a unit: ms, s, m, h, d, w); exits 2 with a clear line otherwise."""
     if not ttl:
         _fail("--ttl is required (e.g. --ttl 30m): every override expires.")
+    if not TTL_FORM.fullmatch(ttl):
+        _fail(f"--ttl {ttl!r} needs a unit: e.g. 90s, 5m, 1h, 1d (a bare number is refused, it is ambiguous)")
     try:
         return parse_duration_ms(ttl, "--ttl")
     except ConfigError as exc:

@@ -14,9 +14,18 @@ is the policy's schedule (:class:`~pipeline.policy.defaults.PolicyConfig`:
 half_open → recovering when the probes pass, ``ramp_interval_ms`` 120 s per
 recovering step): what happens if nothing else does.
 
-chDB allows one process per data directory: while a worker holds it the
-board shows the Kafka side only and says so (``clickhouse.error``); point
-``CHANNEL_HEALTH_CLICKHOUSE_URL`` at a ClickHouse server to see both.
+Live state always comes from ``channel.health``. The history panels come
+from ClickHouse only when it can be opened: a ClickHouse server over HTTP, or
+a chDB directory no other process holds. chDB allows one process per data
+directory, so on the default setup (the worker holds it) the board says so in
+one line (``clickhouse.error``, :func:`history_off_line`) and carries on with
+the live state; point ``CHANNEL_HEALTH_CLICKHOUSE_URL`` at a ClickHouse
+server to see both. A database error is never printed raw (issue #35).
+
+Width (issue #35): on a terminal the table fits its width, folding long
+channel and route names rather than cutting them and leaving out the
+least-needed panels when narrow (:data:`NARROW_DROP`); piped output is never
+wrapped at 80 columns (:func:`board_console`).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from pipeline.config import Settings
 from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.alert.reasons import override_text
 
 #: Live refresh interval (s): at least once a second (issue #20).
 REFRESH_S = 1.0
@@ -168,19 +178,84 @@ def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig
 
 
 def state_text(row: dict) -> str:
-    """E.g. ``half_open · 40 s → recovering``, ``open [override]``."""
+    """E.g. ``half_open · 40 s → recovering in 50 s``; a forced state has no scheduled transition and says
+    who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``."""
     if row.get("state") is None:
         return "no verdict"
-    text = f"{row['state']} · {row['in_state_s']:.0f} s"
-    if row.get("next"):
-        text += f" → {row['next']['to']} in {row['next']['in_s']:.0f} s"
-    if row.get("override"):
-        o = row["override"]
-        text += f" [override {o.get('kind')} by {o.get('by')}: {o.get('reason')}]"
+    from pipeline.alert.reasons import duration
+
+    o = row.get("override")
+    text = f"{row['state']} · {duration(row['in_state_s'])}"  # 50 s, 12 min, 2.6 h: not "9240 s"
+    if row.get("next") and not (o and o.get("kind") in ("open", "healthy")):
+        text += f" → {row['next']['to']} in {duration(row['next']['in_s'])}"
+    if o:
+        text += f"; {override_text(o)}"
     return text
 
 
-def render(board: dict) -> Any:
+#: Panel columns left out, in this order, while the table does not fit a narrow terminal.
+NARROW_DROP = ("quota", "quality 5m", "missing 5m", "P50/P90/P95/P99 ms 5m", "share", "req 1m")
+#: Width of a console that is not a terminal (a pipe, a file): wide enough never to wrap a board.
+PIPE_WIDTH = 100_000
+
+
+def history_off_line(url: str, exc: BaseException) -> str:
+    """One line saying why the history panels are off, for ``exc`` raised opening or querying ``url``.
+
+    chDB's "Cannot lock file" (another process, normally the worker, holds the directory) is said in words;
+    any other error is named by its type and the first line of its text (at most 160 characters), with
+    secrets redacted. Never a multi-line database exception.
+    """
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if url.startswith("chdb") and ("lock" in str(exc).lower() or "already has chDB" in str(exc)):
+        return ("history panels off: another process (the worker) holds the chDB directory, and chDB allows one "
+                "process per directory; showing live state from channel.health. For history too, point "
+                "CHANNEL_HEALTH_CLICKHOUSE_URL at a ClickHouse server")
+    return redact_secrets(f"history panels off: ClickHouse unavailable ({type(exc).__name__}: {first[:160]}); "
+                          f"showing live state from channel.health")
+
+
+def chdb_held(url: str) -> bool:
+    """True when ``url`` is a ``chdb://`` directory whose ``status`` file another process holds locked.
+
+    ClickHouse (and so chDB) takes an exclusive ``flock`` on ``<dir>/status`` while it runs; probing it with a
+    non-blocking ``flock`` (released at once) tells a held directory apart without opening the engine, which
+    would print its own ``Cannot lock file`` error straight to the terminal. False for any other URL, a
+    missing directory, or a platform without ``fcntl``.
+    """
+    if not url.startswith("chdb"):
+        return False
+    try:
+        import fcntl
+
+        from pipeline.storage.client import chdb_path
+
+        status = chdb_path(url) / "status"
+        with open(status, "rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    except (ImportError, OSError, ValueError):
+        return False
+    return False
+
+
+def board_console(**kw: Any) -> Any:
+    """A rich Console for the board: the terminal's width on a terminal, :data:`PIPE_WIDTH` otherwise
+    (``COLUMNS``, when set, wins as rich reads it)."""
+    import os
+
+    from rich.console import Console
+
+    console = Console(**kw)
+    if not console.is_terminal and "COLUMNS" not in os.environ and "width" not in kw:
+        console.width = PIPE_WIDTH
+    return console
+
+
+def render(board: dict, width: int | None = None) -> Any:
     """A rich Table of the board. Every cell is a :class:`rich.text.Text` (:func:`~pipeline.escape.rich_text`):
     names, reasons and errors are shown as data, never read as rich markup or terminal escapes (SPEC §8)."""
     from rich.table import Table
@@ -192,21 +267,36 @@ def render(board: dict) -> Any:
 
     title = "channel-health watch"
     if board["clickhouse"]["error"]:
-        title += f"  (ClickHouse panels: {board['clickhouse']['error']})"
-    table = Table(title=rich_text(title))
-    for col in ("route", "channel", "state", "weight", "share", "reasons", "req 1m", "P50/P90/P95/P99 ms 5m",
-                "err 1m", "missing 5m", "quality 5m", "quota"):
-        table.add_column(col)
+        title += f"  ({board['clickhouse']['error']})"
+    cols = ["route", "channel", "state", "weight", "share", "reasons", "req 1m", "P50/P90/P95/P99 ms 5m",
+            "err 1m", "missing 5m", "quality 5m", "quota"]
+    rows = []
     for route, chans in board["routes"].items():
         for ch, row in chans.items():
             p = row["panels"]
             lat = p.get("latency_ms_5m") or {}
-            cells = (route, ch, state_text(row), fmt(row.get("weight")), fmt(row.get("share")),
-                     ",".join(row.get("reasons") or []), fmt(p.get("traffic_1m")),
-                     "/".join(fmt(lat.get(k)) for k in ("p50", "p90", "p95", "p99")),
-                     fmt(p.get("error_rate_1m"), True), fmt(p.get("missing_rate_5m"), True),
-                     fmt(p.get("quality_5m")), fmt(p.get("quota_remaining")))
-            table.add_row(*(rich_text(c) for c in cells))
+            rows.append(dict(zip(cols, (
+                route, ch, state_text(row), fmt(row.get("weight")), fmt(row.get("share")),
+                ",".join(row.get("reasons") or []), fmt(p.get("traffic_1m")),
+                "/".join(fmt(lat.get(k)) for k in ("p50", "p90", "p95", "p99")),
+                fmt(p.get("error_rate_1m"), True), fmt(p.get("missing_rate_5m"), True),
+                fmt(p.get("quality_5m")), fmt(p.get("quota_remaining"))))))
+    if width is not None:  # leave out the least-needed panels until the widest cells could fit
+        def need(cs: list[str]) -> int:
+            return sum(min(40, max([len(c)] + [len(r[c]) for r in rows])) + 3 for c in cs)
+
+        for drop in NARROW_DROP:
+            if need(cols) <= width:
+                break
+            cols.remove(drop)
+    numeric = {"weight", "share", "req 1m", "P50/P90/P95/P99 ms 5m", "err 1m", "missing 5m", "quality 5m", "quota"}
+    table = Table(title=rich_text(title))
+    for col in cols:
+        # names fold onto further lines, never cut: a cut name could read as another channel
+        table.add_column(col, justify="right" if col in numeric else "left",
+                         overflow="fold", min_width=min(12, len(col)) if col in ("route", "channel") else None)
+    for r in rows:
+        table.add_row(*(rich_text(r[c]) for c in cols))
     return table
 
 
@@ -225,15 +315,15 @@ class Board:
 
         await read_to_end(self.settings.kafka_bootstrap or "", self.settings.topics.health,
                           lambda k, v: self.book.add(v), self.settings.kafka_security.aiokafka_kwargs(), 30.0)
+        if chdb_held(self.settings.clickhouse_url):  # the default setup: the worker holds the directory
+            self.ch_error = history_off_line(self.settings.clickhouse_url, OSError("Cannot lock file: held"))
+            return
         try:
             from pipeline.storage.client import open_client
 
             self.client = open_client(self.settings, create_database=False)
-        except Exception as exc:  # shown on the board, never hidden
-            self.ch_error = redact_secrets(str(exc))
-            if self.settings.clickhouse_url.startswith("chdb"):
-                self.ch_error = ("chdb is held by the worker (or absent); use a ClickHouse server for the panels: "
-                                 + self.ch_error)
+        except Exception as exc:  # shown on the board in one line, never a raw database exception
+            self.ch_error = history_off_line(self.settings.clickhouse_url, exc)
 
     async def follow(self) -> None:
         """Start a consumer of ``channel.health`` for live mode (from the beginning: replays are ignored)."""
@@ -255,8 +345,8 @@ class Board:
             try:
                 panels, now_ms = await asyncio.to_thread(query_panels, self.client)
                 self.ch_error = None
-            except Exception as exc:  # shown on the board, retried next refresh
-                self.ch_error = redact_secrets(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # shown on the board in one line, retried next refresh
+                self.ch_error = history_off_line(self.settings.clickhouse_url, exc)
         return build_board(self.book, panels, self.policy, self.ch_error, now_ms)
 
     async def stop(self) -> None:
@@ -288,9 +378,8 @@ def watch(
                 if as_json:
                     typer.echo(json.dumps(data))
                 else:
-                    from rich.console import Console
-
-                    Console().print(render(data))
+                    console = board_console()
+                    console.print(render(data, console.width if console.is_terminal else None))
                 return
             # A long-running process: Prometheus metrics on CHANNEL_HEALTH_METRICS_PORT (issue #21).
             from pipeline.metrics import start_metrics_server
@@ -304,10 +393,17 @@ def watch(
                     await asyncio.sleep(REFRESH_S / 2)
             from rich.live import Live
 
-            with Live(render(await board.refresh()), refresh_per_second=2) as live:
+            console = board_console()
+            if board.ch_error:
+                typer.secho(board.ch_error, fg="yellow", err=True)
+
+            def draw(data: dict) -> Any:
+                return render(data, console.width if console.is_terminal else None)
+
+            with Live(draw(await board.refresh()), console=console, refresh_per_second=2) as live:
                 while True:
                     started = time.monotonic()
-                    live.update(render(await board.refresh()))
+                    live.update(draw(await board.refresh()))
                     await asyncio.sleep(max(0.0, REFRESH_S - (time.monotonic() - started)))
         finally:
             await board.stop()

@@ -176,14 +176,26 @@ class OverrideTable:
         return [self._active[k] for k in sorted(self._active)]
 
     def put(self, o: Override, now_ms: int) -> list[Change]:
-        """Record ``o`` (replacing the one of its key). An already expired one is ignored (returns []).
+        """Record ``o`` (replacing the one of its key).
+
+        An already expired ``o`` still replaces the override of its key, which
+        then ends: the latest record of a key is the one in force, as on the
+        compacted topic (issue #35: ``override list`` kept an older ``weight 0.2``
+        that a later, since expired, ``--healthy`` had replaced). It returns the
+        ``set`` and ``expire`` of ``o`` when an override of its key was in
+        force, else [] (a replay of old records audits nothing).
 
         ``now_ms``: wall time, UTC epoch ms. Raises :class:`OverrideRefused` (table
         unchanged) when ``o`` expires more than ``max_ttl_ms`` (+ :data:`CLOCK_SLACK_MS`)
         after ``now_ms``, or is for a new key while ``max_overrides`` are in force.
         """
         if o.expires_ts_ms <= now_ms:
-            return []
+            old = self._active.pop(o.key, None)
+            if old is None:
+                return []
+            if old.kind == "freeze":
+                self._frozen.pop(old.route or "", None)
+            return [Change("set", o, now_ms), Change("expire", o, now_ms)]
         if o.expires_ts_ms - now_ms > self.max_ttl_ms + CLOCK_SLACK_MS:
             raise OverrideRefused("ttl", f"{o.key} would stay in force {(o.expires_ts_ms - now_ms) / 3_600_000:.1f} h "
                                          f"from now, beyond the maximum TTL {self.max_ttl_ms / 3_600_000:g} h")

@@ -160,23 +160,45 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, width
 
     ``None`` prints as ``NULL``, datetimes in ISO 8601, floats with up to 6
     significant digits; text as :func:`~pipeline.escape.terminal_text` (control
-    characters visible, e.g. ``\\n``). ``width``: maximum line width in characters.
+    characters visible, e.g. ``\\n``). Columns whose values are all numbers
+    (or NULL) are right-aligned. ``width``: maximum line width in characters;
+    long values fold onto further lines, never cut. Columns that cannot fit
+    even folded are left out from the right and named in a last line
+    (issue #35: ``SELECT *`` was cut without a word), never silently.
     """
     from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
     from pipeline.escape import rich_text
 
-    # rich_text everywhere: values such as "[bold]" print as-is, not as rich markup, and control characters
-    # (ESC, newline) are shown escaped, never sent to the terminal (SPEC §8).
-    table = Table()
-    for column in columns:
-        table.add_column(rich_text(column))
-    for row in rows:
-        table.add_row(*(rich_text(_cell(value)) for value in row))
+    def numeric(i: int) -> bool:
+        vals = [r[i] for r in rows if r[i] is not None]
+        return bool(vals) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+
+    def build(n: int) -> Any:
+        # rich_text everywhere: values such as "[bold]" print as-is, not as rich markup, and control characters
+        # (ESC, newline) are shown escaped, never sent to the terminal (SPEC §8).
+        table = Table()
+        for i, column in enumerate(columns[:n]):
+            table.add_column(rich_text(column), justify="right" if numeric(i) else "left", overflow="fold")
+        for row in rows:
+            table.add_row(*(rich_text(_cell(value)) for value in row[:n]))
+        return table
+
     out = io.StringIO()
-    Console(file=out, width=width, color_system=None, force_terminal=False, no_color=True).print(table)
-    return out.getvalue() + f"({len(rows)} row{'' if len(rows) == 1 else 's'})\n"
+    console = Console(file=out, width=width, color_system=None, force_terminal=False, no_color=True)
+    shown = len(columns)
+    # a column folded to fewer than 3 characters is unreadable: leave out columns from the right until it fits
+    while shown > 1 and Measurement.get(console, console.options, build(shown)).minimum + 2 * shown > width:
+        shown -= 1
+    console.print(build(shown))
+    text = out.getvalue() + f"({len(rows)} row{'' if len(rows) == 1 else 's'})\n"
+    if shown < len(columns):
+        cut = ", ".join(str(c) for c in columns[shown:])
+        text += (f"({len(columns) - shown} of {len(columns)} columns not shown, too wide for {width} characters: "
+                 f"{cut}; use --format csv, tsv or json for every column)\n")
+    return text
 
 
 def _cell(value: Any) -> str:

@@ -117,12 +117,14 @@ def install_control(app: Any, state: Any, settings: Settings,
                                settings.kafka_security.aiokafka_kwargs(), settings.control)
         hook.refused = reader.refused  # the same counter, read at every metrics scrape
         await reader.start()
+        waiting: list = []  # records read before the worker's lock exists: applied once it does, never dropped
         try:
             while True:
-                records = await reader.poll()
+                waiting.extend(await reader.poll())
                 wall = int(time.time() * 1000)
                 if state.lock is None:
                     continue
+                records, waiting = waiting, []
                 async with state.lock:
                     changes: list[Change] = []
                     for rec in records:

@@ -97,7 +97,7 @@ class _Out:
 
 
 async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: float, console: Console,
-               check: Callable[[], None] = lambda: None, speed: float = 0.0) -> int:
+               check: Callable[[], None] = lambda: None, speed: float = 0.0, seen: list[str] | None = None) -> int:
     from contextlib import nullcontext
 
     from pipeline.kafka.producer import BatchingProducer
@@ -173,6 +173,8 @@ async def _run(settings: Settings, scenario_name: str, seed: int, timeout_s: flo
     for line in timeline.finish():
         out.line(line)
         printed += 1
+    if seen is not None:  # the channels, the unhealthy first: demo --keep suggests one to try an override on
+        seen.extend(sorted(latest, key=lambda c: (latest[c].state == "healthy", c)))
     if not out.live_mode:  # no terminal width to fit: wide enough for full channel names and reasons
         console.print(_table(latest, start_ms, len(events), len(events)), width=max(console.width, 120))
     n_changes = sum(len(v) - 1 for v in timeline.changes.values())
@@ -224,21 +226,22 @@ def choose_data_dir(data_dir: Path | None, console: Console, root: Path = Path("
 
 
 def run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int = 0, timeout_s: float = 600.0,
-             speed: float = 0.0) -> int:
+             speed: float = 0.0, keep: bool = False) -> int:
     """Run the whole demo; returns a process exit code (130 when stopped by Ctrl-C or SIGTERM).
 
     ``data_dir``: where chDB and the worker log go; None = a fresh
     ``data/demo-<UTC time>`` folder per run (:func:`choose_data_dir`).
     Call from the main thread: it handles SIGINT and SIGTERM (:mod:`pipeline.tools.demo_stop`).
+    ``keep``: after the replay, leave broker and worker up until Ctrl-C (:mod:`pipeline.tools.demo_keep`).
     """
     from pipeline.tools.demo_stop import sigterm_interrupts
 
     with sigterm_interrupts():
-        return _run_demo(settings, scenario, data_dir, seed, timeout_s, speed)
+        return _run_demo(settings, scenario, data_dir, seed, timeout_s, speed, keep)
 
 
 def _run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: int, timeout_s: float,
-              speed: float) -> int:
+              speed: float, keep: bool = False) -> int:
     from pipeline.tools.demo_stop import stop_in_order, worker_popen_kwargs
     from pipeline.tools.embedded.broker import EmbeddedBroker
     from pipeline.kafka.topics import ensure as ensure_topics
@@ -266,8 +269,15 @@ def _run_demo(settings: Settings, scenario: str, data_dir: Path | None, seed: in
             worker = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "worker", "--loglevel", "info"], env=env,
                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       **worker_popen_kwargs())
+        seen: list[str] = []
         rc = asyncio.run(_run(settings, scenario, seed, timeout_s, console,
-                              check=lambda: _check_worker(worker, log_path), speed=speed))
+                              check=lambda: _check_worker(worker, log_path), speed=speed, seen=seen))
+        if rc == 0 and keep:
+            from pipeline.tools.demo_keep import keep_lines, keep_up
+
+            keep_up(lambda line: console.print(rich_text(line), soft_wrap=True),
+                    lambda: _check_worker(worker, log_path),
+                    keep_lines(settings, seen[0] if seen else None, scenario))
     except WorkerDied as exc:
         console.print(f"[red]{exc}[/]")
         rc = 1

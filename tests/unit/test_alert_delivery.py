@@ -36,7 +36,9 @@ def test_slack_payload_has_the_incoming_webhook_shape() -> None:
     assert header == {"type": "header", "text": {"type": "plain_text", "text": body["text"]}}
     assert section["type"] == "section" and section["text"]["type"] == "mrkdwn"
     assert "*lepton/llama-70b@free* (critical) route chat: state open, weight 0" in section["text"]["text"]
-    assert "error_rate_1m=0.12" in section["text"]["text"] and history_sql(V.channel) in section["text"]["text"]
+    # issue #35: reasons in people's numbers, not "error_rate_1m=0.12"
+    assert "error rate 12 % last minute; next: next probe" in section["text"]["text"]
+    assert history_sql(V.channel) in section["text"]["text"]
 
 
 def test_pagerduty_payload_matches_events_api_v2() -> None:

@@ -72,6 +72,26 @@ def test_next_transition_follows_the_policy_schedule() -> None:
     assert next_transition("healthy", 0, 1, p) is None
     row = {"state": "half_open", "in_state_s": 50.0, "next": {"to": "recovering", "in_s": 40.0}, "override": None}
     assert state_text(row) == "half_open · 50 s → recovering in 40 s"
+    assert state_text(dict(row, state="healthy", in_state_s=9240.0, next=None)) == "healthy · 2.6 h"
+
+
+def test_a_forced_state_shows_who_forced_it_and_no_scheduled_transition() -> None:
+    """Issue #35: a forced open read "open · 90 s → half_open in 0 s" with the override dropped as markup."""
+    from rich.console import Console
+
+    from pipeline.cli.watch import render
+
+    o = {"kind": "open", "by": "ana", "key_id": "k1", "reason": "[red]vendor[/red] #123", "state": "open",
+         "weight": 0.0, "expires_ts_ms": 1_780_005_840_000, "set_ts_ms": 1_780_004_040_000}
+    row = {"state": "open", "in_state_s": 90.0, "next": {"to": "half_open", "in_s": 0.0}, "override": o,
+           "weight": 0.0, "share": 0.0, "reasons": [], "panels": {}}
+    assert state_text(row) == ("open · 90 s; forced open by ana (key k1) until 22:04:00 UTC: [red]vendor[/red] #123")
+    weight = dict(row, state="degraded", next=None, override={**o, "kind": "weight", "weight": 0.2, "key_id": ""})
+    assert state_text(weight).endswith("weight forced to 0.2 by ana (unsigned) until 22:04:00 UTC: "
+                                       "[red]vendor[/red] #123")
+    console = Console(width=400, record=True, color_system=None)
+    console.print(render({"clickhouse": {"error": None}, "routes": {"r": {"c1": row}}}))
+    assert "forced open by ana (key k1) until 22:04:00 UTC: [red]vendor[/red] #123" in console.export_text()
 
 
 def test_board_shows_degraded_channel_and_the_five_panels(scenario: tuple[VerdictBook, Path]) -> None:
@@ -161,7 +181,8 @@ def test_board_without_clickhouse_says_why_and_renders(scenario: tuple[VerdictBo
     console = Console(record=True, width=250)
     console.print(render(board))
     text = console.export_text()
-    assert "ClickHouse panels: chdb is held by the worker" in text and FREE in text
+    # the error is already one whole sentence (history_off_line): the title shows it as is
+    assert "channel-health watch  (chdb is held by the worker; use a ClickHouse server)" in text and FREE in text
 
 
 def test_the_book_feeds_each_new_verdict_to_the_prometheus_gauges() -> None:
@@ -186,3 +207,83 @@ def test_the_book_feeds_each_new_verdict_to_the_prometheus_gauges() -> None:
     counted = sum(s.value for m in reg.collect() if m.name == "channel_health_verdicts"
                   for s in m.samples if s.name.endswith("_total"))
     assert counted == sum(max(1, len(v.reasons)) for v in verdicts)
+
+
+def test_a_locked_chdb_is_said_in_one_line_never_as_a_raw_exception() -> None:
+    """Issue #35: the default setup printed `Code: 76. DB::Exception: Cannot lock file ...` above empty panels."""
+    from pipeline.cli.watch import history_off_line
+    from pipeline.storage.errors import StorageConnectError
+
+    raw = StorageConnectError("cannot open chDB directory /x/chdb: RuntimeError: Code: 76. DB::Exception: Cannot "
+                              "lock file /x/chdb/status. Another server instance in same directory is already "
+                              "running. (CANNOT_OPEN_FILE)\nstack trace:\n0. DB::Exception ...")
+    line = history_off_line("chdb://./data/chdb", raw)
+    assert line == ("history panels off: another process (the worker) holds the chDB directory, and chDB allows "
+                    "one process per directory; showing live state from channel.health. For history too, point "
+                    "CHANNEL_HEALTH_CLICKHOUSE_URL at a ClickHouse server")
+    other = history_off_line("https://u:pw@ch:8443", ConnectionError("refused\nsecond line"))
+    assert other == ("history panels off: ClickHouse unavailable (ConnectionError: refused); showing live state "
+                     "from channel.health") and "\n" not in other
+
+
+def _board(name: str) -> dict:
+    row = {"state": "degraded", "in_state_s": 5.0, "next": None, "override": None, "weight": 0.5, "share": 0.25,
+           "reasons": ["latency_p95_ratio"], "panels": {"traffic_1m": 1204, "latency_ms_5m": {"p50": 100.0,
+           "p90": 200.0, "p95": 640.0, "p99": 900.0}, "error_rate_1m": 0.021, "missing_rate_5m": 0.0,
+           "quality_5m": 0.91, "quota_remaining": 0.5}}
+    return {"clickhouse": {"error": None}, "routes": {"chat-70b": {name: row}}}
+
+
+def test_piped_board_is_not_wrapped_at_80_columns_and_names_are_never_cut(monkeypatch) -> None:
+    import io
+
+    from pipeline.cli.watch import PIPE_WIDTH, board_console, render
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    name = "provider-with-a-very-long-deployment-name/" + "x" * 150 + "/llama-3.1-70b-instruct@paid"
+    out = io.StringIO()
+    console = board_console(file=out, color_system=None)
+    assert not console.is_terminal and console.width == PIPE_WIDTH
+    console.print(render(_board(name)))
+    assert name in out.getvalue()  # one line, whole (the old board: 80 columns, the name cut)
+    narrow = io.StringIO()
+    console = board_console(file=narrow, width=60, color_system=None)
+    console.print(render(_board(name), 60))
+    text = narrow.getvalue()
+    assert name in "".join(line.split("│")[2].strip() for line in text.splitlines() if line.count("│") > 2)
+    assert "quota" not in text and "channel" in text  # the least-needed panels left out when narrow
+    wide = io.StringIO()
+    board_console(file=wide, width=400, color_system=None).print(render(_board("c1"), 400))
+    assert all(col in wide.getvalue() for col in ("quota", "quality 5m", "P50/P90/P95/P99 ms 5m"))
+    assert "        1204 " not in wide.getvalue() and " 1204 │" in wide.getvalue()  # numbers right-aligned
+
+
+def test_a_held_chdb_directory_is_seen_without_opening_the_engine(tmp_path: Path) -> None:
+    """On the demo stack chDB itself printed `Code: 76. DB::Exception: Cannot lock file` to the terminal while
+    the board tried to open the directory: the lock is now probed first and the engine never opened."""
+    import fcntl
+
+    from pipeline.cli.watch import Board, chdb_held
+    from pipeline.config import Settings
+
+    (tmp_path / "status").write_text("PID: 1\n")
+    url = f"chdb://{tmp_path}"
+    assert not chdb_held(url) and not chdb_held("http://h:8123") and not chdb_held(f"chdb://{tmp_path}/absent")
+    with open(tmp_path / "status", "rb") as held:  # what the worker's chDB does while it runs
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert chdb_held(url)
+        board = Board(Settings(kafka_bootstrap="x", clickhouse_url=url), PolicyConfig())
+
+        async def no_kafka(*a, **k) -> int:
+            return 0
+
+        import pipeline.stream.control as control
+
+        real, control.read_to_end = control.read_to_end, no_kafka
+        try:
+            import asyncio
+
+            asyncio.run(board.start())
+        finally:
+            control.read_to_end = real
+        assert board.client is None and board.ch_error.startswith("history panels off: another process (the worker)")

@@ -182,3 +182,29 @@ def test_events_ahead_of_the_clock_and_refused_control_records_are_exported() ->
     assert _value(m, "channel_health_events_ahead_of_clock_total") == 2  # +59 min and +10 min; +1 s is within skew
     assert _value(m, "channel_health_control_refused_total", reason="unsigned") == 3
     assert _value(m, "channel_health_control_refused_total", reason="too_large") == 1
+
+
+def test_route_series_and_the_override_gauge() -> None:
+    """Issue #35: the failed primary route shows in /metrics (channels by state and weight per route), and a
+    forced channel is visible with its override kind; clearing the override removes the series."""
+    import msgspec
+
+    m = PipelineMetrics(max_channels=3)
+    a = Verdict(channel="a", route="primary", state="open", weight=0.0, reasons=["error_rate"], metrics={},
+                ts_ms=1, seq=1, schema_version=1)
+    b = msgspec.structs.replace(a, channel="b", state="healthy", weight=0.97, reasons=[])
+    c = msgspec.structs.replace(a, channel="c", route="backup", state="healthy", weight=1.0, reasons=[],
+                                override={"kind": "healthy", "by": "ana", "reason": "x"})
+    m.observe_verdicts([a, b, c])
+    assert _value(m, "channel_health_route_channels", route="primary", state="open") == 1
+    assert _value(m, "channel_health_route_channels", route="primary", state="healthy") == 1
+    assert _value(m, "channel_health_route_channels", route="primary", state="degraded") == 0
+    assert _value(m, "channel_health_route_weight_sum", route="primary") == pytest.approx(0.97)
+    assert _value(m, "channel_health_channel_route", channel="a", route="primary") == 1
+    assert _value(m, "channel_health_channel_override", channel="c", route="backup", kind="healthy") == 1
+    assert _value(m, "channel_health_channel_override", channel="a", route="primary", kind="open") is None
+    m.observe_verdicts([msgspec.structs.replace(c, override=msgspec.UNSET)])
+    assert _value(m, "channel_health_channel_override", channel="c", route="backup", kind="healthy") is None
+    m.observe_verdicts([msgspec.structs.replace(c, channel="d", route="x\"y{}")])  # beyond max_channels
+    assert _value(m, "channel_health_route_weight_sum", route='x"y{}') is None
+    assert b'route="primary"' in generate_latest(m.registry)

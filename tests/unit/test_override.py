@@ -196,3 +196,89 @@ def test_freeze_holds_weights_through_an_engine_outage_and_releases_on_expiry() 
         assert (o.weight, o.metrics["route_share"], o.state, o.reasons) == (1.0, 0.5, e.state, e.reasons)
     last = seen[-1][1] if seen[-1][1].channel == "primary" else seen[-2][1]
     assert last.override is msgspec.UNSET and last.weight == 0.0 and last.state == "open"
+
+
+# --- issue #35: `override list` folds the topic as the worker does -------------------------------------------------
+
+def _records(*recs: SetRecord | ClearRecord) -> list[tuple[bytes, bytes]]:
+    return [encode_record(r) for r in recs]
+
+
+def _list_fold(monkeypatch: pytest.MonkeyPatch, records: list[tuple[bytes, bytes]], now_ms: int) -> OverrideTable:
+    """What `override list` computes: :func:`read_overrides` over ``records`` (the broker read replaced)."""
+    import asyncio
+
+    from pipeline.stream import control
+
+    async def fake_read_to_end(bootstrap, topic, handle, security=None, timeout_s=10.0):  # noqa: ANN001
+        for k, v in records:
+            handle(k, v)
+        return len(records)
+
+    monkeypatch.setattr(control, "read_to_end", fake_read_to_end)
+    return asyncio.run(control.read_overrides("x", "channel.control", now_ms=now_ms))
+
+
+def _worker_fold(arrivals: list[tuple[int, tuple[bytes, bytes]]], now_ms: int) -> tuple[OverrideTable, Verdict]:
+    """What the worker publishes: each record applied at its arrival (wall ms), expiries at each poll and at
+    ``now_ms``; returns its table and the verdict it publishes for c1 (engine weight 1) at ``now_ms``."""
+    from pipeline.stream.control import ControlReader
+
+    class Eng:  # the engine's part bump_seq touches
+        class store:
+            names = ["c1"]
+        seq = [1]
+
+        def mark_changed(self, rows: list[int]) -> None:
+            pass
+
+    hook, reader, eng = ControlHook(), ControlReader("x", "channel.control"), Eng()
+    hook.apply([verdict("c1")])
+    for at, (k, v) in arrivals:
+        rec = reader.decode(v, k)
+        assert rec is not None
+        hook.changes_to_verdicts(reader.apply(hook.table, rec, at) + hook.table.expire(at), eng)
+    hook.changes_to_verdicts(hook.table.expire(now_ms), eng)
+    return hook.table, hook.apply([verdict("c1", seq=99)])[0]
+
+
+def _set(kind: str, at: int, ttl_ms: int, weight: float | None = None, channel: str = "c1") -> SetRecord:
+    return SetRecord(Override(kind=kind, by="ana", reason="r", set_ts_ms=at, expires_ts_ms=at + ttl_ms,
+                              channel=channel, weight=weight))
+
+
+@pytest.mark.parametrize("name, arrivals, now, weight", [
+    # the report of issue #35: weight 0.2 for 30 min, then --healthy for 5 s (a bare "--ttl 5"), read 10 s later.
+    # Old code: `override list` kept weight 0.2 (the expired healthy record was skipped) while the worker had
+    # replaced it, let it expire, and published the engine's weight 1.
+    ("stacked then expired", [(T0, _set("weight", T0, 1_800_000, 0.2)), (T0 + 1_000, _set("healthy", T0 + 1_000, 5_000))],
+     T0 + 11_000, 1.0),
+    ("stacked, both in force", [(T0, _set("weight", T0, 1_800_000, 0.2)), (T0 + 1_000, _set("open", T0 + 1_000, 60_000))],
+     T0 + 11_000, 0.0),
+    ("expired alone", [(T0, _set("weight", T0, 5_000, 0.2))], T0 + 11_000, 1.0),
+    ("cleared", [(T0, _set("weight", T0, 1_800_000, 0.2)),
+                 (T0 + 2_000, ClearRecord(key="channel:c1", by="bo", reason="done", at_ms=T0 + 2_000))],
+     T0 + 11_000, 1.0),
+    ("cleared then set again", [(T0, _set("open", T0, 1_800_000)),
+                                (T0 + 2_000, ClearRecord(key="channel:c1", by="bo", reason="done", at_ms=T0 + 2_000)),
+                                (T0 + 3_000, _set("weight", T0 + 3_000, 600_000, 0.3))], T0 + 11_000, 0.3),
+])
+def test_override_list_matches_what_the_worker_publishes(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                         arrivals: list, now: int, weight: float) -> None:
+    encoded = [(at, encode_record(rec)) for at, rec in arrivals]
+    listed = _list_fold(monkeypatch, [kv for _, kv in encoded], now)
+    worker, published = _worker_fold(encoded, now)
+    assert listed.active() == worker.active(), name
+    assert published.weight == weight, name
+    in_force = listed.active()
+    listed_weight = (1.0 if not in_force else {"open": 0.0, "healthy": 1.0}.get(in_force[0].kind, in_force[0].weight))
+    assert listed_weight == published.weight, name
+
+
+def test_expired_record_replacing_an_override_is_audited_as_set_and_expire() -> None:
+    t = OverrideTable()
+    t.put(ov("weight", weight=0.2, ttl_ms=1_800_000), T0)
+    late = Override(kind="healthy", by="bo", reason="r", set_ts_ms=T0, expires_ts_ms=T0 + 5_000, channel="c1")
+    assert [(c.action, c.override.kind) for c in t.put(late, T0 + 6_000)] == [("set", "healthy"),
+                                                                               ("expire", "healthy")]
+    assert t.active() == []

@@ -51,6 +51,12 @@ SQL_MINUTES = (
     "AND minute >= toStartOfMinute({t0:DateTime64(3, 'UTC')}) AND minute < {t1:DateTime64(3, 'UTC')} "
     "ORDER BY channel, minute"
 )
+SQL_OVERRIDES = (
+    "SELECT at, action, kind, channel, route, weight, by, key_id, reason, expires_ts "
+    "FROM channel_health.channel_overrides "
+    "WHERE (has({channels:Array(String)}, channel) OR has({routes:Array(String)}, route)) "
+    "AND at >= {t0:DateTime64(3, 'UTC')} AND at < {t1:DateTime64(3, 'UTC')} ORDER BY at"
+)
 SQL_EXTRAS = (
     "SELECT channel, toDateTime64(toStartOfMinute(ts), 3, 'UTC') AS minute, "
     "min(quota_remaining) AS quota_remaining_min, max(max_stream_gap_ms) AS max_stream_gap_ms "
@@ -82,6 +88,19 @@ class ReportData:
     minutes: list[dict[str, Any]] = field(default_factory=list)
     extras: list[dict[str, Any]] = field(default_factory=list)
     queries: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
+    #: Rows of :data:`SQL_OVERRIDES`: operators' overrides set, cleared or expired in the window (issue #35);
+    #: ``overrides_note`` says why there are none when the audit table could not be read.
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    overrides_note: str = ""
+
+    def data_end(self, channel: str | None = None) -> datetime:
+        """Where the data stops (UTC), at most :attr:`t1`: the newest verdict, or the end of the newest minute
+        row, of ``channel`` (None: of any channel). :attr:`t0` when there is none. The state band ends here,
+        not at the window's end (issue #35: it ran 30 minutes past the data)."""
+        ends = [v["ts"] for v in self.verdicts if channel is None or v["channel"] == channel]
+        ends += [m["minute"] + timedelta(minutes=1) for m in self.minutes + self.extras
+                 if channel is None or m["channel"] == channel]
+        return min(self.t1, max(ends, default=self.t0))
 
     def transitions(self) -> list[tuple[dict[str, Any] | None, dict[str, Any]]]:
         """``(previous verdict or None, verdict)`` for each verdict whose state differs from the
@@ -93,6 +112,11 @@ class ReportData:
                 out.append((prev, v))
             last[v["channel"]] = v
         return sorted(out, key=lambda p: (p[1]["ts"], p[1]["channel"], p[1]["seq"]))
+
+
+def iso_utc(dt: datetime) -> str:
+    """The report's one time notation: ISO 8601 UTC with ``Z``, to the second (``2026-05-28T21:30:00Z``)."""
+    return utc(dt).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def utc(dt: datetime) -> datetime:
@@ -182,6 +206,12 @@ def load_report_data(client: Any, *, channel: str | None = None, route: str | No
     data.verdicts = reader.rows("Verdicts (states, reasons, detector numbers)", SQL_VERDICTS, params)
     data.minutes = reader.rows("Per-minute traffic and error rate", SQL_MINUTES, params)
     data.extras = reader.rows("Per-minute quota and stream stalls", SQL_EXTRAS, params)
+    routes = sorted({str(v["route"]) for v in data.verdicts})
+    try:
+        data.overrides = reader.rows("Overrides set, cleared or expired (audit)", SQL_OVERRIDES,
+                                     {**params, "routes": routes})
+    except Exception as exc:  # an older database without the audit table: the report goes on, saying so
+        data.overrides_note = f"overrides not read: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     data.queries = reader.queries
     if not data.verdicts and not data.minutes:
         raise ReportError(f"no verdicts and no requests for {selection} between {t0.isoformat()} and {t1.isoformat()}")

@@ -16,7 +16,7 @@ from html import escape
 from typing import Any
 
 from pipeline.escape import html_text
-from pipeline.tools.report.data import ReportData
+from pipeline.tools.report.data import ReportData, iso_utc
 from pipeline.tools.report.plots import PLOTS, STATE_COLOURS
 
 #: Verdict numbers shown in the transitions table (keys of the verdict's metrics).
@@ -81,16 +81,60 @@ def summary_rows(data: ReportData) -> list[list[Any]]:
     return out
 
 
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def impact_section(data: ReportData) -> list[str]:
+    """The "Impact" table (id ``impact``): per channel with an incident, onset, detection, recovery, time to
+    detect and to recover, requests failed (and above the baseline) and slowed (:mod:`.impact`)."""
+    from pipeline.tools.report.impact import P95_LINE, impacts
+
+    found = impacts(data)
+    head = ["channel", "onset (UTC)", "detected (UTC)", "recovered (UTC)", "time to detect", "time to recover",
+            "requests", "failed", "failed above baseline", f"in minutes over {P95_LINE:g}x P95"]
+    rows = [[_td(i.channel), _td(iso_utc(i.onset) if i.onset else None), _td(iso_utc(i.detected)),
+             _td(iso_utc(i.recovered) if i.recovered else "not by the end of the data"),
+             f'<td class="num">{_dur(i.detect_s)}</td>', f'<td class="num">{_dur(i.recover_s)}</td>',
+             _td(i.requests, True), _td(i.failed, True), _td(i.excess_failed, True), _td(i.slowed, True)]
+            for i in found]
+    note = ('<p class="note">Onset: the first minute, walked back from detection, over the error-rate trip line '
+            f"or {P95_LINE:g}x the baseline P95 (none: no minute was over a line). Counts cover onset (else "
+            "detection) to recovery (else the end of the data); slowed counts every request of a minute over "
+            "the latency line (an upper bound).</p>")
+    if not found:
+        return ["<h2>Impact</h2>", '<p class="note">No incident in the window.</p>']
+    return ["<h2>Impact</h2>", note, _table("impact", head, rows)]
+
+
+def overrides_section(data: ReportData) -> list[str]:
+    """The "Overrides" table (id ``overrides``): operators' overrides set, cleared or expired in the window."""
+    if not data.overrides:
+        note = data.overrides_note or "No override was set, cleared or expired in the window."
+        return ["<h2>Overrides</h2>", f'<p class="note">{html_text(note)}</p>']
+    head = ["at (UTC)", "action", "kind", "channel", "route", "weight", "by", "key id", "reason", "expires (UTC)"]
+    rows = [[_td(iso_utc(o["at"]) if isinstance(o["at"], datetime) else o["at"]), _td(o["action"]), _td(o["kind"]),
+             _td(o["channel"] or None), _td(o["route"] or None), _td(o["weight"], True), _td(o["by"]),
+             _td(o["key_id"] or "unsigned"), _td(o["reason"]),
+             _td(iso_utc(o["expires_ts"]) if isinstance(o["expires_ts"], datetime) else o["expires_ts"])]
+            for o in data.overrides]
+    return ["<h2>Overrides</h2>", _table("overrides", head, rows)]
+
+
 def render_html(data: ReportData, source: str) -> str:
     """The report page for ``data``; ``source``: where the data came from (a redacted URL), shown in the header."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>channel-health report: "
              f"{html_text(data.selection)}</title><style>{_CSS}</style></head><body>",
              f"<h1>channel-health report: {html_text(data.selection)}</h1>",
-             f"<p>Window (UTC, event time): <b>{escape(fmt(data.t0))}</b> to <b>{escape(fmt(data.t1))}</b>. "
-             f"Data: {escape(source)}. Generated {escape(fmt(datetime.now(timezone.utc)))}.</p>"]
+             f"<p>Window (UTC, event time): <b>{escape(iso_utc(data.t0))}</b> to <b>{escape(iso_utc(data.t1))}</b>"
+             f" (data until {escape(iso_utc(data.data_end()))}). Data: {escape(source)}. "
+             f"Generated {escape(iso_utc(datetime.now(timezone.utc)))}.</p>"]
     head = ["channel", "requests", "failures", "error rate", "verdicts", "state changes", "last state"]
     rows = [[_td(r[0]), *(_td(x, True) for x in r[1:6]), f"<td>{_state(r[6])}</td>"] for r in summary_rows(data)]
     parts += ["<h2>Summary</h2>", _table("summary", head, rows)]
+    parts += impact_section(data) + overrides_section(data)
     for plot in PLOTS:
         title, png, note = plot(data)
         parts.append(f"<h2>{escape(title)}</h2>")

@@ -18,7 +18,7 @@ import io
 from typing import Any, Callable
 
 from pipeline.escape import plot_text
-from pipeline.tools.report.data import ReportData
+from pipeline.tools.report.data import ReportData, iso_utc
 
 #: Band colours per state (the demo's colours, SPEC §4 states).
 STATE_COLOURS = {"healthy": "#2e9e44", "degraded": "#e6b400", "open": "#d62728", "half_open": "#b04fc4",
@@ -44,6 +44,8 @@ def _png(fig, data: ReportData) -> bytes:
     for ax in fig.axes:
         ax.set_xlim(data.t0, data.t1)  # every plot on the same time axis
         ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M", tz="UTC"))
+    if fig.axes:  # one notation: UTC clock times, the absolute start written out (issue #35)
+        fig.axes[-1].set_xlabel(f"UTC event time, window from {iso_utc(data.t0)}", fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
@@ -90,7 +92,7 @@ def state_bands(data: ReportData) -> Plot:
     for row, ch in enumerate(data.channels):
         vs = [v for v in data.verdicts if v["channel"] == ch]
         for v, nxt in zip(vs, vs[1:] + [None]):
-            end = nxt["ts"] if nxt else data.t1
+            end = nxt["ts"] if nxt else max(v["ts"], data.data_end(ch))  # stops at the data
             ax.axvspan(v["ts"], end, ymin=(row + 0.1) / len(data.channels), ymax=(row + 0.9) / len(data.channels),
                        color=STATE_COLOURS.get(v["state"], "#777777"), lw=0)
     ax.set_yticks([(i + 0.5) / len(data.channels) for i in range(len(data.channels))],
