@@ -295,3 +295,23 @@ def test_classifier_none_leaves_the_class_to_the_worker(server):
 ])
 def test_retry_after_parsing(headers, expected):
     assert retry_after_s_from_headers(headers, now_s=30.0) == expected
+
+
+def test_proxy_streaming_iterator_hook_times_the_chunks(server, logger):
+    # The LiteLLM proxy passes each streamed response through async_post_call_streaming_iterator_hook
+    # (litellm/proxy/common_request_processing.py); here the router's stream goes through it the same way.
+    cb, sink = logger
+    server.set_mode("a", "slow_stream")
+    server.set_mode("b", "slow_stream")
+
+    async def main():
+        router = _router(server)
+        stream = await router.acompletion(model="chat", messages=[{"role": "user", "content": "hi"}], stream=True)
+        request_data = {"litellm_call_id": stream.logging_obj.litellm_call_id}
+        async for _ in cb.async_post_call_streaming_iterator_hook(None, stream, request_data):
+            pass
+        await _settle(sink, 1)
+
+    run(main())
+    (e,) = sink.events
+    assert 200 <= e["max_stream_gap_ms"] < 1200 and e["ttft_ms"] >= 50  # bounds as in the SDK test above

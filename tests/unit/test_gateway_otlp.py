@@ -146,3 +146,15 @@ def test_encodings_can_be_forced():
     assert len(decode_request(raw, "otlp_proto").resource_spans) == 1
     with pytest.raises(ValueError, match="not OTLP/JSON"):
         decode_request(raw, "otlp_json")
+
+
+def test_cli_refuses_a_bad_encoding_and_a_missing_bootstrap():
+    from typer.testing import CliRunner
+
+    from pipeline.cli.main import app
+
+    bad = CliRunner().invoke(app, ["ingest", "otlp", "--encoding", "xml"],
+                             env={"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": "127.0.0.1:9"})
+    assert bad.exit_code == 2 and "--encoding: one of auto, otlp_proto, otlp_json" in bad.output
+    unset = CliRunner().invoke(app, ["ingest", "otlp"], env={"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": ""})
+    assert unset.exit_code == 2 and "CHANNEL_HEALTH_KAFKA_BOOTSTRAP is not set" in unset.output
