@@ -30,11 +30,8 @@ def test_ingest_publishes_events_and_dead_letters_then_commits():
     with EmbeddedBroker() as broker:
         settings = Settings(kafka_bootstrap=broker.bootstrap, clickhouse_url="chdb:///unused")
         ensure_topics_sync(broker.bootstrap, ["otlp_spans", settings.topics.requests, settings.topics.dlq], 1)
-        now_ns = time.time_ns()
-        ok = dict(GENAI_OK, start_ms=0, end_ms=850)
-        spans = make_spans([ok, GENAI_429])
-        for s in spans:  # recent times, so the worker's decoder accepts them (max event age 7 d)
-            s._start_time, s._end_time = now_ns - 1_000_000_000, now_ns - 150_000_000
+        # recent times, so the worker's decoder accepts them (max event age 7 d)
+        spans = make_spans([GENAI_OK, GENAI_429], t0_ns=time.time_ns() - 1_000_000_000)
 
         async def main():
             producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
