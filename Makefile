@@ -13,8 +13,8 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	@echo "==> [1/2] torch 2.13.0 (CPU build, the largest download)"
 	$(BIN)/python -m pip install torch==2.13.0
-	@echo "==> [2/2] channel-health and its dependencies (faust, chDB, sentence-transformers, test tools, extras)"
-	$(BIN)/python -m pip install -e '.[quality,test,tools,embedded]'
+	@echo "==> [2/2] channel-health and its dependencies (faust, chDB, sentence-transformers, test tools, extras incl. LiteLLM and OTel)"
+	$(BIN)/python -m pip install -e '.[quality,test,tools,embedded,litellm,otel]'
 	@echo "==> Installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $@
 

@@ -416,6 +416,8 @@ from pipeline.cli.drill import drill as _drill  # noqa: E402  (issue #22: drills
 app.command("drill")(_drill)
 from pipeline.cli.history import register as _register_history  # noqa: E402  (issue #22: backtest, tune, incident)
 _register_history(app)
+from pipeline.cli.ingest import ingest_app as _ingest_app  # noqa: E402  (issue #36: ingest otlp)
+app.add_typer(_ingest_app, name="ingest")
 use_plain_help(app)
 
 

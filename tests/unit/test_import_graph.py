@@ -90,7 +90,8 @@ def test_no_runtime_module_imports_a_tool_or_torch():
     # (sinks, storage, the quality scorer's parent side); the CLI module too.
     code = (
         "import importlib, importlib.util, pkgutil\n"
-        "OPTIONAL = {'pipeline.router.litellm_hook': 'litellm'}\n"  # modules of optional extras
+        "OPTIONAL = {'pipeline.router.litellm_hook': 'litellm', 'pipeline.gateways.litellm': 'litellm',\n"
+        "            'pipeline.gateways.otlp': 'opentelemetry', 'pipeline.gateways.otlp_ingest': 'opentelemetry'}\n"  # modules of optional extras
         "def walk(name):\n"  # pkgutil.walk_packages would import pipeline.tools to look inside it
         "    if name in OPTIONAL and importlib.util.find_spec(OPTIONAL[name]) is None:\n"
         "        return\n"
