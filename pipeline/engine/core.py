@@ -25,8 +25,9 @@ limit refused (:mod:`pipeline.engine.residency`).
 The engine's named parts, each holding its own state: ``routes``
 (:class:`~pipeline.engine.route_shares.RouteShares`), ``quality``
 (:class:`~pipeline.engine.quality_scores.QualityScores`), ``residency``
-(:class:`~pipeline.engine.residency.Residency`) and ``state``
-(:class:`~pipeline.engine.state_io.StateIO`, per-channel state in and out).
+(:class:`~pipeline.engine.residency.Residency`), ``state``
+(:class:`~pipeline.engine.state_io.StateIO`, per-channel state in and out) and ``classes``
+(:class:`~pipeline.engine.error_classes.ErrorClasses`, what an error class does: SPEC §4.1).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
 from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
+from pipeline.engine.error_classes import ErrorClasses
 from pipeline.engine.quality_scores import QualityScores
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
@@ -58,6 +60,8 @@ _STATE = attrgetter("state")
 #: A chunk with at least one event per this many registered channels finds its channels and counts its
 #: failures with ``np.bincount`` over all channels (O(C)); a smaller one sorts its own (O(n log n)).
 DENSE_EVENTS_PER_CHANNEL = 8
+#: SPEC §4.1: the advisory reason of a channel with caller-class failures (never a trip).
+_CALLER = ("caller_errors",)
 
 
 @dataclass
@@ -131,6 +135,8 @@ class Engine:
         self.residency = Residency(self.limits, self.store, self._export_channel, self._load_channel,
                                    self.mark_changed)
         self.state = StateIO(self)
+        self.classes = ErrorClasses(self.machines, self.policy,
+                                    lambda i: bool(self.residency.resident[i]) if i < self.store.n_channels else False)
 
     def _export_channel(self, i: int) -> bytes:
         """Snapshot bytes of channel row ``i`` (for :class:`Residency` to evict it)."""
@@ -213,6 +219,7 @@ class Engine:
         if self.arrived_at_wm.shape[0] < n:
             grow = np.zeros(n - self.arrived_at_wm.shape[0], np.int64)
             self.arrived_at_wm = np.concatenate([self.arrived_at_wm, grow])
+        self.classes.grow(n)
         if self.changed.shape[0] < n:  # a new channel: resident, and changed since its (no) snapshot
             self.residency.grow(n)
             self.changed = np.concatenate([self.changed, np.ones(n - self.changed.shape[0], bool)])
@@ -343,6 +350,7 @@ class Engine:
         # the low watermark before this batch (the one it brings while none is known yet)
         self.arrived_at_wm[rows] = self._batch_wm if self.low_watermark_ms is None else self.low_watermark_ms
         result.verdicts.extend(self._evaluate_until(rows, int(cols.ts_ms.min())))
+        classified = self.classes.note(events, cols, rows)  # SPEC §4.1: caller failures leave the counts here
         th = self.thresholds().consecutive_failures
         machines = self.machines
         states = list(map(_STATE, map(machines.__getitem__, rows.tolist())))
@@ -369,6 +377,9 @@ class Engine:
                 total[:c] += np.bincount(cols.channel, weights=counted, minlength=c)
             else:
                 np.add.at(total, cols.channel, counted.astype(np.float64))
+        if classified:  # SPEC §4.1: a dead key, an exhausted quota or a 429 cooldown opens at the event
+            for i, now in self.classes.trips(events, cols, classified):
+                result.verdicts.append(self._verdict(i, now, {}, soft_now=self._soft_active(i)))
         if self.runs is not None:
             result.verdicts.extend(self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th))
 
@@ -384,7 +395,7 @@ class Engine:
                 continue
             now = int(cols.ts_ms[idx])
             m.add_penalty(self.policy.penalty_per_run, now, self.policy)
-            if m.trip(now, ["consecutive_failures"]):
+            if m.trip(now, ["consecutive_failures"], self.policy, m.held_cause()):
                 metrics: dict = {"consecutive_failures": float(threshold[c]),
                                  "consecutive_failures_threshold": float(threshold[c])}
                 kept = self.routes.keep_on_trip(c)  # SPEC §4.2: the route's last channel stays in service
@@ -510,13 +521,17 @@ class Engine:
             metrics = dict(zip(keys, values[j])) if values else {}
             metrics["route_share"] = shares[i]
             metrics["penalty"] = round(m.penalty, 4)
+            extra, caller = self.classes.metrics(i, now_ms)
+            if extra:
+                metrics.update(extra)
             # hard findings beside the trip reasons only while open (a probe is judged on its own traffic)
             hard_now = [f.reason for f in hard if f.fired[j]] if m.state == OPEN else ()
             route_reasons = ([ROUTE_PANIC] if i in panic else []) + ([ROUTE_DOWN] if down and
                                                                      self.store.routes[i] in down else [])
             out.append(self._verdict(i, now_ms, metrics, cleaned=True, hard_now=hard_now,
                                      soft_now=[f.reason for f in (*soft, *advisory) if f.fired[j]],
-                                     weight=panic.get(i), route_reasons=route_reasons))
+                                     weight=panic.get(i), route_reasons=route_reasons,
+                                     advisory=_CALLER if caller else ()))
         return out
 
     def _heartbeat_due(self, m: ChannelMachine, now_ms: int) -> bool:
@@ -530,16 +545,25 @@ class Engine:
 
     def _verdict(self, i: int, now_ms: int, metrics: dict, hard_now: Sequence[str] = (),
                  soft_now: Sequence[str] = (), cleaned: bool = False, weight: float | None = None,
-                 route_reasons: Sequence[str] = ()) -> Verdict:
-        """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`, then
-        ``route_reasons`` (SPEC §4.2 ``route_panic``/``route_down``). ``cleaned``: ``metrics`` values
-        are published numbers already (:func:`published_values`). ``weight``: the weight the route's
-        panic floor keeps the channel at (None: its own)."""
+                 route_reasons: Sequence[str] = (), advisory: Sequence[str] = ()) -> Verdict:
+        """Channel ``i``'s verdict at ``now_ms``; reasons via :func:`published_reasons`, then ``advisory``
+        (e.g. ``caller_errors``, SPEC §4.1), then ``route_reasons`` (SPEC §4.2 ``route_panic``/``route_down``).
+        ``cleaned``: ``metrics`` values are published numbers already (:func:`published_values`); a verdict
+        outside a round (``cleaned`` False) also carries the error-class metrics (:meth:`ErrorClasses.metrics
+        <pipeline.engine.error_classes.ErrorClasses.metrics>`). ``weight``: the weight the route's panic
+        floor keeps the channel at (None: its own)."""
         m = self.machines[i]
         self.seq[i] += 1
         self.changed[i] = True
         clean = metrics if cleaned else {k: clean_value(v) for k, v in metrics.items()}
+        if not cleaned:
+            extra, caller = self.classes.metrics(i, now_ms)
+            clean.update(extra)
+            advisory = _CALLER if caller else advisory
+        reasons = published_reasons(m.state, m.reasons, hard_now, soft_now)
+        if advisory:
+            reasons += [r for r in advisory if r not in reasons]
         return Verdict(channel=self.store.names[i], route=self.store.routes[i], state=m.state,  # type: ignore[arg-type]
                        weight=float(m.weight if weight is None else weight),
-                       reasons=published_reasons(m.state, m.reasons, hard_now, soft_now) + list(route_reasons),
+                       reasons=reasons + [r for r in route_reasons if r not in reasons],
                        metrics=cast(dict[str, float | int | str | None], clean), ts_ms=now_ms, seq=self.seq[i])

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Protocol
 import msgspec
 import numpy as np
 
-from pipeline.policy.state_machine import NO_DATA, ChannelMachine
+from pipeline.policy.state_machine import CLASS_REASON, NO_DATA, ChannelMachine
 from pipeline.state.channel_state import ChannelState, HeldChannel
 from pipeline.state.wire import MAX_SEQ, MachineWire
 from pipeline.engine.residency import Residency
@@ -167,7 +167,8 @@ class StateIO:
         except (msgspec.ValidationError, TypeError) as exc:
             raise ValueError(f"state machine: {exc}") from None
         e = self.engine
-        known = {d.reason for d in (*e.hard, *e.soft)} | {d.reason for d, _ in e.advisory} | {NO_DATA}
+        known = ({d.reason for d in (*e.hard, *e.soft)} | {d.reason for d, _ in e.advisory} | {NO_DATA}
+                 | set(CLASS_REASON.values()))
         unknown = [f"reason {r}" for r in wire.reasons if r not in known]
         fields = msgspec.structs.asdict(wire)
         fields["reasons"] = [r for r in wire.reasons if r in known]

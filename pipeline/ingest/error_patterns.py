@@ -46,7 +46,20 @@ Every default is a plain phrase (matched case-insensitively as a substring,
   "用户额度不足", ``pre_consume_token_quota_failed``; songquanpeng/one-api ``relay/controller`` /
   ``monitor/manage.go`` ShouldDisableChannel ("api key not valid", "api key expired", "已欠费",
   "organization has been restricted", "your access was terminated") and ``model/token.go``
-  ("该令牌额度已用尽", "该令牌已过期", "该令牌状态不可用", "无效的令牌").
+  ("该令牌额度已用尽", "该令牌已过期", "该令牌状态不可用", "无效的令牌"). Checked against the sources
+  (issue #32 part 1): new-api ``setting/operation_setting/operation_setting.go``
+  AutomaticDisableKeywords also holds "Permission denied" and "Operation not allowed", and its
+  ``AutomaticDisableIgnoreKeywords`` ("requests are too frequent", "reduce your request frequency",
+  "too many requests", "rate limit", "request frequency") are the rate-limit wordings it must not
+  disable on; one-api ``monitor/manage.go`` ShouldDisableChannel: 401, types ``insufficient_quota``,
+  ``authentication_error``, ``permission_error``, ``forbidden``, codes ``invalid_api_key``,
+  ``account_deactivated``, and "violation of our policies" (its bare "credit" / "balance" substrings
+  are too loose to copy: "balance" also appears in load-balancer messages).
+- [litellm] BerriAI/litellm ``litellm/exceptions.py`` class names, which a LiteLLM callback reports as
+  ``error_type`` (``litellm_core_utils/exception_mapping_utils.py`` maps provider errors onto them):
+  ``AuthenticationError`` 401, ``PermissionDeniedError`` 403, ``RateLimitError`` 429,
+  ``ContextWindowExceededError`` / ``BadRequestError`` / ``UnprocessableEntityError`` /
+  ``ContentPolicyViolationError`` 400-422, ``NotFoundError`` 404.
 
 Order of the classes at match time is fixed (:data:`CLASS_ORDER` in
 :mod:`pipeline.ingest.error_class`), not the order of this table.
@@ -70,6 +83,8 @@ _QUOTA = (
     "open api daily request limit reached", "open api total request limit reached",
     # [zhipu] / [relay] / Chinese wording
     "余额不足", "已欠费", "欠费", "额度已用尽", "额度不足", "配额已用完", "无可用资源包", "quota_exhausted",
+    # [relay] new-api business-error wording
+    "insufficient credit", "账户余额",
 )  # fmt: skip
 _CREDENTIAL = (
     # [openai] / [relay]
@@ -93,6 +108,10 @@ _CREDENTIAL = (
     # [zhipu] / [relay] / Chinese wording
     "身份验证失败", "authorization token非法", "token已过期", "令牌已过期", "令牌状态不可用", "无效的令牌",
     "api key无效", "密钥无效",
+    # [relay] new-api / one-api disable keywords
+    "permission denied", "operation not allowed", "violation of our policies",
+    # [litellm]
+    "authenticationerror", "permissiondeniederror",
 )  # fmt: skip
 _RATE = (
     # [openai] / [azure]
@@ -107,6 +126,8 @@ _RATE = (
     "open api qps request limit reached", "rpm limit", "tpm limit",
     # [zhipu] / Chinese wording
     "并发数过高", "请求频率过高", "频率限制", "限流",
+    # [relay] new-api AutomaticDisableIgnoreKeywords / [litellm]
+    "requests are too frequent", "reduce your request frequency", "rate limit", "ratelimiterror",
 )  # fmt: skip
 _CALLER = (
     # [openai]
@@ -123,6 +144,8 @@ _CALLER = (
     "the max input characters is",
     # [zhipu] / Chinese wording
     "prompt 超长", "上下文长度", "超过最大长度", "参数错误", "参数非法",
+    # [litellm]
+    "contextwindowexceedederror", "contentpolicyviolationerror", "badrequesterror", "unprocessableentityerror",
 )  # fmt: skip
 _TRANSIENT = (
     # [anthropic] / [deepseek] / [moonshot] / [gemini] / [zhipu]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from pipeline.policy.backoff import Backoff
 from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.registry import SIGNALS
 
@@ -151,6 +152,32 @@ class PolicyConfig:
     route_panic_weight: float = 0.5
     #: route -> its own panic threshold (``[route."name"] panic_threshold`` in policy.toml).
     route_panic_thresholds: Mapping[str, float] = field(default_factory=dict)
+    #: SPEC §4.2 / issue #33 part 3: each re-open after a failed probe lengthens the cooldown,
+    #: ``open_cooldown_ms × 2^k`` up to this (ms; SPEC: "90 s doubling to 15 min"), reset after a full recovery.
+    reopen_backoff_max_ms: int = 900_000
+    #: Most a backed-off cooldown is lengthened by its deterministic jitter (a fraction in [0, 1]; issue #33
+    #: "with jitter"; 0.1 as linkerd2-proxy's default backoff jitter ratio is of the same order).
+    backoff_jitter: float = 0.1
+    #: SPEC §4.1 ``credential`` / ``quota_exhausted``: at most one probe per this long (ms; default 5 min),
+    #: doubling up to ``hard_fault_probe_max_ms`` (default 30 min; issue #32).
+    hard_fault_probe_ms: int = 300_000
+    hard_fault_probe_max_ms: int = 1_800_000
+    #: SPEC §4.1 ``rate_limited``: the cooldown when the 429 carries no ``retry_after_s`` (ms; default 30 s,
+    #: Helicone's and LiteLLM's default cooldown), and the longest cooldown, whatever the provider says (5 min).
+    rate_limit_cooldown_ms: int = 30_000
+    rate_limit_max_ms: int = 300_000
+    #: A 429 without ``retry_after_s`` starts the cooldown only as the ``rate_limit_trip_events``-th
+    #: ``rate_limited``-class failure within ``rate_limit_trip_window_ms`` (3 in 10 s), so the odd 429 of a
+    #: healthy pool (0.1 % of requests, ``pipeline.tools.simulate.channels``) does not take a channel out.
+    rate_limit_trip_events: int = 3
+    rate_limit_trip_window_ms: int = 10_000
+    #: SPEC §4.1 "a short half-open" after a rate-limit cooldown, and the recovering ramp's step interval
+    #: after it ("back to full weight within minutes": 0.10 → 1.00 in 5 steps of 30 s).
+    rate_limit_half_open_ms: int = 20_000
+    rate_limit_ramp_interval_ms: int = 30_000
+    #: SPEC §4.1 ``caller``: advisory reason ``caller_errors`` while the channel saw at least this many
+    #: caller-class failures in the last ``window_ms`` (5 min); never a trip.
+    caller_errors_min: int = 5
 
     def __post_init__(self) -> None:
         if not 0.5 < self.probe_confidence < 1.0:
@@ -162,10 +189,30 @@ class PolicyConfig:
         w = self.route_panic_weight
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 < w <= 1.0:
             raise ValueError(f"route_panic_weight must be a number in (0, 1], got {w!r}")
+        for name in ("reopen_backoff_max_ms", "hard_fault_probe_ms", "hard_fault_probe_max_ms",
+                     "rate_limit_cooldown_ms", "rate_limit_max_ms", "rate_limit_trip_events",
+                     "rate_limit_trip_window_ms", "rate_limit_half_open_ms", "rate_limit_ramp_interval_ms",
+                     "caller_errors_min"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if not 0.0 <= self.backoff_jitter <= 1.0:
+            raise ValueError(f"backoff_jitter must be in [0, 1], got {self.backoff_jitter}")
 
     def panic_threshold(self, route: str) -> float:
         """The panic threshold of ``route`` (its own, else :attr:`route_panic_threshold`), in [0, 1]."""
         return float(self.route_panic_thresholds.get(route, self.route_panic_threshold))
+
+    def backoff(self, cause: str) -> Backoff:
+        """The cooldown schedule of an ``open`` caused by ``cause`` (:mod:`pipeline.policy.backoff`):
+        ``credential`` / ``quota_exhausted`` the probe schedule, ``rate_limited`` the 429 schedule, anything
+        else (``""``: the §4 detectors) the re-open schedule starting at ``open_cooldown_ms``."""
+        if cause in ("credential", "quota_exhausted"):
+            return Backoff(self.hard_fault_probe_ms, self.hard_fault_probe_max_ms, 2.0, self.backoff_jitter)
+        if cause == "rate_limited":
+            return Backoff(self.rate_limit_cooldown_ms, self.rate_limit_max_ms, 2.0, self.backoff_jitter)
+        return Backoff(self.open_cooldown_ms, max(self.open_cooldown_ms, self.reopen_backoff_max_ms), 2.0,
+                       self.backoff_jitter)
 
     def thresholds(self, channel: str, tier: str | None) -> Thresholds:
         """Thresholds for a channel: the channel override, else its tier's."""

@@ -9,7 +9,10 @@ with :class:`PolicyRuleError` (a ``ValueError``) naming the key and the rule:
   rate, so their line is the lower one);
 - ``long-cooldown-opt-in``: ``[policy] open_cooldown_ms`` above 120 000 ms
   needs ``allow_long_cooldown = true`` (a long cooldown keeps a recovered
-  channel out of rotation; SPEC §4 default 90 s).
+  channel out of rotation; SPEC §4 default 90 s);
+- ``backoff-cap-above-base``: each backed-off schedule's cap is at least its first cooldown
+  (``reopen_backoff_max_ms`` >= ``open_cooldown_ms``, ``hard_fault_probe_max_ms`` >=
+  ``hard_fault_probe_ms``, ``rate_limit_max_ms`` >= ``rate_limit_cooldown_ms``; SPEC §4.1, §4.2).
 """
 
 from __future__ import annotations
@@ -41,3 +44,9 @@ def check_policy(policy: Any, allow_long_cooldown: bool = False) -> None:
         raise PolicyRuleError("[policy] open_cooldown_ms", "long-cooldown-opt-in",
                               f"a cooldown of {policy.open_cooldown_ms} ms is above {MAX_COOLDOWN_MS} ms; "
                               f"set allow_long_cooldown = true in [policy] to allow it")
+    for cap, base in (("reopen_backoff_max_ms", "open_cooldown_ms"), ("hard_fault_probe_max_ms", "hard_fault_probe_ms"),
+                      ("rate_limit_max_ms", "rate_limit_cooldown_ms")):
+        if getattr(policy, cap) < getattr(policy, base):
+            raise PolicyRuleError(f"[policy] {cap}", "backoff-cap-above-base",
+                                  f"the backoff cap {getattr(policy, cap)} ms is below its first cooldown "
+                                  f"{base} = {getattr(policy, base)} ms")

@@ -8,6 +8,7 @@ States and weights::
     half_open ─probe passes→ recovering (0.10, +0.10 / 120 s to 0.40, then
         +0.20 steps) ─weight 1.0→ healthy
     half_open ─failure run or probe fails→ open
+    recovering ─weight 1.0 and window_ms since leaving open→ healthy
 
 The probe passes when its error rate is below 0.3 % or consistent with the
 channel's own pre-incident rate (:func:`pipeline.policy.probe.probe_passes`);
@@ -16,6 +17,17 @@ frozen while the circuit is open, half-open or recovering. A channel in
 ``half_open`` or ``recovering`` is judged on the traffic since it left
 ``open`` (:attr:`ChannelMachine.judged_since_ms`).
     healthy/degraded ─no events for 5 min→ no_data
+
+Backed-off cooldowns (SPEC §4.1, §4.2; :meth:`PolicyConfig.backoff
+<pipeline.policy.defaults.PolicyConfig.backoff>`): every ``open`` has a
+``cause`` (``""`` for the §4 detectors, else the error class that opened it:
+``credential``, ``quota_exhausted``, ``rate_limited``) and a cooldown from that
+cause's schedule; a re-open before the channel got back to ``healthy`` (from
+``half_open`` or ``recovering``) is the next attempt of the series (90 s,
+180 s, ... 15 min for the detectors; 5 min ... 30 min for a dead key or
+exhausted quota), reset on reaching ``healthy``. A ``rate_limited`` open is
+followed by a short half-open (``rate_limit_half_open_ms``) and a quicker ramp
+(``rate_limit_ramp_interval_ms``).
 
 All times are event time (ms). The machine is pure: :meth:`ChannelMachine.step`
 takes what the detectors found and returns whether the published verdict
@@ -34,6 +46,12 @@ HEALTHY, DEGRADED, OPEN, HALF_OPEN, RECOVERING, NO_DATA = (
     "healthy", "degraded", "open", "half_open", "recovering", "no_data")
 
 _EPS = 1e-9
+#: Causes whose probe failures keep their cause (and schedule) when the channel re-opens.
+_PROBED = ("credential", "quota_exhausted")
+#: SPEC §4.1: the reason code an ``open`` caused by each error class carries (the route's panic floor,
+#: SPEC §4.2, reads ``credential_invalid`` / ``quota_exhausted`` as hard faults: keep these codes).
+CLASS_REASON: dict[str, str] = {"credential": "credential_invalid", "quota_exhausted": "quota_exhausted",
+                                "rate_limited": "rate_limited"}
 
 
 @dataclass
@@ -60,6 +78,22 @@ class ChannelMachine:
     base_requests: float = 0.0
     base_failures: float = 0.0
     base_ms: int = 0
+    #: What opened the circuit: "" (the §4 detectors) or an error class (module docstring); kept through the
+    #: probe and the ramp, cleared in ``healthy``.
+    cause: str = ""
+    #: This ``open``'s cooldown (ms; 0: ``cfg.open_cooldown_ms``, as in a snapshot from before backoff).
+    cooldown_ms: int = 0
+    #: Re-opens since the channel was last ``healthy`` (the attempt of the cause's backoff schedule).
+    reopens: int = 0
+
+    def next_probe_ms(self, cfg: PolicyConfig) -> int | None:
+        """While ``open``: the event time (ms) its cooldown ends and the half-open probe starts; else None."""
+        return self.entered_ms + (self.cooldown_ms or cfg.open_cooldown_ms) if self.state == OPEN else None
+
+    def held_cause(self) -> str:
+        """The cause a new trip keeps: ``credential`` / ``quota_exhausted`` stay until a full recovery (their
+        probe schedule goes on); "" otherwise (a detector trip after a rate-limit cooldown is a breakage)."""
+        return self.cause if self.cause in _PROBED else ""
 
     @property
     def judged_since_ms(self) -> int | None:
@@ -96,14 +130,35 @@ class ChannelMachine:
             self.penalty_ms = int(now_ms)
         self.penalty = float(min(self.penalty + float(amount), cfg.max_penalty))
 
-    def trip(self, now_ms: int, reasons: list[str]) -> bool:
+    def trip(self, now_ms: int, reasons: list[str], cfg: PolicyConfig | None = None, cause: str = "",
+             cooldown_ms: int | None = None) -> bool:
         """Open the circuit now (hard signal). Returns True if the state changed.
 
-        In ``open`` the cooldown keeps running from the first trip.
+        In ``open`` the cooldown keeps running from the first trip, except when an error class of
+        the probe schedule (``credential``, ``quota_exhausted``) arrives while the circuit is open for
+        another cause: then it opens anew with that cause (returns True: the reasons changed).
+        ``cfg``: the schedules (None: the cooldown is ``cfg.open_cooldown_ms`` at the next step, as
+        before backoff existed); ``cause``: "" or the error class; ``cooldown_ms``: this cooldown
+        when the provider said it (``Retry-After``), else the cause's schedule at the attempt
+        :attr:`reopens`.
         """
-        if self.state == OPEN:
+        hard = cause in ("credential", "quota_exhausted")
+        if self.state == OPEN and not (hard and self.cause != cause):
             self.reasons = sorted(set(self.reasons) | set(reasons))
             return False
+        if cause != self.cause:
+            self.reopens = 0  # another schedule: its own series
+        elif self.state in (OPEN, HALF_OPEN, RECOVERING):
+            self.reopens += 1  # SPEC §4.2: a re-open after a failed probe backs off
+        self.cause = cause
+        if cause in CLASS_REASON and CLASS_REASON[cause] not in reasons:
+            reasons = [CLASS_REASON[cause], *reasons]
+        if cooldown_ms is not None:
+            self.cooldown_ms = int(cooldown_ms)
+        elif cfg is not None:
+            self.cooldown_ms = cfg.backoff(cause).delay_ms(self.reopens, seed=now_ms)
+        else:
+            self.cooldown_ms = 0
         self._enter(OPEN, now_ms, 0.0)
         self.reasons = list(reasons)
         return True
@@ -125,32 +180,37 @@ class ChannelMachine:
         self.add_penalty(0.0, now_ms, cfg)
         before = self.state
         if hard:
-            changed = self.trip(now_ms, hard)
+            changed = self.trip(now_ms, hard, cfg, self.held_cause())
             return changed
+        rate_limited = self.cause == "rate_limited"
         if self.state == OPEN:
             self.reasons = [r for r in self.reasons if r != "no_data"]
-            if now_ms - self.entered_ms >= cfg.open_cooldown_ms:
+            if now_ms - self.entered_ms >= (self.cooldown_ms or cfg.open_cooldown_ms):
                 self._enter(HALF_OPEN, now_ms, cfg.half_open_weight)
                 self.left_open_ms = int(now_ms)
         elif self.state == HALF_OPEN:
-            if now_ms - self.entered_ms >= cfg.half_open_observe_ms and probe_requests > 0:
+            observe = cfg.rate_limit_half_open_ms if rate_limited else cfg.half_open_observe_ms
+            if now_ms - self.entered_ms >= observe and probe_requests > 0:
                 z = z_for(cfg.probe_confidence)
                 upper = baseline_upper(self.base_requests, self.base_failures, z, th.baseline_min_requests)
                 if probe_passes(probe_failures, probe_requests, th.half_open_max_error_rate, upper, z):
                     self._enter(RECOVERING, now_ms, cfg.ramp_small_step)
                     self.reasons = []
                 else:
-                    self._enter(OPEN, now_ms, 0.0)
-                    self.reasons = ["error_rate"]
+                    self.trip(now_ms, ["error_rate"], cfg, self.held_cause())
         elif self.state == RECOVERING:
             self.reasons = list(soft)
-            if not soft and now_ms - self.last_step_ms >= cfg.ramp_interval_ms:
+            interval = cfg.rate_limit_ramp_interval_ms if rate_limited else cfg.ramp_interval_ms
+            if not soft and now_ms - self.last_step_ms >= interval and self.weight < 1.0 - _EPS:
                 step = cfg.ramp_small_step if self.weight < cfg.ramp_small_until - _EPS else cfg.ramp_large_step
                 self.weight = round(min(1.0, self.weight + step), 4)
                 self.last_step_ms = now_ms
-                if self.weight >= 1.0 - _EPS:
-                    self._enter(HEALTHY, now_ms, 1.0)
-                    self.penalty = 0.0  # the ramp already paid for the incident
+            # healthy once at full weight and the judged traffic covers a whole window (a quick rate-limit
+            # ramp must not hand the full windows, still holding the 429s, to the detectors)
+            if not soft and self.weight >= 1.0 - _EPS and now_ms - self.left_open_ms >= cfg.window_ms:
+                self._enter(HEALTHY, now_ms, 1.0)
+                self.penalty = 0.0  # the ramp already paid for the incident
+                self.cause, self.reopens, self.cooldown_ms = "", 0, 0  # a full recovery resets the backoff
         else:  # healthy, degraded, no_data
             idle = last_event_ms is None or now_ms - last_event_ms >= cfg.no_data_after_ms
             if idle:

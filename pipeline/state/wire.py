@@ -74,6 +74,9 @@ class MachineWire(msgspec.Struct):
     base_requests: Count = 0.0
     base_failures: Count = 0.0
     base_ms: TsMs = 0
+    cause: Literal["", "credential", "quota_exhausted", "rate_limited"] = ""
+    cooldown_ms: TsMs = 0
+    reopens: Annotated[int, msgspec.Meta(ge=0, le=1 << 20)] = 0
 
 
 class ChannelSnapshot(msgspec.Struct):

@@ -47,7 +47,8 @@ TABLES = {"request_events", "channel_minute_stats", "channel_verdicts", "quality
           "request_events_input", "request_events_input_mv", "request_event_batches", "request_event_batches_mv",
           "channel_overrides", "drill_runs", "channel_incidents", "request_event_envelopes",
           "request_event_envelopes_mv", "channel_quota_forecast", "request_events_input_v2",
-          "request_events_input_v2_mv", "request_event_envelopes_v2", "request_event_envelopes_v2_mv"}
+          "request_events_input_v2_mv", "request_event_envelopes_v2", "request_event_envelopes_v2_mv",
+          "channel_error_class_minute"}
 
 
 def _settings(url: str, password: str | None = None) -> Settings:
@@ -75,7 +76,7 @@ def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
                              "007_request_event_batches.sql", "008_channel_overrides.sql", "009_drill_runs.sql",
                              "010_channel_incidents.sql", "011_request_event_envelopes.sql",
                              "012_quota_forecast.sql", "013_channel_overrides_key_id.sql",
-                             "014_error_fields.sql"]
+                             "014_error_fields.sql", "015_error_class_minute.sql"]
     tables = {r[0] for r in ch.query("SHOW TABLES FROM channel_health").result_rows}
     assert tables == TABLES
     engines = dict(ch.query("SELECT name, engine FROM system.tables WHERE database = 'channel_health'").result_rows)
@@ -95,7 +96,8 @@ def test_apply_ddl_twice_creates_the_tables_once(ch) -> None:
     assert {k: types[k] for k in ("error_message", "retry_after_s", "account", "error_class")} == {
         "error_message": "Nullable(String)", "retry_after_s": "Nullable(Float64)",
         "account": "LowCardinality(Nullable(String))", "error_class": "LowCardinality(String)"}
-    assert apply_ddl(ch)[-1] == "014_error_fields.sql"  # the ALTER is idempotent
+    assert engines["channel_error_class_minute"] == "View"
+    assert apply_ddl(ch)[-2] == "014_error_fields.sql"  # the ALTER is idempotent
 
 
 # -- idempotent events --------------------------------------------------------------------------

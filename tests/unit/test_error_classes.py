@@ -89,6 +89,17 @@ REAL = [
     ("relay", 401, None, "无效的令牌", "credential"),
     ("relay", 500, None, "余额不足", "quota_exhausted"),
     ("relay", 429, None, "当前分组上游负载已饱和，请稍后再试", "rate_limited"),
+    # issue #32 part 1, from the sources (new-api AutomaticDisableKeywords / ignore list, one-api
+    # ShouldDisableChannel, LiteLLM exception names): each would be transient by its status alone
+    ("relay", 500, None, "Permission denied", "credential"),
+    ("relay", 503, None, "Operation not allowed", "credential"),
+    ("relay", 500, None, "Your access was terminated due to violation of our policies", "credential"),
+    ("relay", 500, None, "insufficient credit to complete this request", "quota_exhausted"),
+    ("relay", None, None, "Requests are too frequent, please wait a short moment", "rate_limited"),
+    ("litellm", None, "AuthenticationError", "litellm.AuthenticationError: OpenAIException - bad key",
+     "credential"),
+    ("litellm", None, "RateLimitError", "litellm.RateLimitError: try again later", "rate_limited"),
+    ("litellm", None, "ContextWindowExceededError", "litellm.ContextWindowExceededError: too long", "caller"),
 ]
 
 

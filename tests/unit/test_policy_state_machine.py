@@ -158,10 +158,13 @@ def test_half_open_probe_error_rate_line(req, fail, state):
     assert m.state == state
     if state == OPEN:
         assert (m.weight, m.entered_ms, m.reasons) == (0.0, T + 90_000, ["error_rate"])
-        # and a new cooldown starts
-        step(m, T + 179_999)
+        # and a new, backed-off cooldown starts (issue #33 part 3: the second open of the series lasts
+        # 180 s lengthened by a jitter of at most 10 %; was a plain 90 s before the backoff)
+        cooldown = CFG.backoff("").delay_ms(1, seed=T + 90_000)
+        assert 180_000 <= cooldown <= 198_000 and m.cooldown_ms == cooldown and m.reopens == 1
+        step(m, T + 90_000 + cooldown - 1)
         assert m.state == OPEN
-        step(m, T + 180_000)
+        step(m, T + 90_000 + cooldown)
         assert m.state == HALF_OPEN
 
 

@@ -117,6 +117,7 @@ class ChannelProfile:
     quota_remaining: share of the daily quota left at scenario time 0 that
         the channel reports in ``quota_remaining`` (SPEC §3, [0, 1]);
         ``None``: the channel reports no quota.
+    account: the ``account`` every event of the channel carries (SPEC §3, §4.1), or None.
     quota_drain_per_h: how much of the quota a normal hour uses (>= 0); the
         reported level falls linearly (``quota_drain`` faults take over in
         their window, :mod:`.usage_faults`).
@@ -145,6 +146,8 @@ class ChannelProfile:
     price_out_usd_per_mtok: float = 0.0
     quota_remaining: float | None = None
     quota_drain_per_h: float = 0.0
+    #: The credential / quota pool behind the channel (SPEC §3 ``account``), sent on every event; None: none.
+    account: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.route:

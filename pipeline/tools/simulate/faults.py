@@ -71,6 +71,16 @@ Stream, quota and cost kinds (SPEC §5.6, §5.7, §4.8; their effects are in
 ``cost_creep``
     ``cost_usd`` x ``factor`` (> 0, e.g. 1.3 for +30 %) in the window: a
     step at ``start_s``, or a linear ramp over ``ramp_s`` when given.
+
+Error-class kinds (SPEC §4.1, issue #32): an ``outage`` (and a
+``consecutive_failures``) may also set ``error_message`` (text) and
+``retry_after_s`` (>= 0), which its failed events carry.
+
+``caller_errors``
+    the client's fault, not the channel's: a share ``share`` in (0, 1] of the
+    requests that would have succeeded fail with ``http_status`` (default
+    400), ``error_type`` (default ``context_length_exceeded``) and
+    ``error_message``; the channel's true failure probability is unchanged.
 """
 
 from __future__ import annotations
@@ -93,6 +103,7 @@ FAULT_KINDS: tuple[str, ...] = (
     "stream_stall",
     "quota_drain",
     "cost_creep",
+    "caller_errors",
 )
 
 #: Kinds of useless answer a ``quality_drift`` fault produces, default mix.
@@ -164,12 +175,17 @@ class Fault:
                 raise ValueError(f"{self.kind} fault: status must be one of {FAILURE_KINDS}")
             if float(p.get("latency_ms", 0)) < 0:
                 raise ValueError(f"{self.kind} fault: latency_ms must be >= 0")
+            if float(p.get("retry_after_s", 0)) < 0:
+                raise ValueError(f"{self.kind} fault: retry_after_s must be >= 0")
             if self.kind == "consecutive_failures":
                 count, gap = int(p.get("count", 0)), float(p.get("gap_s", 0))
                 if count < 1 or gap <= 0:
                     raise ValueError("consecutive_failures fault needs count >= 1 and gap_s > 0")
                 if self.start_s + (count - 1) * gap >= self.end_s:
                     raise ValueError("consecutive_failures fault: the last failure falls after end_s")
+        elif self.kind == "caller_errors":
+            if not 0.0 < float(p.get("share", 0.0)) <= 1.0:
+                raise ValueError(f"caller_errors fault: share must be in (0, 1], got {p.get('share')}")
         elif self.kind == "quality_drift":
             _rate(p, "to_rate", self.kind)
             normalised_useless_mix(p.get("mix", DEFAULT_USELESS_MIX))

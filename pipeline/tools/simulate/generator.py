@@ -123,6 +123,8 @@ class Generator:
                     f.params.get("status", "error"),
                     f.params.get("http_status", 503),
                     f.params.get("error_type", "upstream_unavailable"),
+                    f.params.get("error_message"),
+                    f.params.get("retry_after_s"),
                 )
                 for f in my_faults
                 if f.kind == "outage"
@@ -137,6 +139,10 @@ class Generator:
                 detail=det,
                 base_detail=np.array(base, dtype=np.int64),
                 outage_detail=outage_detail,
+                caller_detail=[(f, det.add("error", f.params.get("http_status", 400),
+                                           f.params.get("error_type", "context_length_exceeded"),
+                                           f.params.get("error_message")))
+                               for f in my_faults if f.kind == "caller_errors"],
                 base_mix=p.base_failure_mix,
                 text_rng=np.random.default_rng(text_seqs[len(self.runs)]) if p.chat_share > 0 else None,
             )
@@ -155,7 +161,8 @@ class Generator:
             for f in run.faults:
                 if f.kind == "consecutive_failures":
                     p = f.params
-                    d = run.detail.add(p.get("status", "error"), p.get("http_status", 502), p.get("error_type", "upstream_error"))
+                    d = run.detail.add(p.get("status", "error"), p.get("http_status", 502), p.get("error_type", "upstream_error"),
+                                       p.get("error_message"), p.get("retry_after_s"))
                     out.append((f.failure_times_s(), run, f, d))
         return out
 
@@ -227,6 +234,11 @@ class Generator:
                     status[m] = _STATUS_INDEX[f.params.get("status", "error")]
                     detail[m] = run.outage_detail[k]
                     latency = np.where(m, float(f.params.get("latency_ms", 60.0)) * (0.7 + 0.6 * jitter), latency)
+        for f, d in run.caller_detail:  # SPEC §4.1: the client's fault; drawn only in scenarios that have one
+            m = f.active(t) & (status == 0) & (rng.random(n) < float(f.params["share"]))
+            if m.any():
+                status[m], detail[m] = _STATUS_INDEX["error"], d
+                latency = np.where(m, 40.0 * (0.7 + 0.6 * jitter), latency)
         marks = None
         if p.name in self.usage:
             rl = _STATUS_INDEX["rate_limited"]
@@ -280,7 +292,7 @@ class Generator:
         gw_l = gw.tolist()
         evs = []
         for i in range(len(ts_l)):
-            st, http, et = rows[det_l[i]]
+            st, http, et, msg, retry = rows[det_l[i]]
             e = {
                 "event_id": "",
                 "ts_ms": ts_l[i],
@@ -301,6 +313,12 @@ class Generator:
                 e["cost_usd"] = cost_l[i]
             else:
                 e["error_type"] = et
+                if msg is not None:
+                    e["error_message"] = msg
+                if retry is not None:
+                    e["retry_after_s"] = retry
+            if p.account is not None:
+                e["account"] = p.account
             evs.append(e)
         if run.text_rng is not None and self.chat_pool:
             self._attach_chat(run, evs, status, structured, chat)

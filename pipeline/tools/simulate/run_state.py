@@ -40,12 +40,13 @@ def event_id_prefix(scenario: str, seed: int, start_ms: int) -> str:
 
 @dataclass
 class _Detail:
-    """Per-channel table of (status index, http_status, error_type)."""
+    """Per-channel table of (status index, http_status, error_type, error_message, retry_after_s)."""
 
-    rows: list[tuple[int, int | None, str | None]] = field(default_factory=list)
+    rows: list[tuple[int, int | None, str | None, str | None, float | None]] = field(default_factory=list)
 
-    def add(self, status: str, http: int | None, error_type: str | None) -> int:
-        self.rows.append((_STATUS_INDEX[status], http, error_type))
+    def add(self, status: str, http: int | None, error_type: str | None, message: str | None = None,
+            retry_after_s: float | None = None) -> int:
+        self.rows.append((_STATUS_INDEX[status], http, error_type, message, retry_after_s))
         return len(self.rows) - 1
 
 
@@ -64,6 +65,8 @@ class _ChannelRun:
     load_rps: float | None = None
     pending_retries: int = 0
     text_rng: np.random.Generator | None = None
+    #: ``caller_errors`` faults with the detail row of their failures (SPEC §4.1).
+    caller_detail: list = field(default_factory=list)
 
 
 @dataclass

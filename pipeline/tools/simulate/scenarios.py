@@ -15,6 +15,7 @@ from .faults import Fault
 from .background import chat_8b as _chat_8b, never_bad as _never_bad
 from .replay import ReplayChannel, replay_channel_name
 from .scenario import WARMUP_S, Scenario  # noqa: F401  (WARMUP_S and Scenario are re-exported)
+from .scenarios_errors import caller_storm, dead_key, quota_hard, retry_after
 from .scenarios_usage import quota_exhaustion, slow_failure
 
 
@@ -376,6 +377,10 @@ _BUILDERS: dict[str, Callable[[], Scenario]] = {
     "recovery": recovery,
     "clean-day": clean_day,
     "real-providers": real_providers,
+    "dead-key": dead_key,
+    "quota-hard": quota_hard,
+    "retry-after": retry_after,
+    "caller-storm": caller_storm,
 }
 
 #: All scenarios by name (configuration only; no data is read until ``events``).
