@@ -128,7 +128,7 @@ def test_both_channels_open_the_least_bad_is_kept_with_route_panic():
                            status="error" if ch == "x" else "ok", latency_ms=100.0, tier="paid")
               for k in range(25) for ch in ("x", "y")]
     resolve_onto(events)
-    eng.process(events, low_watermark_ms=0)
+    eng.process(events, low_watermark_ms=0, fields=eng.read_fields(events))
     vs = {v.channel: v for v in eng.evaluate(now + 30_000)}
     assert (vs["y"].state, vs["y"].weight, vs["y"].reasons[-1]) == ("open", 0.5, ROUTE_PANIC)
     assert vs["y"].metrics["route_share"] == 1.0
