@@ -471,9 +471,11 @@ def _ring_counts(engine: Engine, stored: list[RequestEvent]) -> None:
     newest: dict[str, int] = {}
     for e in stored:
         s = e.ts_ms // SHORT_SLOT_MS
-        judged = e.status not in ("cancelled", "filtered")
+        # SPEC §4.1: a failure of class `caller` (the client's fault) is neutral in the windows
+        caller = e.status in FAILURE_STATUSES and e.error_class == "caller"
+        judged = e.status not in ("cancelled", "filtered") and not caller
         slots[e.channel][(s, JUDGED)] += judged
-        slots[e.channel][(s, FAILURES)] += e.status in FAILURE_STATUSES
+        slots[e.channel][(s, FAILURES)] += e.status in FAILURE_STATUSES and not caller
         slots[e.channel][(s, OK)] += e.status == "ok"
         slots[e.channel][(s, NEUTRAL)] += not judged
         slots[e.channel][(s, RATE_LIMITED)] += e.status == "rate_limited"
