@@ -379,7 +379,7 @@ class Engine:
                 np.add.at(total, cols.channel, counted.astype(np.float64))
         if classified:  # SPEC §4.1: a dead key, an exhausted quota or a 429 cooldown opens at the event
             for i, now in self.classes.trips(events, cols, classified):
-                result.verdicts.append(self._verdict(i, now, {}, soft_now=self._soft_active(i)))
+                result.verdicts.append(self._trip_verdict(i, now, {}))
         if self.runs is not None:
             result.verdicts.extend(self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th))
 
@@ -398,12 +398,20 @@ class Engine:
             if m.trip(now, ["consecutive_failures"], self.policy, m.held_cause()):
                 metrics: dict = {"consecutive_failures": float(threshold[c]),
                                  "consecutive_failures_threshold": float(threshold[c])}
-                kept = self.routes.keep_on_trip(c)  # SPEC §4.2: the route's last channel stays in service
-                if kept is not None and (share := self.routes.last_share(c)) is not None:
-                    metrics["route_share"] = share
-                out.append(self._verdict(c, now, metrics, soft_now=self._soft_active(c), weight=kept,
-                                         route_reasons=[ROUTE_PANIC] if kept is not None else []))
+                out.append(self._trip_verdict(c, now, metrics))
         return out
+
+    def _trip_verdict(self, i: int, now_ms: int, metrics: dict) -> Verdict:
+        """The verdict of channel ``i`` that a trip between rounds (a failure run, or an error class of SPEC
+        §4.1) just opened at event time ``now_ms``: when it holds its route's last weight and its cause is no
+        hard fault, it keeps the panic floor's weight with reason ``route_panic``
+        (:meth:`RouteShares.keep_on_trip <pipeline.engine.route_shares.RouteShares.keep_on_trip>`; SPEC
+        §4.2 "never black out a route by inference") and ``metrics`` gains its last ``route_share``."""
+        kept = self.routes.keep_on_trip(i)
+        if kept is not None and (share := self.routes.last_share(i)) is not None:
+            metrics["route_share"] = share
+        return self._verdict(i, now_ms, metrics, soft_now=self._soft_active(i), weight=kept,
+                             route_reasons=[ROUTE_PANIC] if kept is not None else [])
 
     # -- evaluation ---------------------------------------------------------
     def advance(self, now_ms: int) -> list[Verdict]:

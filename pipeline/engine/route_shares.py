@@ -152,12 +152,14 @@ class RouteShares:
         """The weight channel ``i`` keeps when a failure run trips it between rounds, or None (it drops
         to 0): kept (reason ``route_panic``) when nothing else of its route has weight, it has no hard
         fault and the route's panic threshold is above 0: the trip must not black the route out
-        until the next round (SPEC §4.2); the next round's panic floor then decides."""
+        until the next round (SPEC §4.2); the next round's panic floor then decides. A channel not kept
+        leaves :attr:`panic_weight` (it is published at 0 now), so a later trip of the same chunk does
+        not count it as in service (two trips in one chunk must not black the route out)."""
         r = self.store.routes[i]
-        if self.policy.panic_threshold(r) <= 0 or has_hard_fault(self.machines[i].reasons):
-            return None
-        if any(self.panic_weight.get(j, self.machines[j].weight) > 0
-               for j in self.store.route_members()[r] if j != i):
+        if self.policy.panic_threshold(r) <= 0 or has_hard_fault(self.machines[i].reasons) or any(
+                self.panic_weight.get(j, self.machines[j].weight) > 0
+                for j in self.store.route_members()[r] if j != i):
+            self.panic_weight.pop(i, None)
             return None
         w = self.panic_weight.get(i, self.policy.route_panic_weight)
         self.panic_weight[i] = w

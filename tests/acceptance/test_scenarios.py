@@ -126,7 +126,23 @@ def test_recovery_follows_half_open_probe_and_ramp(scenario_run):
                           ("healthy", 1.0)]
     times = [t for _, _, t in steps[:9]]
     tick = 30.0  # one evaluation interval
-    assert abs((times[1] - times[0]) - 90) <= tick  # open → half_open: 90 s cooldown
+    # the cooldowns (issue #33 part 3, SPEC §4.2 "each re-open after a failed probe lengthens the cooldown,
+    # e.g. 90 s doubling to 15 min, with jitter"): the first open waits open_cooldown_ms (90 s, no jitter), the
+    # k-th re-open after a failed probe 90 s x 2^k lengthened by at most backoff_jitter (10 %), exactly the
+    # policy's deterministic schedule seeded with the trip's event time; half_open comes at the first round
+    # at or after the verdict's next_probe_ts_ms. (Before the backoff the test took the re-open's cooldown
+    # as 90 s too: it measured 210 s = 191.1 s backed off + the wait for the round.)
+    policy, step_ms = run.engine.policy, run.engine.policy.eval_interval_ms
+    trips = [i for i, v in enumerate(vs) if v.state == "open" and (i == 0 or vs[i - 1].state != "open")]
+    assert trips[-1] == last_open and len(trips) >= 2  # the scenario's probe fails once at least
+    for k, i in enumerate(trips):
+        v, nxt = vs[i], vs[i].metrics["next_probe_ts_ms"]
+        cooldown_ms = nxt - v.ts_ms
+        assert cooldown_ms == policy.backoff("").delay_ms(k, seed=v.ts_ms)
+        base = policy.open_cooldown_ms * 2 ** k
+        assert (base <= cooldown_ms <= base * (1 + policy.backoff_jitter)) if k else cooldown_ms == 90_000
+        probe = next(w for w in vs[i:] if w.state != "open")
+        assert (probe.state, probe.ts_ms) == ("half_open", -(-nxt // step_ms) * step_ms)
     assert abs((times[2] - times[1]) - 90) <= tick  # half_open observation: 90 s
     for a, b in zip(times[2:8], times[3:9]):
         assert abs((b - a) - 120) <= tick  # ramp step every 120 s

@@ -10,8 +10,8 @@ from pipeline.contracts import Verdict
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.drill.kinds import DRILL_WARMUP_S, KINDS, drill_fault, get_kind
 from pipeline.tools.drill.runner import plan_drill, run_in_process
-from pipeline.tools.drill.timeline import (Transition, compare, expected_steps, format_rows, ramp_weights,
-                                           share_detection_ms, transitions)
+from pipeline.tools.drill.timeline import (Transition, compare, expected_steps, format_rows, published_ramp,
+                                           ramp_weights, share_detection_ms, transitions)
 
 POLICY = PolicyConfig()
 T0 = 1_750_032_000_000
@@ -51,6 +51,41 @@ def test_a_fault_longer_than_the_cooldown_expects_failed_probes_then_recovery():
     assert [(r.transition, r.status, r.diff_ms) for r in rows] == [
         ("open", "ok", -29_000), ("half_open", "ok", 0), ("open (probe, fault on)", "ok", 500),
         ("half_open", "ok", 18_500), ("recovering 0.10", "ok", 0)]
+
+
+def test_alone_on_its_route_the_ramp_under_the_panic_line_is_published_at_the_floor():
+    """SPEC §4.2 (issue #33): the drill's channel is alone on route ``drill``; ramp weights 0.1-0.3 are under
+    the panic line (w / 0.7 < 0.5) and are published at route_panic_weight 0.5 with ``route_panic``, one
+    transition for the three steps; 0.4 (0.57 of full) is not. With siblings the plain ramp is expected."""
+    assert published_ramp(POLICY, "drill") == [(0.5, True)] * 3 + [(0.4, False), (0.6, False), (0.8, False)]
+    assert published_ramp(POLICY) == [(w, False) for w in ramp_weights(POLICY)]
+    steps = expected_steps(KINDS["errors"], POLICY, 60_000, "drill")
+    assert [s.label for s in steps] == ["open", "half_open", "recovering 0.50", "recovering 0.40",
+                                        "recovering 0.60", "recovering 0.80", "healthy"]
+    assert steps[2].reason == "route_panic" and steps[3].reason is None
+    assert [s.delay_ms for s in steps] == [30_000, 90_000, 90_000, 360_000, 120_000, 120_000, 120_000]
+    off = dataclasses.replace(POLICY, route_panic_threshold=0.0)
+    assert [s.label for s in expected_steps(KINDS["errors"], off, 60_000, "drill")] == [
+        s.label for s in expected_steps(KINDS["errors"], POLICY, 60_000)]
+
+
+def test_a_half_open_is_due_at_the_backed_off_cooldown_its_open_published():
+    """Issue #33 part 3: the re-open after a failed probe waits 90 s x 2 (+ jitter), not 90 s; the drill
+    takes the cooldown the open's verdict published (next_probe_ts_ms), so a half_open 191 s after the
+    re-open is on time and one 90 s after it is early."""
+    steps = expected_steps(KINDS["errors"], POLICY, 150_000)
+    reopen_ms = T0 + 91_500
+    nxt = reopen_ms + POLICY.backoff("").delay_ms(1, seed=reopen_ms)
+    assert 180_000 <= nxt - reopen_ms <= 198_000
+    for half_open_ms, status in ((-(-nxt // 30_000) * 30_000, "ok"), (reopen_ms + 90_000, "early")):
+        actual = [Transition(T0 + 1_000, "open", 0.0, ("consecutive_failures",), T0 + 91_000),
+                  Transition(T0 + 91_000, "half_open", 0.05, ()),
+                  Transition(reopen_ms, "open", 0.0, ("consecutive_failures",), nxt),
+                  Transition(half_open_ms, "half_open", 0.05, ())]
+        rows = compare(steps[:2], actual, T0, T0 + 150_000)
+        assert [(r.transition, r.status) for r in rows] == [
+            ("open", "ok"), ("half_open", "ok"), ("open (probe, fault on)", "ok"), ("half_open", status)]
+        assert rows[-1].diff_ms == half_open_ms - nxt
 
 
 def test_a_stricter_policy_changes_the_expectation():

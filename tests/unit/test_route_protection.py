@@ -180,3 +180,38 @@ def test_the_panic_threshold_is_per_route_and_validated(tmp_path):
         p.write_text(text)
         with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace("]", r"\]")):
             load_policy(p)
+
+
+
+@pytest.mark.parametrize("status,http,x_reason", [("rate_limited", 429, "consecutive_failures"),
+                                                  ("rate_limited", 429, "credential_invalid"),
+                                                  ("error", 401, "consecutive_failures")])
+def test_an_error_class_trip_of_the_routes_last_channel_keeps_the_floor_unless_hard(status, http, x_reason):
+    """SPEC §4.2 on the error-class trip path (SPEC §4.1): x is open; three 429s on y within 10 s open y
+    with ``rate_limited`` (no hard fault: kept at the floor with ``route_panic`` at the event); a 401
+    opens y with ``credential_invalid`` (a hard fault: weight 0). At the next round the floor keeps the
+    least bad channel without a hard fault: x when it has none (it answered its last requests, y failed
+    its last 3 of 3), else the rate-limited y. Before the shared trip helper the 429 trip was published
+    at weight 0 (backup-overload blacked its route out)."""
+    eng = _engine()
+    now = T0 + 60_000
+    _set(eng, "x", OPEN, 0.0, [x_reason], now)
+    events = [RequestEvent(event_id=f"y429-{k}", ts_ms=now + k * 1000, channel="y", route="r", status=status,
+                           http_status=http, latency_ms=30.0, tier="paid") for k in range(3)]
+    resolve_onto(events)
+    trip = [v for v in eng.process(events, low_watermark_ms=0, fields=eng.read_fields(events)).verdicts
+            if v.channel == "y" and v.state == OPEN]
+    assert len(trip) == 1
+    hard = status == "error"
+    reason = "credential_invalid" if hard else "rate_limited"
+    assert trip[0].reasons[0] == reason
+    if hard:
+        assert trip[0].weight == 0.0 and ROUTE_PANIC not in trip[0].reasons
+    else:
+        assert (trip[0].weight, trip[0].reasons[-1]) == (0.5, ROUTE_PANIC)
+    vs = {v.channel: v for v in eng.evaluate(now + 30_000)}
+    assert vs["y"].state == OPEN and vs["y"].reasons[0] == reason
+    kept = "y" if x_reason == "credential_invalid" else "x"
+    assert (vs[kept].weight, vs[kept].reasons[-1]) == (0.5, ROUTE_PANIC)
+    other = "x" if kept == "y" else "y"
+    assert vs[other].weight == 0.0 and ROUTE_PANIC not in vs[other].reasons

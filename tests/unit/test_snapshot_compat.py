@@ -7,6 +7,7 @@ import json
 import zlib
 from pathlib import Path
 
+import lz4.block
 import msgspec
 import numpy as np
 import pytest
@@ -264,7 +265,8 @@ def test_store_state_loads_counters_by_name():
 def test_version_3_records_of_the_built_in_windows_restore_and_are_written_back_byte_for_byte():
     """Records main c047104 wrote (tests/data/make_snapshot_v3_main.py: latency histograms, failure run and
     quality rings then built into the store) restore every view feature exactly, and today's code writes
-    the same channels back as the same bytes: workers of either version read each other's snapshots during
+    the same channels back as the same record (the state machine's issue #32 fields added at their defaults,
+    every other part byte for byte): workers of either version read each other's snapshots during
     a rolling upgrade. Checked to fail on a layout change: writing the latency rows under ``extensions``
     leaves ``short_hist`` empty, which main's reader refuses (and the byte comparison fails)."""
     raws = msgspec.msgpack.decode((DATA / "snapshot_v3_main.msgpack").read_bytes())
@@ -272,7 +274,17 @@ def test_version_3_records_of_the_built_in_windows_restore_and_are_written_back_
     eng = Engine()
     rows = [import_channel(eng, decode_snapshot(raw)) for raw in raws]
     assert eng.store.names == want["names"] and rows == [0, 1] and eng.state.dropped_state == {}
-    assert [export_channel(eng, i) for i in rows] == raws  # before a view: the CUSUMs advance in a view
+    # Written back (before a view: the CUSUMs advance in a view): the same record, every part but the state
+    # machine byte for byte; the machine gains the fields the error classes added (issue #32: the open's
+    # ``cause``, its ``cooldown_ms``, the re-open count ``reopens``) at their defaults, which is what a
+    # record without them restores to; main's reader ignores the unknown keys (msgspec's default).
+    added = {"cause": "", "cooldown_ms": 0, "reopens": 0}
+    for raw, i in zip(raws, rows):
+        old, new = (msgspec.msgpack.decode(lz4.block.decompress(b[1:])) for b in (raw, export_channel(eng, i)))
+        assert new.keys() == old.keys()
+        assert {k: v for k, v in new.items() if k != "machine"} == {k: v for k, v in old.items() if k != "machine"}
+        assert not added.keys() & old["machine"].keys() and new["machine"] == {**old["machine"], **added}
+        assert decode_snapshot(export_channel(eng, i)) == decode_snapshot(raw)
     view = eng.store.view(want["now_ms"])
     assert {f for f in want["features"]} <= set(view.extra) | set(view.__dataclass_fields__)
     for name, values in want["features"].items():

@@ -81,7 +81,7 @@ def plan_drill(kind: str, channel: str, policy: PolicyConfig, *, duration_s: flo
     dur = float(k.default_duration_s if duration_s is None else duration_s)
     if not dur > 0:
         raise ValueError(f"--duration must be > 0 s, got {dur:g}")
-    steps = tuple(expected_steps(k, policy, int(dur * 1000)))
+    steps = tuple(expected_steps(k, policy, int(dur * 1000), DRILL_ROUTE if route == DRILL_ROUTE else None))
     dry = compare(steps, [], 0, int(dur * 1000))
     last_ms = max(r.expected_ms or 0 for r in dry) + max(s.tolerance_ms for s in steps)
     if any(s.cycle for s in steps):  # probe cycles while the fault runs push the recovery back by up to the fault

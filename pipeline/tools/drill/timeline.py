@@ -17,7 +17,12 @@ shift every later difference). How the delays follow from
   expands this cycle from the verdicts). Then ``recovering`` at
   +``half_open_observe_ms`` (weight ``ramp_small_step``), each ramp step at
   +``ramp_interval_ms`` (+``ramp_small_step`` below ``ramp_small_until``,
-  then +``ramp_large_step``), ``healthy`` at weight 1. ``quota_drain``:
+  then +``ramp_large_step``), ``healthy`` at weight 1. Each ``half_open`` is
+  due when the ``open`` before it said its cooldown ends (``next_probe_ts_ms``:
+  the policy's backoff, longer for each re-open and for a spent quota). A
+  channel alone on its route (the drill route) publishes the ramp steps under
+  the route's panic line at the floor weight (``route_panic``, SPEC §4.2):
+  one transition for those steps (:func:`published_ramp`). ``quota_drain``:
   ``degraded`` (``quota``) by its scenario bound, ``open`` by the 429 wall
   (earlier 429s may open it sooner), then the same cycle and recovery.
 * soft kinds (``degraded``): detection is a bound: the fault's ramp
@@ -46,6 +51,7 @@ from typing import Iterable, Sequence
 
 from pipeline.contracts import Verdict
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.policy.routes import ROUTE_PANIC
 
 from .kinds import DRILL_RPS, MISSING_RATE, RAMP_S, STRUCTURED_SHARE, DrillKind
 
@@ -90,6 +96,8 @@ class Transition:
     state: str
     weight: float
     reasons: tuple[str, ...]
+    #: An ``open``'s ``next_probe_ts_ms`` (event time its cooldown ends, under the policy's backoff), else None.
+    next_probe_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,36 +135,66 @@ def ramp_weights(policy: PolicyConfig) -> list[float]:
 
 def _half_open(policy: PolicyConfig) -> Step:
     return Step("half_open", None, None, "previous", policy.open_cooldown_ms, False, policy.eval_interval_ms,
-                "cooldown (open_cooldown_ms)", cycle=True)
+                "cooldown (the open's next_probe_ts_ms: open_cooldown_ms, backed off)", cycle=True)
 
 
-def _recovery_steps(policy: PolicyConfig, tol: int) -> list[Step]:
-    steps = [Step("recovering", policy.ramp_small_step, None, "previous", policy.half_open_observe_ms, False, tol,
-                  "half-open observation (half_open_observe_ms)")]
-    for w in ramp_weights(policy)[1:]:
-        steps.append(Step("recovering", w, None, "previous", policy.ramp_interval_ms, False, tol,
-                          "ramp step (ramp_interval_ms)"))
-    steps.append(Step("healthy", None, None, "previous", policy.ramp_interval_ms, False, tol,
+def published_ramp(policy: PolicyConfig, alone_on: str | None = None) -> list[tuple[float, bool]]:
+    """``(weight, kept)`` the ``recovering`` verdicts publish at each step of :func:`ramp_weights`.
+
+    ``alone_on``: the route where the drilled channel is the only channel (None: it has siblings, whose
+    states decide the route's floor, so the plain ramp is expected). Alone, a ramp weight ``w`` under
+    the route's panic line (``min(1, w / (1 - max_penalty)) < panic_threshold(route)``, and ``w`` under
+    ``route_panic_weight``) is published at ``route_panic_weight`` with reason ``route_panic`` (SPEC §4.2,
+    :func:`pipeline.policy.routes.panic_floor` for one channel that answers its requests).
+    """
+    threshold = policy.panic_threshold(alone_on) if alone_on is not None else 0.0
+    full = max(1.0 - policy.max_penalty, 1e-6)
+    floor = policy.route_panic_weight
+    return [(floor, True) if min(1.0, w / full) < threshold - 1e-12 and w < floor else (w, False)
+            for w in ramp_weights(policy)]
+
+
+def _recovery_steps(policy: PolicyConfig, tol: int, alone_on: str | None = None) -> list[Step]:
+    """The ramp as published (:func:`published_ramp`): steps the floor publishes at one weight are one
+    transition, due after the sum of their intervals."""
+    ramp = published_ramp(policy, alone_on)
+    (w0, kept0), rest = ramp[0], ramp[1:]
+    steps = [Step("recovering", w0, ROUTE_PANIC if kept0 else None, "previous", policy.half_open_observe_ms,
+                  False, tol, "half-open observation (half_open_observe_ms)"
+                  + ("; route_panic floor (route alone)" if kept0 else ""))]
+    wait, last = 0, w0
+    for w, kept in rest:
+        wait += policy.ramp_interval_ms
+        if abs(w - last) <= _EPS:
+            continue
+        steps.append(Step("recovering", w, ROUTE_PANIC if kept else None, "previous", wait, False, tol,
+                          "ramp step (ramp_interval_ms)" + (f" x {wait // policy.ramp_interval_ms}"
+                                                            if wait > policy.ramp_interval_ms else "")))
+        wait, last = 0, w
+    steps.append(Step("healthy", None, None, "previous", wait + policy.ramp_interval_ms, False, tol,
                       "last ramp step to weight 1 (ramp_interval_ms)"))
     return steps
 
 
-def expected_steps(kind: DrillKind, policy: PolicyConfig, duration_ms: int) -> list[Step]:
+def expected_steps(kind: DrillKind, policy: PolicyConfig, duration_ms: int,
+                   alone_on: str | None = None) -> list[Step]:
     """The expected transitions of a drill of ``kind`` whose fault lasts ``duration_ms`` (> 0) under ``policy``
-    (derivation in the module doc). Raises ``ValueError`` for a non-positive duration."""
+    (derivation in the module doc); ``alone_on``: the route where the channel is alone (its recovery is
+    published with the route's panic floor, :func:`published_ramp`), None when it has siblings.
+    Raises ``ValueError`` for a non-positive duration."""
     if duration_ms <= 0:
         raise ValueError(f"drill duration must be > 0 ms, got {duration_ms}")
     rnd = policy.eval_interval_ms
     if kind.name == "errors":
         first = Step("open", None, None, "fault_start", rnd, True, rnd,
                      "failure run pre-trips at once; error-rate test each round (eval_interval_ms)")
-        return [first, _half_open(policy)] + _recovery_steps(policy, rnd)
+        return [first, _half_open(policy)] + _recovery_steps(policy, rnd, alone_on)
     detect = _detection_bound_ms(kind, policy)
     steps = [Step(kind.state, None, kind.reason, "fault_start", detect, True, rnd, _detection_rule(kind))]
     if kind.name == "quota_drain":  # the 429 wall at 4/5 of the window (kinds.drill_fault); 429s may open it sooner
         steps.append(Step("open", None, None, "fault_start", int(0.8 * duration_ms) + rnd, True, rnd,
                           "429 wall at the end of the drain (error-rate test within a round)"))
-        return steps + [_half_open(policy)] + _recovery_steps(policy, rnd)
+        return steps + [_half_open(policy)] + _recovery_steps(policy, rnd, alone_on)
     rounds = math.ceil((1.0 - policy.degraded_floor_weight) / policy.degraded_recovery_step - _EPS)
     back = policy.window_ms + (rounds + 1) * rnd
     steps.append(Step("healthy", None, None, "fault_end", back, True, rnd,
@@ -220,7 +258,9 @@ def transitions(verdicts: Iterable[Verdict], channel: str) -> list[Transition]:
     for v in sorted((v for v in verdicts if v.channel == channel), key=lambda v: (v.ts_ms, v.seq)):
         if last is None or v.state != last[0] or (v.state == "recovering" and abs(v.weight - last[1]) > _EPS):
             if last is not None or v.state != "healthy":
-                out.append(Transition(v.ts_ms, v.state, round(v.weight, 4), tuple(v.reasons)))
+                probe = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
+                out.append(Transition(v.ts_ms, v.state, round(v.weight, 4), tuple(v.reasons),
+                                      int(probe) if isinstance(probe, (int, float)) else None))
         last = (v.state, v.weight)
     return out
 
@@ -238,13 +278,18 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
     """Match ``steps`` in order with ``actual`` transitions and return the table rows.
 
     Each step takes the first not yet used transition at or after the previous match that fits it
-    (state, ramp weight, reason); transitions left over become ``unexpected`` rows (a false verdict
+    (state, ramp weight, reason); a ``half_open`` is due at the ``next_probe_ms`` of the ``open`` before
+    it, the cooldown the policy's schedule gave that open (:meth:`PolicyConfig.backoff
+    <pipeline.policy.defaults.PolicyConfig.backoff>`: 90 s for a first trip, doubling with jitter for each
+    re-open after a failed probe, issue #33 part 3; 5 min for a spent quota, SPEC §4.1), else
+    ``open_cooldown_ms`` after it; transitions left over become ``unexpected`` rows (a false verdict
     before the fault included). ``kind.detector_missing``: an unmatched step says ``detector missing``.
     """
     rows: list[Row] = []
     used: set[int] = set()
     pos = 0
     prev_ms: int | None = None  # the previous step: actual time, else its expected time
+    cooldown_end: int | None = None  # the probe's due time after the matched open, as its verdict published it
     k = 0
     while k < len(steps):
         step = steps[k]
@@ -253,6 +298,9 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
         if anchor is None:
             anchor = prev_ms if prev_ms is not None else fault_start_ms
         due = anchor + step.delay_ms
+        if step.cycle and cooldown_end is not None:  # the cooldown the open published (backed off, SPEC §4.1/§4.2)
+            due = cooldown_end
+        cooldown_end = None
         hit = next((i for i in range(pos, len(actual)) if i not in used and _matches(step, actual[i])), None)
         if hit is None:
             missing = kind is not None and kind.detector_missing and step.reason == kind.reason
@@ -265,6 +313,7 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
         t = actual[hit].ts_ms
         rows.append(_row(step.label, due, t, step, fault_start_ms))
         prev_ms = t
+        cooldown_end = actual[hit].next_probe_ms
         nxt = hit + 1
         if (step.cycle and nxt < len(actual) and actual[nxt].state == "open"
                 and actual[nxt].ts_ms <= fault_end_ms + step.tolerance_ms):
@@ -274,6 +323,7 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
             pos = nxt + 1
             rows.append(_row("open (probe, fault on)", t, actual[nxt].ts_ms, reopen, fault_start_ms))
             prev_ms = actual[nxt].ts_ms
+            cooldown_end = actual[nxt].next_probe_ms
             k -= 1
     for i, tr in enumerate(actual):
         if i not in used:
