@@ -195,8 +195,20 @@ def encode_state(state: "ChannelState | FrozenState") -> bytes:
 COMPACT_MIN_BYTES = 256
 
 
-#: The layouts of :class:`FrozenState` captures, each held once (every channel of an engine has the same).
+#: The layouts of :class:`FrozenState` captures, each held once (every channel of an engine has the same),
+#: and the unpacking plan of each: ``(signal, name, shape, dtype, compact, elements, elements per row)``.
 _LAYOUTS: dict[tuple, tuple] = {}
+_PLANS: dict[int, tuple[tuple[str, str, tuple[int, ...], np.dtype, bool, int, int], ...]] = {}
+
+
+def _plan(layout: tuple) -> tuple[tuple[str, str, tuple[int, ...], np.dtype, bool, int, int], ...]:
+    plan = _PLANS.get(id(layout))
+    if plan is None:  # layouts are interned in _LAYOUTS and never dropped: their ids stay theirs
+        plan = tuple((name, key, shape, np.dtype(dtype), compact, int(np.prod(shape, dtype=np.int64)),
+                      int(np.prod(shape[1:], dtype=np.int64)))
+                     for name, key, shape, dtype, compact in layout)
+        _PLANS[id(layout)] = plan
+    return plan
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -228,7 +240,7 @@ class FrozenState:
         layout = []
         parts: list[bytes] = []
         for name, key, arr in items:
-            a = np.asarray(arr)
+            a = arr
             compact = a.nbytes >= COMPACT_MIN_BYTES and a.ndim >= 2
             layout.append((name, key, a.shape, a.dtype.str, compact))
             if not compact:
@@ -250,20 +262,17 @@ class FrozenState:
         short_slot_id = np.empty(0, np.int64)
         counters: dict[str, np.ndarray] = {}
         ext: dict[str, dict[str, np.ndarray]] = {}
-        for name, key, shape, dtype, compact in self.layout:
-            dt = np.dtype(dtype)
+        for name, key, shape, dt, compact, size, row in _plan(self.layout):
             if compact:
-                m = int(np.frombuffer(blob, np.uint16, 1, at)[0])
-                rows = np.frombuffer(blob, np.uint16, m, at + 2).astype(np.int64)
+                m = int.from_bytes(blob[at:at + 2], "little")
+                rows = np.frombuffer(blob, np.uint16, m, at + 2)
                 at += 2 + 2 * m
                 a = np.zeros(shape, dt)
-                row = int(np.prod(shape[1:], dtype=np.int64))
                 a[rows] = np.frombuffer(blob, dt, m * row, at).reshape((m, *shape[1:]))
                 at += m * row * dt.itemsize
             else:
-                count = int(np.prod(shape, dtype=np.int64))
-                a = np.frombuffer(blob, dt, count, at).reshape(shape).copy()
-                at += count * dt.itemsize
+                a = np.frombuffer(blob, dt, size, at).reshape(shape)  # read-only view: encoding only reads
+                at += size * dt.itemsize
             if name:
                 ext.setdefault(name, {})[key] = a
             elif key == "short_slot_id":
