@@ -154,9 +154,12 @@ def export_channel(engine, index: int) -> bytes:
     return encode_state(engine.state.export_state(index))
 
 
-def encode_state(state: ChannelState) -> bytes:
-    """:class:`ChannelState` → snapshot bytes (version :data:`SNAPSHOT_VERSION`: :data:`COMPRESSED_MARK`
-    and the LZ4 block, size stored, of the msgpack record with raw arrays)."""
+def encode_state(state: "ChannelState | FrozenState") -> bytes:
+    """:class:`ChannelState` (or a :class:`FrozenState` capture of one) → snapshot bytes (version
+    :data:`SNAPSHOT_VERSION`: :data:`COMPRESSED_MARK` and the LZ4 block, size stored, of the msgpack record
+    with raw arrays)."""
+    if isinstance(state, FrozenState):
+        state = state.thaw()
     w = state.windows
     ext = dict(w.extensions)
     lat, runs, q = ext.pop(LATENCY, None), ext.pop(RUNS, None), ext.pop(QUALITY, None)
@@ -187,8 +190,107 @@ def encode_state(state: ChannelState) -> bytes:
     return COMPRESSED_MARK + lz4.block.compress(msgspec.msgpack.encode(snap), store_size=True)
 
 
-def copy_state(engine, rows: Sequence[int]) -> list[ChannelState]:
-    """Copies of channels ``rows``' state (:meth:`pipeline.engine.state_io.StateIO.export_state`), to encode later.
+#: A signal window's array of one channel of at least this many bytes is kept compact in a capture
+#: (:class:`FrozenState`): its all-zero rows (ring slots) are not copied.
+COMPACT_MIN_BYTES = 256
+
+
+#: The layouts of :class:`FrozenState` captures, each held once (every channel of an engine has the same),
+#: and the unpacking plan of each: ``(signal, name, shape, dtype, compact, elements, elements per row)``.
+_LAYOUTS: dict[tuple, tuple] = {}
+_PLANS: dict[int, tuple[tuple[str, str, tuple[int, ...], np.dtype, bool, int, int], ...]] = {}
+
+
+def _plan(layout: tuple) -> tuple[tuple[str, str, tuple[int, ...], np.dtype, bool, int, int], ...]:
+    plan = _PLANS.get(id(layout))
+    if plan is None:  # layouts are interned in _LAYOUTS and never dropped: their ids stay theirs
+        plan = tuple((name, key, shape, np.dtype(dtype), compact, int(np.prod(shape, dtype=np.int64)),
+                      int(np.prod(shape[1:], dtype=np.int64)))
+                     for name, key, shape, dtype, compact in layout)
+        _PLANS[id(layout)] = plan
+    return plan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FrozenState:
+    """A captured :class:`ChannelState` with its window arrays packed into one ``bytes`` (``blob``).
+
+    ``state``: the channel's state without its window arrays (``short_slot_id`` empty, no counters, no
+    signal windows); ``layout``: ``(signal or "", array name, shape, dtype str, compact)`` per array in
+    blob order, shared by every capture with the same layout (the signal ``""`` holds the store's
+    ``short_slot_id`` and its counters by name). An array of :data:`COMPACT_MIN_BYTES` or more (a ring's
+    histograms or counters, slots along its first axis) is compact: a ``uint16`` count ``m``, ``m``
+    ``uint16`` indices of its rows holding a non-zero byte, then those rows; a smaller one is its raw
+    bytes. :meth:`thaw` gives the bit-identical :class:`ChannelState` back, so the encoded snapshot is
+    the same bytes. Why (issue #34 part 1): a worker copies every changed channel before encoding, and a
+    one-event channel's rows are ~80 KB with one slot written; 20,000 dense copies took the worker from
+    0.4 GB to 2 GB, and as ~60 small numpy arrays each they still took ~19 KB per channel (docs/MEMORY.md).
+    """
+
+    state: ChannelState
+    layout: tuple[tuple[str, str, tuple[int, ...], str, bool], ...]
+    blob: bytes
+
+    @classmethod
+    def of(cls, state: ChannelState) -> "FrozenState":
+        """Pack ``state``'s window arrays (raises ``ValueError`` for an array of more than 65,535 rows)."""
+        w = state.windows
+        items = [("", "short_slot_id", w.short_slot_id), *(("", k, a) for k, a in w.counters.items()),
+                 *((name, k, a) for name, arrays in w.extensions.items() for k, a in arrays.items())]
+        layout = []
+        parts: list[bytes] = []
+        for name, key, arr in items:
+            a = arr
+            compact = a.nbytes >= COMPACT_MIN_BYTES and a.ndim >= 2
+            layout.append((name, key, a.shape, a.dtype.str, compact))
+            if not compact:
+                parts.append(a.tobytes())
+                continue
+            if a.shape[0] > 0xFFFF:
+                raise ValueError(f"windows {name}.{key}: {a.shape[0]} rows, at most 65,535 can be packed")
+            a = np.ascontiguousarray(a)
+            rows = np.flatnonzero(a.view(np.uint8).reshape(a.shape[0], -1).any(axis=1))
+            parts += [np.uint16(rows.shape[0]).tobytes(), rows.astype(np.uint16).tobytes(), a[rows].tobytes()]
+        key_ = tuple(layout)
+        shared = _LAYOUTS.setdefault(key_, key_)
+        windows = dataclasses.replace(w, short_slot_id=np.empty(0, np.int64), counters={}, extensions={})
+        return cls(dataclasses.replace(state, windows=windows), shared, b"".join(parts))
+
+    def thaw(self) -> ChannelState:
+        """The :class:`ChannelState` captured (dense arrays, zeros in the rows a compact array did not hold)."""
+        blob, at = self.blob, 0
+        short_slot_id = np.empty(0, np.int64)
+        counters: dict[str, np.ndarray] = {}
+        ext: dict[str, dict[str, np.ndarray]] = {}
+        for name, key, shape, dt, compact, size, row in _plan(self.layout):
+            if compact:
+                m = int.from_bytes(blob[at:at + 2], "little")
+                rows = np.frombuffer(blob, np.uint16, m, at + 2)
+                at += 2 + 2 * m
+                a = np.zeros(shape, dt)
+                a[rows] = np.frombuffer(blob, dt, m * row, at).reshape((m, *shape[1:]))
+                at += m * row * dt.itemsize
+            else:
+                a = np.frombuffer(blob, dt, size, at).reshape(shape)  # read-only view: encoding only reads
+                at += size * dt.itemsize
+            if name:
+                ext.setdefault(name, {})[key] = a
+            elif key == "short_slot_id":
+                short_slot_id = a
+            else:
+                counters[key] = a
+        windows = dataclasses.replace(self.state.windows, short_slot_id=short_slot_id, counters=counters,
+                                      extensions=ext)
+        return dataclasses.replace(self.state, windows=windows)
+
+    def nbytes(self) -> int:
+        """Bytes of the packed window arrays (the windows' share of this capture's memory)."""
+        return len(self.blob)
+
+
+def copy_state(engine, rows: Sequence[int]) -> list[FrozenState]:
+    """Copies of channels ``rows``' state (:meth:`pipeline.engine.state_io.StateIO.export_state`), to encode later,
+    kept compact (:class:`FrozenState`: a sparse channel's copy holds its written slots, not its whole rows).
 
     A worker takes them while its state is consistent (between two batches,
     under its lock) and encodes them (:func:`encode_state`, mostly zlib, which
@@ -196,7 +298,7 @@ def copy_state(engine, rows: Sequence[int]) -> list[ChannelState]:
     resident channels: an evicted one has its snapshot bytes already, and
     copying its released rows would commit their memory again.
     """
-    return [engine.state.export_state(i) for i in rows]
+    return [FrozenState.of(engine.state.export_state(i)) for i in rows]
 
 
 def decode_snapshot(raw: bytes) -> ChannelSnapshot:

@@ -10,6 +10,10 @@ JSON: the engine's RSS growth (psutil) and, per window family of the
 channel two ways: ``allocated`` (``nbytes``: the cost once every slot is
 written) and ``written_pages`` (4 KiB pages holding a non-zero byte: a lower
 bound of what is resident, as Linux maps an anonymous page on its first write).
+
+``python -m pipeline.tools.bench.channel_memory --worker CHANNELS EVENTS_PER_CHANNEL``: the whole worker's
+RSS in this process (:func:`measure_worker`: its modules, decoder, dedup, engine and one snapshot capture
+of every channel), the figure of issue #34 part 1 (20,000 one-event channels ≤ 1 GB).
 """
 
 from __future__ import annotations
@@ -68,8 +72,7 @@ def written_bytes(a: np.ndarray) -> int:
 
 def families(store: Any) -> dict[str, Any]:
     """The window families of a :class:`~pipeline.windows.store.WindowStore`, by name."""
-    fam = {"short": store.short, "short_lat": store.short_lat, "base": store.base, "runs": store.runs,
-           "quality.short": store.quality.short, "quality.base": store.quality.base}
+    fam: dict[str, Any] = {"short": store.short}
     fam.update({f"ext:{name}": ext for name, ext in store.extensions.items()})
     return fam
 
@@ -106,5 +109,48 @@ def measure(n_channels: int, per_channel: int) -> dict[str, Any]:
     return out
 
 
+def measure_worker(n_channels: int, per_channel: int, partitions: int = 8) -> dict[str, Any]:
+    """A worker's RSS in this process: the stream worker's modules imported (faust, aiokafka), a
+    :class:`~pipeline.engine.batch.BatchProcessor` (decoder, dedup, engine) taking ``n_channels`` channels with
+    ``per_channel`` events each as JSON messages of 500 from ``partitions`` input partitions, then one
+    snapshot capture of every changed channel, encoded (what the worker copies and publishes, issue #34
+    part 1). MiB: ``rss_start`` (modules loaded), ``rss_processed``, ``rss_peak`` (kernel high-water mark,
+    through the capture) and ``rss_after_capture`` (records still held, as until they are published)."""
+    import time
+
+    import msgspec
+
+    import pipeline.stream.app  # noqa: F401  (the worker's modules: faust, aiokafka, sinks)
+    from pipeline.engine.batch import BatchProcessor
+    from pipeline.tools.bench.rss import peak_rss_mb, rss_mb
+
+    enc = msgspec.json.Encoder()
+    t0 = int(time.time() * 1000) - 25 * 3_600_000  # within the decoder's age bound
+    bp = BatchProcessor()
+    gc.collect()
+    start = rss_mb()
+    for k in range(per_channel):
+        ts = t0 + (k * DAY_MS // per_channel if per_channel > 1 else 0)
+        raws = [enc.encode({"event_id": f"e{k}-{i}", "ts_ms": ts + i % 1000, "channel": f"p{i % 7}/m-{i:05d}",
+                            "route": f"r{i // 5}", "status": "ok", "latency_ms": 100.0 + (i % 50) * 7})
+                for i in range(n_channels)]
+        for j in range(0, n_channels, 500):
+            part = raws[j:j + 500]
+            bp.process(part, [(j + x) % partitions for x in range(len(part))],
+                       [k * n_channels + j + x for x in range(len(part))])
+        del raws
+    gc.collect()
+    processed = rss_mb()
+    records = bp.snapshot_capture({p: per_channel * n_channels for p in range(partitions)}, changed_only=True)()
+    after = rss_mb()
+    return {"channels": n_channels, "events_per_channel": per_channel, "rss_start_mb": round(start, 1),
+            "rss_processed_mb": round(processed, 1), "rss_peak_mb": round(peak_rss_mb(), 1),
+            "rss_after_capture_mb": round(after, 1), "records": len(records),
+            "record_bytes_per_channel": round(sum(len(r[1]) for r in records) / max(len(records), 1))}
+
+
 if __name__ == "__main__":
-    print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2])), indent=1))
+    if sys.argv[1:2] == ["--worker"]:
+        print(json.dumps(measure_worker(int(sys.argv[2]), int(sys.argv[3])), indent=1))
+    else:
+        print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2])), indent=1))
