@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-# First run only: ~2.4 GB in .venv (torch ~0.75 GB of it), about 5 min on a fast
+# First run only: ~2.9 GB in .venv (torch ~0.75 GB of it), about 5 min on a fast
 # connection; pip prints what it downloads, so the step is never silent.
 $(BIN)/.installed: pyproject.toml
-	@echo "==> First run: installing into $(VENV) (~2.4 GB on disk, about 5 min; later runs skip this)"
+	@echo "==> First run: installing into $(VENV) (~2.9 GB on disk, about 5 min; later runs skip this)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@echo "==> [1/2] torch 2.13.0 (CPU build, the largest download)"
