@@ -128,7 +128,8 @@ def test_retry_after_cooldown_lasts_what_the_provider_said():
     events = _stream(chans, 0, 1500, lambda ch, i, t: limit if 600 <= t < 690 else None)
     _, verdicts = replay(events)
     first = next(v for v in verdicts if v.state == "open")
-    assert first.reasons == ["rate_limited"] and first.metrics["retry_after_s"] == 20.0
+    # the route's only channel: the SPEC §4.2 panic floor keeps it in service beside the cooldown
+    assert first.reasons == ["rate_limited", "route_panic"] and first.metrics["retry_after_s"] == 20.0
     assert first.metrics["next_probe_ts_ms"] == first.ts_ms + 20_000  # not 90 s
     probe = next(v for v in verdicts if v.state == "half_open")
     assert 20_000 <= probe.ts_ms - first.ts_ms < 50_000  # the first round after the 20 s
@@ -146,7 +147,7 @@ def test_a_lone_429_without_retry_after_is_no_cooldown_but_three_in_10s_are():
     burst = _stream(chans, 0, 900, lambda ch, i, t: {"http": 429} if i in (2400, 2410, 2420) else None)
     v = next(v for v in replay(burst)[1] if v.state == "open")
     third = [e["ts_ms"] for e in burst if e.get("http_status") == 429][2]
-    assert v.reasons == ["rate_limited"] and v.ts_ms == third  # at the third 429 (i = 2420: 605 s)
+    assert v.reasons == ["rate_limited", "route_panic"] and v.ts_ms == third  # at the third 429 (i = 2420: 605 s)
     assert v.metrics["next_probe_ts_ms"] == v.ts_ms + 30_000
 
 
