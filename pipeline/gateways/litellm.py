@@ -247,6 +247,23 @@ def event_from_litellm(kwargs: Mapping[str, Any], *, success: bool, gateway_id: 
     return event
 
 
+
+class _GapClock:
+    """Longest pause between consecutive chunks of one stream (``gap_s``, seconds; None before the
+    second chunk), on the monotonic clock: the sync and async stream wrappers share it."""
+
+    __slots__ = ("last", "gap_s")
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.gap_s: float | None = None
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.last is not None:
+            self.gap_s = max(self.gap_s or 0.0, now - self.last)
+        self.last = now
+
 class _StreamTimes:
     """Longest gap between chunks per ``litellm_call_id``, and success events waiting for it (bounded)."""
 
@@ -401,29 +418,23 @@ class ChannelHealthLogger(CustomLogger):  # type: ignore[misc]  # LiteLLM is unt
 
     async def _timed_async(self, stream: Any, call_id: str | None) -> AsyncIterator[Any]:
         self._begin(call_id)
-        last, gap = None, None
+        clock = _GapClock()
         try:
             async for chunk in stream:
-                now = time.monotonic()
-                if last is not None:
-                    gap = max(gap or 0.0, now - last)
-                last = now
+                clock.tick()
                 yield chunk
         finally:
-            self._end(call_id, gap)
+            self._end(call_id, clock.gap_s)
 
     def _timed_sync(self, stream: Any, call_id: str | None) -> Iterator[Any]:
         self._begin(call_id)
-        last, gap = None, None
+        clock = _GapClock()
         try:
             for chunk in stream:
-                now = time.monotonic()
-                if last is not None:
-                    gap = max(gap or 0.0, now - last)
-                last = now
+                clock.tick()
                 yield chunk
         finally:
-            self._end(call_id, gap)
+            self._end(call_id, clock.gap_s)
 
     def _begin(self, call_id: str | None) -> None:
         if call_id:
