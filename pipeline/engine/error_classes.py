@@ -107,10 +107,8 @@ class ErrorClasses:
         (``credential``, ``quota_exhausted``, ``rate_limited``), in the chunk's order, for :meth:`trips`."""
         unread = rows[~self.read[rows]]
         if unread.size:
-            first = {}
-            for pos, r in enumerate(cols.channel.tolist()):
-                if r not in first:
-                    first[r] = pos
+            seen, first_at = np.unique(cols.channel, return_index=True)  # each row's first position in the chunk
+            first = dict(zip(seen.tolist(), first_at.tolist()))
             for r in unread.tolist():
                 if r in first:
                     self._set_account(r, _ACCOUNT(events[first[r]]))
