@@ -139,3 +139,34 @@ def test_backup_overload_baseline_stays_at_its_healthy_value_after_the_bad_hour(
     # first non-healthy verdict (120 s, the detection delay) still learn, +4 % (two 2 % buckets)
     assert round(base) == 2_700
     assert base <= 1.05 * 2_594
+
+
+def _first_non_healthy(verdicts: list) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in verdicts:
+        if v.state not in ("healthy", "no_data"):
+            out.setdefault(v.channel, v.ts_ms)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["latency-swap", "gradual-degradation", "slow-failure", "thin-clean"])
+def test_holds_add_no_detection_delay_and_no_false_verdict(name, monkeypatch):
+    """Seeded battery (seeds 0, 1): with and without holds, every channel's first non-healthy verdict is the
+    same event time (a hold starts only after it, so detection cannot move), and thin-clean has none."""
+    sc = scorecard_scenario(name)
+    for seed in (0, 1):
+        _, held = replay(sc.events(start_ms=START_MS, seed=seed))
+        with monkeypatch.context() as m:  # the behaviour before SPEC §4.2: every event learns
+            m.setattr(WindowStore, "baseline_mask", lambda self, cols, learn: None)
+            _, learning = replay(sc.events(start_ms=START_MS, seed=seed))
+        first = _first_non_healthy(held)
+        assert first == _first_non_healthy(learning)
+        if name == "thin-clean":
+            assert first == {}
+        else:
+            assert len(first) == 1  # the faulted channel only: no false verdict on the others
+        # before the first non-healthy verdict the two verdict streams are the same, metrics included
+        t = min(first.values(), default=None)
+        before = [(v.channel, v.state, v.ts_ms, v.metrics) for v in held if t is None or v.ts_ms < t]
+        assert before == [(v.channel, v.state, v.ts_ms, v.metrics) for v in learning if t is None or v.ts_ms < t]
