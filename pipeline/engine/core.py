@@ -45,7 +45,7 @@ from pipeline.signals import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig, threshold_arrays
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
-from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, OPEN, ChannelMachine
+from pipeline.policy.state_machine import HALF_OPEN, HEALTHY, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
 from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
 from pipeline.engine.error_classes import ErrorClasses
@@ -57,6 +57,8 @@ from pipeline.signals.consecutive_failures import FailureRuns
 from pipeline.windows.store import EventColumns, WindowStore
 
 _STATE = attrgetter("state")
+#: States whose channels' events enter the 24 h baselines (SPEC §4.2; no_data: new or idle channels).
+LEARNING_STATES = frozenset((HEALTHY, NO_DATA))
 #: A chunk with at least one event per this many registered channels finds its channels and counts its
 #: failures with ``np.bincount`` over all channels (O(C)); a smaller one sorts its own (O(n log n)).
 DENSE_EVENTS_PER_CHANNEL = 8
@@ -360,7 +362,10 @@ class Engine:
             th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
         if self.runs is not None:
             self.runs.threshold = th
-        late = self.store.add(cols)
+        # SPEC §4.2: the baselines learn from healthy (and no_data, i.e. new) channels' events only
+        learning = [st in LEARNING_STATES for st in states]
+        learn = None if all(learning) else np.array(learning, bool)[np.searchsorted(rows, cols.channel)]
+        late = self.store.add(cols, learn)
         if late.any():  # too old for the ring although within lateness: count as late too
             flags = late.tolist()
             result.late.extend(compress(events, flags))

@@ -154,8 +154,13 @@ class CostWindows(RingWindows):
                       "hourly": IntervalRing(HOUR_MS, self.baseline_hours + 1, N_COST_COUNTERS, 0)}
 
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
+        """:meth:`add_learning` with every event learning."""
+        self.add_learning(cols, late, None)
+
+    def add_learning(self, cols: EventColumns, late: np.ndarray, learn: np.ndarray | None) -> None:
         """Count the accepted events that carry a cost in (0, :data:`MAX_COST_USD`] USD (late ones are not
-        counted, as in the short ring)."""
+        counted, as in the short ring); the hourly baseline only those where ``learn`` (bool (n,); None:
+        all; SPEC §4.2 healthy time only)."""
         cost = cols.column("cost_usd")
         with np.errstate(invalid="ignore"):
             keep = (cost > 0.0) & (cost <= MAX_COST_USD) & ~np.asarray(late, bool)
@@ -167,8 +172,13 @@ class CostWindows(RingWindows):
         rows = (np.array(columns, np.float32).T if len(columns[0]) < 512
                 else [c.astype(np.float32) for c in columns])
         ch, ts = cols.channel[keep], cols.ts_ms[keep]
-        for ring in self.rings.values():
-            ring.add(ch, ts, rows)
+        self.rings["short"].add(ch, ts, rows)
+        if learn is None:
+            self.rings["hourly"].add(ch, ts, rows)
+            return
+        sel = np.asarray(learn, bool)[keep]
+        if sel.any():
+            self.rings["hourly"].add(ch[sel], ts[sel], rows[sel] if isinstance(rows, np.ndarray) else [c[sel] for c in rows])
 
     def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
         """The window's and the baseline's cost per unit at ``now_ms`` (see the module docstring)."""

@@ -151,10 +151,15 @@ class LatencyWindows(RingWindows):
         self._base_min = 1
 
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
-        """Count the ``ok`` latencies: in the short ring unless ``late``, in the baseline always."""
+        """:meth:`add_learning` with every event learning."""
+        self.add_learning(cols, late, None)
+
+    def add_learning(self, cols: EventColumns, late: np.ndarray, learn: np.ndarray | None) -> None:
+        """Count the ``ok`` latencies: in the short ring unless ``late``, in the baseline where ``learn``
+        (bool (n,); None: always; SPEC §4.2: a channel's non-healthy minutes stay out of its baseline)."""
         key = self.buckets.key_of(cols.latency_ms)
         self.short.add(cols.channel, cols.ts_ms, None, cols.ok & ~late, key)
-        self.base.add(cols.channel, cols.ts_ms, None, cols.ok, key)
+        self.base.add(cols.channel, cols.ts_ms, None, cols.ok if learn is None else cols.ok & learn, key)
         if self._base_hour.shape[0] > 0:
             hours = cols.ts_ms // BASE_SLOT_MS
             known = cols.channel < self._base_hour.shape[0]

@@ -164,7 +164,12 @@ class StreamWindows(RingWindows):
         self._hour[i] = -1
 
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
-        """Count the streams of a batch (``late`` is unused: each ring knows what is too old for it)."""
+        """:meth:`add_learning` with every stream learning."""
+        self.add_learning(cols, late, None)
+
+    def add_learning(self, cols: EventColumns, late: np.ndarray, learn: np.ndarray | None) -> None:
+        """Count the streams of a batch (``late`` is unused: each ring knows what is too old for it); the
+        baseline only those where ``learn`` (bool (n,); None: all; SPEC §4.2 healthy time only)."""
         judged, cls = stall_classes(cols)
         if not judged.any():
             return
@@ -181,7 +186,11 @@ class StreamWindows(RingWindows):
                                 hist_mask=[has for _, has in hists] + [None])
         if not hists:
             return
-        base = hists[0][1] | hists[-1][1]  # the baseline's events: ok streams
+        base = hists[0][1] | hists[-1][1]  # the baseline's events: ok streams of learning channels
+        if learn is not None:
+            base = base & learn[ic]
+            if not base.any():
+                return
         if not base.all():
             ib = np.flatnonzero(base)
             ch, ts, hists = ch[ib], ts[ib], [(key[ib], has[ib]) for key, has in hists]

@@ -13,7 +13,8 @@ checking ``S`` at slot ends only is the same walk watched less often: it can
 only alarm later, never earlier, than the per-request chart.
 
 ``p0`` is the channel's own in-control rate: a 24 h exponentially weighted
-count of trials and events (learned only while ``S < h``), shrunk toward
+count of trials and events (learned only while ``S < h`` and the store lets
+the channel's batch learn: healthy time only, SPEC §4.2), shrunk toward
 ``prior_rate`` by ``prior_trials`` pseudo-trials and never below
 ``p_floor``. ``p1 = max(p0 + shift, 2 p0)``: the smallest change worth
 catching (Page: design the chart for the shift to detect).
@@ -75,6 +76,9 @@ class BernoulliCusum(RingWindows):
         self.trials_of, self.events_of = trials_of, events_of
         self.rings = {"slots": IntervalRing(SLOT_MS, N_SLOTS, 2, 0)}
         self.state = self._fresh(16)
+        # per channel: its newest batch did not learn (SPEC §4.2, :meth:`add_learning`); not in snapshots
+        self.hold = np.zeros(16, bool)
+        self._any_hold = False
 
     @staticmethod
     def _fresh(n: int) -> np.ndarray:
@@ -88,13 +92,21 @@ class BernoulliCusum(RingWindows):
         if n_channels > self.state.shape[0]:
             grow = max(n_channels, 2 * self.state.shape[0]) - self.state.shape[0]
             self.state = np.concatenate([self.state, self._fresh(grow)])
+            self.hold = np.concatenate([self.hold, np.zeros(grow, bool)])
 
     def clear_rows(self, rows: np.ndarray) -> None:
         super().clear_rows(rows)
         self.state[np.asarray(rows, np.int64)] = self._fresh(1)
+        self.hold[np.asarray(rows, np.int64)] = False
 
     def export_row(self, i: int) -> dict[str, np.ndarray]:
-        return {**super().export_row(i), "state": self.state[i].copy()}
+        # "hold" (bool (1,)), only while the channel's p0 is held (SPEC §4.2): a learning channel's record
+        # is the one written before holds existed, byte for byte; optional on import (absent: not held),
+        # so it is not in row_layout
+        row = {**super().export_row(i), "state": self.state[i].copy()}
+        if self.hold[i]:
+            row["hold"] = self.hold[i:i + 1].copy()
+        return row
 
     def row_layout(self) -> dict[str, tuple[int, ...]]:
         return {**super().row_layout(), "state": (6,)}
@@ -106,10 +118,25 @@ class BernoulliCusum(RingWindows):
                 raise ValueError(f"{self.name} windows: state has shape {None if got is None else np.shape(got)}, store (6,)")
         super().import_row(i, arrays)
         self.state[i] = self._fresh(1)[0] if arrays is None else np.asarray(arrays["state"], np.float64)
+        hold = None if arrays is None else arrays.get("hold")
+        self.hold[i] = hold is not None and np.shape(hold) == (1,) and bool(np.asarray(hold)[0])
+        self._any_hold = self._any_hold or bool(self.hold[i])
 
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
+        self.add_learning(cols, late, None)
+
+    def add_learning(self, cols: EventColumns, late: np.ndarray, learn: np.ndarray | None) -> None:
+        """Count trials and events; a channel whose batch does not ``learn`` (bool (n,), one value per
+        channel; None: all learn) keeps its ``p0`` while its next slots are folded (SPEC §4.2)."""
         trials = self.trials_of(cols)
         self.rings["slots"].add(cols.channel, cols.ts_ms, [trials, self.events_of(cols) & trials])
+        if learn is None:
+            if self._any_hold:
+                self.hold[cols.channel] = False
+                self._any_hold = bool(self.hold.any())
+        else:
+            self.hold[cols.channel] = ~np.asarray(learn, bool)
+            self._any_hold = True
 
     def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
         """Fold every complete slot not yet folded into each channel's chart, then report it."""
@@ -141,7 +168,7 @@ class BernoulliCusum(RingWindows):
         prev = np.where(st[:, LAST] >= 0, st[:, LAST], first)
         elapsed_s = np.clip(hi - 1 - prev, 0, None) * (SLOT_MS / 1000.0)
         decay = np.exp(-elapsed_s / d.baseline_s)
-        learn = s < h
+        learn = (s < h) & ~self.hold[rows]
         st[:, TRIALS] = st[:, TRIALS] * decay + np.where(learn, new_n, 0.0)
         st[:, EVENTS] = st[:, EVENTS] * decay + np.where(learn, new_k, 0.0)
         # exposure in exponentially weighted seconds, integrated over the elapsed time (tau (1 - decay)):

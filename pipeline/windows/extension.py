@@ -75,6 +75,14 @@ class SignalWindows(ABC):
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
         """Count a batch of accepted events (``late`` bool (n,): too old for the short ring)."""
 
+    def add_learning(self, cols: EventColumns, late: np.ndarray, learn: np.ndarray | None) -> None:
+        """:meth:`add` with ``learn``: bool (n,), the events that may enter the signal's baselines (None:
+        all; SPEC §4.2, baselines learn from healthy time only, see
+        :meth:`WindowStore.add <pipeline.windows.store.WindowStore.add>`). Windows with a baseline
+        override it (and make :meth:`add` call it with None); the default, for windows without one,
+        counts every event (:meth:`add`)."""
+        self.add(cols, late)
+
     @abstractmethod
     def features(self, rows: np.ndarray, now_ms: int, since_ms: np.ndarray | None) -> dict[str, np.ndarray]:
         """Feature name → float64 array (len(rows),) at event time ``now_ms``.

@@ -31,6 +31,14 @@ JUDGED, FAILURES, OK, NEUTRAL, CHECKED, MISSING, RATE_LIMITED = range(7)
 N_COUNTERS = 7
 
 SHORT_SLOT_MS = 10_000
+#: How long a channel's baselines stop learning while it is not healthy (SPEC §4.2, issue #33 part 5):
+#: 6 h of event time, a quarter of the 24 h baseline. Past it the condition is taken as the channel's new
+#: normal and its events enter the baselines again, so (a) the baseline never empties (with no cap a
+#: channel degraded for 24 h would have no baseline hour left, and a latency finding without a baseline
+#: is kept, i.e. it could never clear) and (b) the absorbed condition moves a P95 baseline after ~1.2 h
+#: (5 % of 24 h), so a new normal clears ~7 h after its onset instead of never. Outages and incident
+#: windows of a few hours (the scenarios' bad hours, failover drills) stay out of the baseline.
+LEARN_HOLD_MS = 6 * 3_600_000
 
 
 class WindowStore:
@@ -50,7 +58,10 @@ class WindowStore:
 
     def __init__(self, window_ms: int = 300_000, short_window_ms: int = 60_000, baseline_hours: int = 24,
                  counters: tuple[Counter, ...] = (),
-                 windows: tuple[Callable[[WindowSpec], SignalWindows], ...] = ()):
+                 windows: tuple[Callable[[WindowSpec], SignalWindows], ...] = (),
+                 learn_hold_ms: int = LEARN_HOLD_MS):
+        if learn_hold_ms < 0:
+            raise ValueError(f"learn_hold_ms must be >= 0, got {learn_hold_ms}")
         if window_ms % SHORT_SLOT_MS or short_window_ms % SHORT_SLOT_MS or short_window_ms > window_ms:
             raise ValueError("window lengths must be multiples of 10 s with short <= long")
         self.window_ms = window_ms
@@ -80,6 +91,12 @@ class WindowStore:
         self._members: dict[str, list[int]] | None = None  # route -> channel indices (see route_members)
         self.last_ts_ms = np.zeros(16, dtype=np.int64)
         self.watermark_ms: int | None = None
+        #: Longest event time a channel's baselines skip its events (:data:`LEARN_HOLD_MS`, :meth:`add`).
+        self.learn_hold_ms = int(learn_hold_ms)
+        #: Per channel: event time of the first event its baselines skipped in the current hold, -1 while it
+        #: learns (not in snapshots: a restart restarts the hold's clock, the hold itself follows ``learn``).
+        self.held_since_ms = np.full(16, -1, dtype=np.int64)
+        self._holding = False  # some channel is in a hold (held_since_ms >= 0 somewhere)
         #: Channel rows every array holds (see :meth:`reserve`); 0 after :meth:`load` replaced them.
         self._reserved = 0
 
@@ -108,6 +125,7 @@ class WindowStore:
         rings emptied with their memory handed back, every signal's windows cleared."""
         rows = np.asarray(rows, dtype=np.int64)
         self.short.clear_rows(rows)
+        self.held_since_ms[rows[rows < self.held_since_ms.shape[0]]] = -1
         for ext in self.extensions.values():
             ext.clear_rows(rows)
 
@@ -138,6 +156,8 @@ class WindowStore:
             ext.ensure_capacity(n)
         if n > self.last_ts_ms.shape[0]:
             self.last_ts_ms = np.concatenate([self.last_ts_ms, np.zeros(n, np.int64)])
+        if n > self.held_since_ms.shape[0]:
+            self.held_since_ms = np.concatenate([self.held_since_ms, np.full(n, -1, np.int64)])
 
     def channel_indices(self, names: list[str], routes: list[str], tiers: list[str | None]) -> np.ndarray:
         """:meth:`channel_index` for many events at once: int64 (n,).
@@ -175,10 +195,17 @@ class WindowStore:
         return len(self.names)
 
     # -- writes -----------------------------------------------------------
-    def add(self, cols: EventColumns) -> np.ndarray:
+    def add(self, cols: EventColumns, learn: np.ndarray | None = None) -> np.ndarray:
         """Add validated events to the counters and every signal's windows; returns ``late_mask``, bool
         (n,): the events that fell out of the short ring (still counted where a signal's windows reach
-        back further, e.g. the latency baseline)."""
+        back further, e.g. the latency baseline).
+
+        ``learn``: bool (n,), True for the events of channels whose baselines learn now (SPEC §4.2: the
+        engine passes ``state in (healthy, no_data)`` of each event's channel; None: every event). The
+        short windows take every event (detection needs them); the 24 h baselines of the signals'
+        windows (:meth:`SignalWindows.add_learning`) skip the others, for at most
+        :attr:`learn_hold_ms` of event time per hold (:meth:`baseline_mask`).
+        """
         n = len(cols)
         if n == 0:
             return np.zeros(0, bool)
@@ -192,9 +219,38 @@ class WindowStore:
         np.maximum.at(self.last_ts_ms, cols.channel, cols.ts_ms)
         hi = int(cols.ts_ms.max())
         self.watermark_ms = hi if self.watermark_ms is None else max(self.watermark_ms, hi)
+        base = self.baseline_mask(cols, learn)
         for ext in self.extensions.values():
-            ext.add(cols, late)
+            ext.add_learning(cols, late, base)
         return late
+
+    def baseline_mask(self, cols: EventColumns, learn: np.ndarray | None) -> np.ndarray | None:
+        """The events of ``cols`` that enter the baselines: bool (n,), or None for all of them.
+
+        ``learn`` as in :meth:`add` (all events of one channel in a batch share their channel's value).
+        A channel whose events are not learning starts a hold at its first such event's ``ts_ms``
+        (:attr:`held_since_ms`); its events learn again once they are :attr:`learn_hold_ms` or more
+        after that start (the cap, :data:`LEARN_HOLD_MS`), and the hold ends with its first learning
+        event. Vectorised: a few array operations per batch, none per event.
+        """
+        held = self.held_since_ms
+        ch = cols.channel
+        if learn is None or bool(np.all(learn)):
+            if self._holding:
+                held[ch] = -1
+                self._holding = bool((held >= 0).any())
+            return None
+        learn = np.asarray(learn, dtype=bool)
+        held[ch[learn]] = -1
+        skip = ~learn
+        hc = ch[skip]
+        fresh = held[hc] < 0  # channels entering a hold: it starts at their first held event of the batch
+        if fresh.any():
+            first = hc[fresh]
+            held[first] = np.iinfo(np.int64).max
+            np.minimum.at(held, first, cols.ts_ms[skip][fresh])
+        self._holding = True
+        return learn | (cols.ts_ms - held[ch] >= self.learn_hold_ms)
 
     # -- reads ------------------------------------------------------------
     def view(self, now_ms: int, since_ms: np.ndarray | None = None, rows: np.ndarray | None = None) -> WindowView:
@@ -272,6 +328,8 @@ class WindowStore:
         self.tiers = list(cast(list[str | None], state["tiers"]))
         self._index = {n: i for i, n in enumerate(self.names)}
         self.last_ts_ms = np.asarray(state["last_ts_ms"], dtype=np.int64).copy()
+        self.held_since_ms = np.full(max(self.last_ts_ms.shape[0], self.short.capacity), -1, dtype=np.int64)
+        self._holding = False
         self.watermark_ms = state["watermark_ms"]  # type: ignore[assignment]
         saved = dict(state.get("extensions") or {})  # type: ignore[call-overload]
         for name, ext in self.extensions.items():
