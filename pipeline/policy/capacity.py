@@ -85,7 +85,10 @@ class CapacityModel:
         self.usual_counts: dict[int, tuple[float, float]] = {}
 
     def note_share(self, i: int, share: float) -> None:
-        """Channel ``i`` held ``share`` (in [0, 1]) of its route during the round that just ended."""
+        """Channel ``i`` held ``share`` (in [0, 1]) of its route during the round that just ended. A channel
+        that never held less than the whole route (alone on it) is not tracked: no memory, no cost."""
+        if share >= 1.0 and i not in self.held:
+            return
         h = self.held.setdefault(i, [])
         h.append(float(share))
         if len(h) > LOAD_ROUNDS:
