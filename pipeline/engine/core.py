@@ -498,6 +498,8 @@ class Engine:
                     i, float(view.judged_1m[j]), float(view.failures_1m[j]), now_ms) is not None:
                 h = [x for x in h if x != "error_rate"]  # SPEC §4.2: overload, not breakage: a cap, not open
                 s.append(OVER_CAPACITY)
+            elif capacity.over_cap(i):
+                s.append(OVER_CAPACITY)  # still carrying more than its cap (nobody to take the excess)
             changed[j] = m.step(now_ms, h, s, view.judged_5m[j], view.failures_5m[j],
                                 int(last_ts[j]) if last_ts[j] > 0 else None, cfg,
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))

@@ -24,7 +24,8 @@ significantly more than usual: the Clopper-Pearson lower bound of that rate is a
 healthy rounds (counts decayed by ``1 - USUAL_ALPHA`` per round). A capped channel that does fail more
 at its cap is broken after all: the trip stands.
 
-Then the trip is not passed on: the channel is ``degraded`` with the reason ``over_capacity`` and gets
+Then the trip is not passed on: the channel is ``degraded`` with the reason ``over_capacity`` (kept while it
+carries more than its cap: :meth:`CapacityModel.over_cap`) and gets
 ``max_share`` = its usual share (multiplicative decrease on a repeat: ``DECREASE x`` the share it held,
 never under the usual share), published in its verdict's metrics; the route's shares respect it
 (:func:`cap_shares`). Each round the channel is clean at its cap, the cap grows by ``INCREASE``
@@ -158,6 +159,13 @@ class CapacityModel:
         self.judged_since_ms[i] = int(now_ms)
         return cap
 
+
+    def over_cap(self, i: int) -> bool:
+        """Whether capped channel ``i`` held more than its cap (+0.01) in its last round: it stays
+        ``over_capacity`` (degraded) while it does, even on a round its restarted detectors are quiet."""
+        cap = self.max_share.get(i)
+        h = self.held.get(i)
+        return cap is not None and bool(h) and h[-1] > cap + 0.01  # type: ignore[index]
 
     def _fine_at_cap(self, i: int, requests_1m: float, failures_1m: float) -> bool:
         """Whether capped channel ``i``'s last minute is not failing significantly more than usual."""

@@ -123,3 +123,15 @@ def test_cap_shares_moves_the_excess_to_receivers_within_their_caps():
     assert s.tolist() == pytest.approx([0.5, 0.05 + 0.95 * 0.4 / 1.42, 0.05 + 0.47 * 0.4 / 1.42])
     # nobody may take it: the traffic has to go somewhere
     assert cap_shares(np.array([1.0, 0.0]), np.array([0.5, 1.0]), np.array([False, False])).tolist() == [1.0, 0.0]
+
+
+def test_over_capacity_is_kept_while_the_channel_carries_more_than_its_cap():
+    """While nobody can take its excess (the primary is out) the capped backup stays over_capacity even on
+    a round its restarted detectors are quiet; at or under its cap it is not (seed-free: pure bookkeeping)."""
+    m = _learned()
+    for _ in range(3):
+        m.note_share(0, 1.0)
+    m.overloaded(0, 800.0, 24.0)
+    assert m.over_cap(0)
+    m.note_share(0, 0.5)
+    assert not m.over_cap(0) and not m.over_cap(1)
