@@ -175,6 +175,14 @@ def _cost(m: Metrics) -> str:
             + (f" ({count(n)} requests over 10 min)" if n is not None else ""))
 
 
+def _over_capacity(m: Metrics) -> str:
+    cap = _f(m, "max_share")
+    share = _opt(m, "route_share")
+    r1 = _opt(m, "error_rate_1m")
+    return (f"over capacity: cap {pct(cap)} of the route" + (f", taking {pct(share)}" if share is not None else "")
+            + (f", {pct(r1)} failing last minute" if r1 is not None else ""))
+
+
 def _no_data(m: Metrics) -> str:
     return "no requests seen in the window"
 
@@ -190,6 +198,7 @@ RENDERERS: dict[str, Renderer] = {
     "slow_stream": _slow_stream,
     "cost": _cost,
     "no_data": _no_data,
+    "over_capacity": _over_capacity,  # SPEC §4.2: a learned capacity cap (pipeline.policy.capacity)
 }
 
 

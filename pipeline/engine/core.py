@@ -45,6 +45,7 @@ from pipeline.signals import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig, threshold_arrays
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
+from pipeline.policy.capacity import OVER_CAPACITY
 from pipeline.policy.state_machine import HALF_OPEN, HEALTHY, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
 from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
@@ -478,6 +479,10 @@ class Engine:
         never = np.iinfo(np.int64).min // 2
         since = np.array([never if (t := self.machines[i].judged_since_ms) is None else t for i in rows],
                          dtype=np.int64)
+        if capped := self.routes.capacity.judged_since_ms:  # SPEC §4.2: a capped channel is judged since
+            for j, i in enumerate(rows.tolist()):          # its last overloaded round
+                if (t := capped.get(i)) is not None and t > since[j]:
+                    since[j] = t
         view = self.store.view(now_ms, since_ms=since, rows=rows)
         n = rows.shape[0]
         hard = [d.detect(view, th, np.zeros(n, bool)) for d in self.hard]
@@ -497,6 +502,7 @@ class Engine:
             advisory.append(f)
             acting.append(f.fired & (getattr(th, key) > 0) if key is not None else np.zeros(n, bool))
         last_ts = self.store.last_ts_ms[rows]
+        capacity = self.routes.capacity
         changed, stepped = np.zeros(n, bool), np.ones(n, bool)
         for j, i in enumerate(rows.tolist()):
             m = self.machines[i]
@@ -509,6 +515,15 @@ class Engine:
             if m.state == OPEN:
                 h = []  # cooldown runs from the first trip; probes judge it later
             s = [f.reason for f in soft if f.fired[j]] + [f.reason for f, a in zip(advisory, acting) if a[j]]
+            if (held := self.routes.last_share(i)) is not None:
+                capacity.note_share(i, held)
+            fired = bool(h)
+            if "error_rate" in h and m.state != HALF_OPEN and capacity.overloaded(
+                    i, float(view.judged_1m[j]), float(view.failures_1m[j]), now_ms) is not None:
+                h = [x for x in h if x != "error_rate"]  # SPEC §4.2: overload, not breakage: a cap, not open
+                s.append(OVER_CAPACITY)
+            elif capacity.over_cap(i):
+                s.append(OVER_CAPACITY)  # still carrying more than its cap (nobody to take the excess)
             changed[j] = m.step(now_ms, h, s, view.judged_5m[j], view.failures_5m[j],
                                 int(last_ts[j]) if last_ts[j] > 0 else None, cfg,
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
@@ -516,6 +531,7 @@ class Engine:
                 self.runs.reset(i)
             # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
             m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
+            capacity.learn(i, not fired, m.state == HEALTHY, float(view.judged_1m[j]), float(view.failures_1m[j]))
         self.changed[rows[stepped]] = True
         self.fail_since_eval[rows] = 0.0
         self.judged_since_eval[rows] = 0.0
@@ -537,6 +553,8 @@ class Engine:
             extra, caller = self.classes.metrics(i, now_ms)
             if extra:
                 metrics.update(extra)
+            if (cap := capacity.max_share.get(i)) is not None:
+                metrics["max_share"] = round(cap, 4)  # SPEC §4.2: the learned capacity cap
             # hard findings beside the trip reasons only while open (a probe is judged on its own traffic)
             hard_now = [f.reason for f in hard if f.fired[j]] if m.state == OPEN else ()
             route_reasons = ([ROUTE_PANIC] if i in panic else []) + ([ROUTE_DOWN] if down and

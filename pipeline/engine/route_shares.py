@@ -29,11 +29,16 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.policy.capacity import CapacityModel, cap_shares
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares, has_hard_fault, panic_floor, probe_capped
 from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, ChannelMachine
 from pipeline.state.channel_state import MAX_SAVED_ROUTE, RouteShareRecord
 from pipeline.windows.store import WindowStore
+
+#: A channel failing up to this much more (recent failure ratio, absolute) than a capped channel may
+#: take its excess: a capped channel over its cap fails more than its ratio shows (it is overloaded).
+RECEIVER_MARGIN = 0.01
 
 
 class RouteShares:
@@ -69,6 +74,8 @@ class RouteShares:
         self.panic_weight: dict[int, float] = {}
         #: routes whose every channel has a hard fault (reason ``route_down``), as of their last round.
         self.down_routes: set[str] = set()
+        #: SPEC §4.2 capacity, not breakage: usual shares and learned ``max_share`` per channel index.
+        self.capacity = CapacityModel()
 
     def export_route_shares(self, i: int) -> RouteShareRecord | None:
         """The shares of channel ``i``'s route, for its snapshot: None before the route's first round,
@@ -148,6 +155,20 @@ class RouteShares:
             probing = probing & ~panicked  # a channel kept by the floor is not held to its probe share
         return tuple(weights.tolist()), probing
 
+    def _caps(self, idx: list[int], w: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(caps, receivers)`` of a route's channels ``idx`` at weights ``w`` when one of them has a
+        learned ``max_share`` (:mod:`pipeline.policy.capacity`), else None. Receivers: uncapped channels
+        with weight whose recent failure ratio is at most the lowest of the capped ones plus
+        :data:`RECEIVER_MARGIN` (an excess is moved only to a channel that serves it about as well or better)."""
+        learned = self.capacity.max_share
+        if not learned or not any(i in learned for i in idx):
+            return None
+        caps = np.array([learned.get(i, 1.0) for i in idx])
+        ratio = np.array([self._fail_ratio.get(i, 0.5) for i in idx])
+        line = float(ratio[caps < 1.0].min())
+        receivers = (caps >= 1.0) & (np.array(w) > 0) & (ratio <= line + RECEIVER_MARGIN)
+        return caps, receivers
+
     def keep_on_trip(self, i: int) -> float | None:
         """The weight channel ``i`` keeps when a failure run trips it between rounds, or None (it drops
         to 0): kept (reason ``route_panic``) when nothing else of its route has weight, it has no hard
@@ -199,7 +220,10 @@ class RouteShares:
                 start = (now_ms, self.prev_shares.get(r))
                 self._share_round[r] = start
             w, probing = self._protect(r, idx, tuple(machines[i].weight for i in idx))
-            key = w if probing is None else (*w, *probing.tolist())
+            key: tuple[float | bool, ...] = w if probing is None else (*w, *probing.tolist())
+            caps = self._caps(idx, w)
+            if caps is not None:
+                key = (*key, *caps[0].tolist(), *caps[1].tolist())
             cached = self._share_cache.get(r)
             if cached is not None and cached[0] == key and cached[1] is start[1]:
                 s, values = cached[2], cached[3]  # same weights from the same start: same shares
@@ -207,6 +231,8 @@ class RouteShares:
                 s = bounded_shares(np.array(w), start[1], self.policy.max_share_growth)
                 if probing is not None:
                     s = probe_capped(s, np.array(w), probing, 1.0 - self.policy.max_penalty)
+                if caps is not None:
+                    s = cap_shares(s, caps[0], caps[1])
                 if start[1] is not None and s.shape == start[1].shape and np.array_equal(s, start[1]):
                     s = start[1]  # unchanged (settled): keep the object, so the next round finds it cached
                 values = s.tolist()

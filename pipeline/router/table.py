@@ -30,6 +30,12 @@ Rules:
   normalised: forcing one of two equal channels to 0.5 gives it 1/3, forcing
   it open gives the other all. Applied at once, not ramped: it is the last
   resort. A route freeze needs nothing here: the worker holds the shares.
+- **Capacity caps are kept.** A channel whose verdict carries ``metrics.max_share`` (SPEC §4.2: a
+  learned capacity, in (0, 1)) is overloaded above that share of the route. The engine's
+  ``route_share`` already respects it; when the table re-normalises itself (an override, or the
+  ``weights`` fallback) a capped channel is held to its cap and the excess goes to the uncapped
+  channels with a share, in proportion to their shares (none: the shares stay, the traffic has to
+  go somewhere). ``RouteWeights.max_shares`` lists the caps.
 - **Fail-static.** When the newest verdict of a route was received more than
   ``stale_after_s`` ago (the pipeline stopped), the last known shares are
   still returned, flagged ``stale``; a fresh verdict clears the flag.
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from pipeline.contracts import Verdict
@@ -69,6 +75,8 @@ class RouteWeights:
     all_open: bool
     source: str = "route_share"
     overridden: tuple[str, ...] = ()
+    #: channel -> its learned capacity cap (``metrics.max_share``), for the capped channels only.
+    max_shares: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -178,6 +186,7 @@ class HealthTable:
             all_open=total <= 0,
             source=source,
             overridden=overridden,
+            max_shares={c: cap for c, e in zip(names, entries) if (cap := _max_share(e.verdict)) is not None},
         )
 
     def snapshot(self) -> dict[str, dict]:
@@ -234,4 +243,30 @@ def route_shares(verdicts: list[Verdict]) -> tuple[dict[str, float], str, tuple[
         else:
             x[v.channel] = float(v.weight)
     total = sum(x.values())
-    return {c: (w / total if total > 0 else 0.0) for c, w in x.items()}, source, overridden
+    out = {c: (w / total if total > 0 else 0.0) for c, w in x.items()}
+    if overridden or not usable:  # re-normalised here: keep the capacity caps the engine's shares kept
+        out = _capped(out, {v.channel: cap for v in verdicts if (cap := _max_share(v)) is not None
+                            and v.channel not in overridden})
+    return out, source, overridden
+
+
+def _max_share(v: Verdict) -> float | None:
+    """A verdict's learned capacity cap (``metrics.max_share`` in (0, 1)), or None."""
+    cap = v.metrics.get("max_share")
+    return float(cap) if isinstance(cap, (int, float)) and 0 < cap < 1 else None
+
+
+def _capped(shares: dict[str, float], caps: dict[str, float]) -> dict[str, float]:
+    """``shares`` (summing to 1 or 0) with each capped channel at most its cap, the excess moved to the
+    uncapped channels with a share, in proportion to their shares; unchanged when none has one.
+
+    >>> _capped({"a": 0.9, "b": 0.1}, {"a": 0.6})
+    {'a': 0.6, 'b': 0.4}
+    """
+    excess = sum(max(0.0, shares[c] - cap) for c, cap in caps.items() if c in shares)
+    takers = {c: s for c, s in shares.items() if c not in caps and s > 0}
+    base = sum(takers.values())
+    if excess <= 1e-12 or base <= 0:
+        return shares
+    return {c: (min(s, caps[c]) if c in caps else s + excess * takers.get(c, 0.0) / base)
+            for c, s in shares.items()}

@@ -174,7 +174,8 @@ def summary_lines(changes: dict[str, list[Verdict]], faults: dict[str, tuple[int
     ``start_ms``: scenario time 0; ``end_ms``: the run's last event time.
     A channel that never left ``healthy`` (or ``no_data``) gets one short
     line; a channel that went bad with no fault injected says so (a false
-    alarm, in a simulation).
+    alarm, in a simulation), unless it was overloaded by the route's traffic
+    (reason ``over_capacity``, SPEC §4.2: capped, not opened).
     """
     out = []
     for ch in sorted(set(changes) | set(faults)):
@@ -187,7 +188,12 @@ def summary_lines(changes: dict[str, list[Verdict]], faults: dict[str, tuple[int
             continue
         first = bad[0]
         parts = [when]
-        delay = f", {fmt_duration(first.ts_ms - fault[0])} after the fault began" if fault else " (false alarm)"
+        if fault:
+            delay = f", {fmt_duration(first.ts_ms - fault[0])} after the fault began"
+        elif any("over_capacity" in v.reasons for v in bad):  # SPEC §4.2: the load it took, capped
+            delay = " (over capacity: the route's load, no fault of its own)"
+        else:
+            delay = " (false alarm)"
         parts.append(f"first {first.state} {fmt_offset(first.ts_ms, start_ms)}{delay} "
                      f"({', '.join(first.reasons) or '-'})")
         trip = next((v for v in vs if v.state == "open"), None)

@@ -56,6 +56,13 @@ def test_unknown_codes_render_generically_from_their_metrics(code: str, metrics:
     assert render_reason(code, metrics) == expected
 
 
+def test_over_capacity_shows_the_cap_the_share_taken_and_the_failures() -> None:
+    """Issue #33 part 2: the capped backup's reason in numbers (before: the generic 'over capacity' line)."""
+    m = {"max_share": 0.549, "route_share": 1.0, "error_rate_1m": 0.0178}
+    assert render_reason("over_capacity", m) == ("over capacity: cap 55 % of the route, taking 100 %, "
+                                                 "1.8 % failing last minute")
+
+
 def test_a_known_code_with_its_numbers_missing_falls_back_instead_of_blanking() -> None:
     assert render_reason("latency_p95_ratio", {"p95_ms": None, "latency_p95_ratio": 2.5}) == \
         "latency p95 ratio (latency_p95_ratio 2.5)"

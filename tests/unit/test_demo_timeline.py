@@ -102,6 +102,17 @@ def test_summary_of_a_channel_still_open_and_of_a_false_alarm():
     ]
 
 
+def test_summary_of_an_overloaded_backup_is_not_a_false_alarm():
+    """Issue #33 part 2: a backup capped for the route's load (reason over_capacity) is not a fault of its
+    own; before, the summary called it a false alarm."""
+    tl = Timeline(S)
+    feed(tl, [v(0, "healthy", channel="x"), v(50, "degraded", ["over_capacity"], channel="x"),
+              v(300, "healthy", channel="x")])
+    lines = summary_lines(tl.changes, {}, S, S + 400_000)
+    assert lines[0].startswith("x: no fault; first degraded +00:00:50 (over capacity: the route's load, no fault "
+                               "of its own) (over_capacity)"), lines
+
+
 def test_the_summary_says_how_long_a_route_had_no_channel_in_service():
     """Issue #33: the demo shows the route's blackout (every channel's latest weight 0), not only states."""
     tl = Timeline(S)

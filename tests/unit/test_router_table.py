@@ -280,3 +280,27 @@ def test_router_shares_grow_within_the_engine_bound_when_the_primary_flips(clock
     assert {"open", "half_open", "recovering"} <= states
     assert rounds > 80
     assert raw_jumps >= 1  # raw weights normalised by the router would have broken the bound
+
+
+# -- issue #33 part 2: a learned capacity cap (metrics.max_share) survives the table's own normalising ------
+
+def test_capacity_cap_is_kept_when_the_table_renormalises(table: HealthTable) -> None:
+    """The engine's route_share respects max_share already (used as published); an override or the
+    weights fallback re-normalises in the table, and then the cap is applied here (before: forcing the
+    third channel open gave the capped channel 0.375, the weights fallback 1/3; and no max_shares)."""
+    capped = Verdict(channel="b", route="chat-70b", state="degraded", weight=0.5, reasons=["over_capacity"],
+                     metrics={"route_share": 0.3, "max_share": 0.3}, ts_ms=T0_MS + 30_000, seq=1)
+    table.update(share_verdict("a", 1.0, 0.5, 1))
+    table.update(capped)
+    table.update(share_verdict("c", 1.0, 0.2, 1))
+    rw = table.weights("chat-70b")
+    assert rw.shares == pytest.approx({"a": 0.5, "b": 0.3, "c": 0.2})  # as published
+    assert rw.max_shares == {"b": 0.3}
+    # operator forces c open: a = 0.5 x 3, b = 0.3 x 3 -> b 0.375 over its cap 0.3: the 0.075 goes to a
+    table.update(share_verdict("c", 0.0, 0.0, 2, override={"kind": "open", "weight": 0.0, "state": "open"}))
+    assert table.weights("chat-70b").shares == pytest.approx({"a": 0.7, "b": 0.3, "c": 0.0})
+    # an older worker without route_share: weights 1.0 / 0.5 -> 2/3 / 1/3, b held to 0.3
+    t2 = HealthTable(stale_after_s=90.0)
+    t2.update(verdict("a", 1.0, 1))
+    t2.update(msgspec.structs.replace(capped, metrics={"max_share": 0.3}))
+    assert t2.weights("chat-70b").shares == pytest.approx({"a": 0.7, "b": 0.3})
