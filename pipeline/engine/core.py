@@ -139,7 +139,8 @@ class Engine:
                                    self.mark_changed)
         self.state = StateIO(self)
         self.classes = ErrorClasses(self.machines, self.policy,
-                                    lambda i: bool(self.residency.resident[i]) if i < self.store.n_channels else False)
+                                    lambda i: bool(self.residency.resident[i]) if i < self.store.n_channels else False,
+                                    self.routes.capacity.share_rose)
 
     def _export_channel(self, i: int) -> bytes:
         """Snapshot bytes of channel row ``i`` (for :class:`Residency` to evict it)."""

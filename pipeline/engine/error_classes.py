@@ -13,7 +13,10 @@ vectorised comparison):
   the same ``account``; a channel without an account opens alone;
 - ``rate_limited``: the channel opens with reason ``rate_limited`` for the event's ``retry_after_s``
   (bounded by ``rate_limit_max_ms``), or, without one, at the ``rate_limit_trip_events``-th such event
-  within ``rate_limit_trip_window_ms`` for the 429 schedule; never over an ``open`` of another cause;
+  within ``rate_limit_trip_window_ms`` for the 429 schedule; never over an ``open`` of another cause.
+  A 429 without ``retry_after_s`` on a channel that ``overloaded(row)`` says took more share than it
+  usually carries (SPEC §4.2 capacity, not breakage) starts no cooldown: it stays a failure of the
+  windows, and the round's capacity test (:mod:`pipeline.policy.capacity`) caps or opens the channel;
 - ``transient``: nothing here (the §4 detectors).
 
 The account of a channel is read from its first event seen here and from each of its hard-class
@@ -65,13 +68,17 @@ class ErrorClasses:
 
     ``machines``: the engine's state machines (shared list, by row); ``policy``: the defaults
     (:class:`~pipeline.policy.defaults.PolicyConfig`); ``resident``: row → whether its windows are in
-    memory (an evicted sibling is not opened: it is judged again when it comes back).
+    memory (an evicted sibling is not opened: it is judged again when it comes back); ``overloaded``:
+    row → whether its 429s without ``retry_after_s`` are the share it took, not a rate limit
+    (:meth:`CapacityModel.share_rose <pipeline.policy.capacity.CapacityModel.share_rose>`; default: never).
     """
 
-    def __init__(self, machines: list[ChannelMachine], policy: PolicyConfig, resident: Callable[[int], bool]):
+    def __init__(self, machines: list[ChannelMachine], policy: PolicyConfig, resident: Callable[[int], bool],
+                 overloaded: Callable[[int], bool] | None = None):
         self.machines = machines
         self.policy = policy
         self.resident = resident
+        self.overloaded = overloaded
         #: Per row: its account, once read (None: none sent); ``read`` whether it was read.
         self.account: list[str | None] = []
         self.read = np.zeros(0, bool)
@@ -145,6 +152,8 @@ class ErrorClasses:
                 if e.retry_after_s is not None:
                     cooldown: int | None = int(min(cfg.rate_limit_max_ms, max(1_000, round(e.retry_after_s * 1000))))
                 else:
+                    if self.overloaded is not None and self.overloaded(row):
+                        continue  # SPEC §4.2: overload, not a rate limit: the round's capacity test decides
                     recent = self.recent_429.setdefault(row, deque(maxlen=cfg.rate_limit_trip_events))
                     recent.append(now)
                     if len(recent) < cfg.rate_limit_trip_events or now - recent[0] > cfg.rate_limit_trip_window_ms:

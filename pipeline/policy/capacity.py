@@ -160,6 +160,25 @@ class CapacityModel:
         return cap
 
 
+    def share_rose(self, i: int) -> bool:
+        """Whether channel ``i`` is capped or its largest share of the last :data:`LOAD_ROUNDS` rounds rose
+        over its usual share by the rule of :meth:`overloaded` (``RISE_FACTOR`` x and ``RISE_MIN_ABS``).
+        Its 429s without ``Retry-After`` then start no rate-limit cooldown (SPEC §4.1): they stay failures
+        of its last minute and feed the same capacity test as its other failures (SPEC §4.2).
+
+        >>> m = CapacityModel()
+        >>> for _ in range(20): m.note_share(0, 0.5); m.learn(0, True, True)
+        >>> before = m.share_rose(0); m.note_share(0, 1.0); before, m.share_rose(0)
+        (False, True)
+        """
+        if i in self.max_share:
+            return True
+        u, h = self.usual.get(i), self.held.get(i)
+        if u is None or not h:
+            return False
+        held = max(h)
+        return held >= RISE_FACTOR * u and held >= u + RISE_MIN_ABS
+
     def over_cap(self, i: int) -> bool:
         """Whether capped channel ``i`` held more than its cap (+0.01) in its last round: it stays
         ``over_capacity`` (degraded) while it does, even on a round its restarted detectors are quiet."""

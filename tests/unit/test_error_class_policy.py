@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import msgspec
+import pytest
 
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
@@ -184,3 +185,38 @@ def test_message_is_redacted_escaped_and_cut():
     assert redact_message(None) == ""
     e = msgspec.convert(_err("c", T0, 401, error_message="余额不足"), RequestEvent)
     assert e.error_message == "余额不足"
+
+
+def _overload_429(retry_after_s: float | None) -> list[dict]:
+    """Route r, 50/50: the primary answers 503 from 900 s to 1500 s, so the backup takes the whole route;
+    from 960 s the backup answers a burst of three 429s every 30 s (2.5 % of its requests; with or without
+    ``retry_after_s``): the failures a backup sheds over its capacity."""
+    chans = {"p/m@paid": {}, "b/m@paid": {}}
+    extra = {} if retry_after_s is None else {"retry_after_s": retry_after_s}
+
+    def fail(ch: str, i: int, t: float) -> dict | None:
+        if ch == "p/m@paid" and 900 <= t < 1500:
+            return {"http": 503}
+        if ch == "b/m@paid" and 960 <= t < 1500 and i % 120 in (0, 4, 8):
+            return {"http": 429, **extra}
+        return None
+    return _stream(chans, 0, 1800, fail)
+
+
+def test_429s_without_retry_after_on_a_backup_over_its_share_feed_the_cap_not_a_cooldown():
+    # SPEC §4.2 "429s feed the same estimate": the backup's 429s (3 within 10 s, no Retry-After) came with
+    # the share it took (0.5 -> 1.0), so they start no rate_limited cooldown: they are failures of its
+    # last minute, and the round's capacity test caps it at its usual share (0.5) with over_capacity.
+    # On the code before (SPEC §4.1 alone) the backup opened with rate_limited at its first burst (960 s)
+    # and the route's only channel in service was out.
+    _, verdicts = replay(_overload_429(None))
+    backup = [v for v in verdicts if v.channel == "b/m@paid"]
+    assert not [v for v in backup if v.state == "open" or "rate_limited" in v.reasons]
+    capped = [v for v in backup if "over_capacity" in v.reasons]
+    # its usual share: 0.5 before the outage, moved by the EWMA (alpha 0.05) over the <= 4 clean rounds at
+    # share ~1.0 between the primary's trip and the first burst's round: 0.5 + 0.5 * (1 - 0.95**4) = 0.593
+    assert capped and 0.5 < capped[0].metrics["max_share"] <= 0.593 and 960 < _t(capped[0]) <= 1080  # within 2 min of the first burst
+    # a 429 with Retry-After is the provider's word: it is honoured (SPEC §4.1), share rise or not
+    _, verdicts = replay(_overload_429(30.0))
+    first = next(v for v in verdicts if v.channel == "b/m@paid" and v.state == "open")
+    assert first.reasons[0] == "rate_limited" and _t(first) == pytest.approx(960, abs=0.1)
