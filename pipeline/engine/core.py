@@ -515,6 +515,8 @@ class Engine:
             h = [f.reason for f in hard if f.fired[j]]
             if m.state == OPEN:
                 h = []  # cooldown runs from the first trip; probes judge it later
+                if not m.cause and m.cooldown_ms > cfg.open_cooldown_ms and self.routes.peer_over_cap(i):
+                    m.cooldown_ms = cfg.open_cooldown_ms  # SPEC §4.2: no backoff while a peer is over its cap
             s = [f.reason for f in soft if f.fired[j]] + [f.reason for f, a in zip(advisory, acting) if a[j]]
             if (held := self.routes.last_share(i)) is not None:
                 capacity.note_share(i, held)

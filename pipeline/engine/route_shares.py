@@ -186,6 +186,14 @@ class RouteShares:
         self.panic_weight[i] = w
         return w
 
+    def peer_over_cap(self, i: int) -> bool:
+        """Whether another channel of channel ``i``'s route carried more than its learned ``max_share`` in
+        its last round (:meth:`CapacityModel.over_cap <pipeline.policy.capacity.CapacityModel.over_cap>`):
+        the route lacks the capacity ``i`` would add (SPEC §4.2)."""
+        if not self.capacity.max_share:
+            return False
+        return any(j != i and self.capacity.over_cap(j) for j in self.store.route_members()[self.store.routes[i]])
+
     def last_share(self, i: int) -> float | None:
         """Channel ``i``'s share after its route's last round (None before one)."""
         return self.shares_by_route.get(self.store.routes[i], {}).get(self.store.names[i])

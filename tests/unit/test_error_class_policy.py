@@ -220,3 +220,21 @@ def test_429s_without_retry_after_on_a_backup_over_its_share_feed_the_cap_not_a_
     _, verdicts = replay(_overload_429(30.0))
     first = next(v for v in verdicts if v.channel == "b/m@paid" and v.state == "open")
     assert first.reasons[0] == "rate_limited" and _t(first) == pytest.approx(960, abs=0.1)
+
+
+def test_an_open_channel_whose_peer_is_over_its_cap_is_not_backed_off():
+    # SPEC §4.2: the backoff spares a route the probes of a channel that keeps failing; while the backup
+    # carries more than its learned max_share (the primary is out), each round the primary stays open
+    # costs the backup's overload failures and a failed probe only its probe share for a failure run of 2.
+    # So the primary's re-open cooldown stays the SPEC §4 90 s (a probe every 4th round: the trip is
+    # 0.3 s into a round) instead of 90 s doubling to 15 min. From the backup's cap (1080 s) the probes are
+    # at 1140, 1260, 1380 and 1500 s (the outage's end: that one passes) and the primary recovers at 1590 s.
+    # On the code before, the re-opens backed off (197 s from 1020 s, then 388 s): probes at 1230 s and
+    # 1620 s, the primary out for 120 s after the outage ended.
+    _, verdicts = replay(_overload_429(None))
+    primary = [v for v in verdicts if v.channel == "p/m@paid"]
+    capped_at = min(_t(v) for v in verdicts if v.channel == "b/m@paid" and "over_capacity" in v.reasons)
+    assert capped_at == 1080
+    probes = [_t(v) for k, v in enumerate(primary) if v.state == "half_open" and primary[k - 1].state == "open"]
+    assert [t for t in probes if t >= capped_at] == [1140.0, 1260.0, 1380.0, 1500.0]
+    assert min(_t(v) for v in primary if v.state == "recovering") == 1590
