@@ -16,6 +16,9 @@ its ``litellm_params["model"]`` (pass ``channel_of`` to map otherwise).
 Rules:
 
 - an ``open`` channel (share 0) gets no traffic;
+- a channel with a learned capacity cap (``metrics.max_share``, SPEC §4.2) stays at most at its cap when
+  the shares are re-normalised over the model group (a route channel outside it, a deployment without
+  a verdict): the excess goes to the group's uncapped deployments (:func:`~pipeline.router.table.keep_caps`);
 - stale verdicts: the table's last known shares (fail-static), never equal shares;
 - a deployment whose channel has no verdict yet counts as healthy with an
   equal share of its model group (k deployments: 1/k) before normalising;
@@ -41,7 +44,7 @@ except ImportError as exc:  # an optional extra: say which, instead of a bare "N
     raise ImportError("pipeline.router.litellm_hook needs LiteLLM, an optional extra: "
                       "pip install 'channel-health[litellm]' (or pip install litellm)") from exc
 
-from pipeline.router.table import HealthTable
+from pipeline.router.table import HealthTable, keep_caps
 
 log = logging.getLogger("channel_health.litellm")
 
@@ -79,18 +82,24 @@ class ChannelHealthStrategy(CustomRoutingStrategyBase):
         if not deployments:
             raise ValueError(f"no deployment for model {model!r}")
         k = len(deployments)
-        weights = []
-        for d in deployments:
+        weights, caps = [], {}
+        for j, d in enumerate(deployments):
             channel = self.channel_of(d)
             v = self.table.verdict(channel)
             if v is None:
                 weights.append(1.0 / k)  # no verdict yet: healthy, an equal share
                 continue
-            weights.append(self.table.weights(v.route).shares.get(channel, 0.0))
+            rw = self.table.weights(v.route)
+            weights.append(rw.shares.get(channel, 0.0))
+            if (cap := rw.max_shares.get(channel)) is not None:
+                caps[str(j)] = cap
         total = sum(weights)
         if total <= 0:
             raise AllChannelsOpen(f"every channel of model {model!r} is open per channel-health")
-        return [(d, w / total) for d, w in zip(deployments, weights)]
+        out = {str(j): w / total for j, w in enumerate(weights)}
+        if caps:  # SPEC §4.2: re-normalised over the model group, a capped channel stays at its max_share
+            out = keep_caps(out, caps)
+        return [(d, out[str(j)]) for j, d in enumerate(deployments)]
 
     def get_available_deployment(self, model: str, messages: list | None = None, input: Any = None,
                                  specific_deployment: bool | None = False,

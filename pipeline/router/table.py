@@ -245,7 +245,7 @@ def route_shares(verdicts: list[Verdict]) -> tuple[dict[str, float], str, tuple[
     total = sum(x.values())
     out = {c: (w / total if total > 0 else 0.0) for c, w in x.items()}
     if overridden or not usable:  # re-normalised here: keep the capacity caps the engine's shares kept
-        out = _capped(out, {v.channel: cap for v in verdicts if (cap := _max_share(v)) is not None
+        out = keep_caps(out, {v.channel: cap for v in verdicts if (cap := _max_share(v)) is not None
                             and v.channel not in overridden})
     return out, source, overridden
 
@@ -256,11 +256,12 @@ def _max_share(v: Verdict) -> float | None:
     return float(cap) if isinstance(cap, (int, float)) and 0 < cap < 1 else None
 
 
-def _capped(shares: dict[str, float], caps: dict[str, float]) -> dict[str, float]:
+def keep_caps(shares: dict[str, float], caps: dict[str, float]) -> dict[str, float]:
     """``shares`` (summing to 1 or 0) with each capped channel at most its cap, the excess moved to the
-    uncapped channels with a share, in proportion to their shares; unchanged when none has one.
+    uncapped channels with a share, in proportion to their shares; unchanged when none has one. For a
+    router that re-normalises shares itself (an override here, the LiteLLM hook's model group).
 
-    >>> _capped({"a": 0.9, "b": 0.1}, {"a": 0.6})
+    >>> keep_caps({"a": 0.9, "b": 0.1}, {"a": 0.6})
     {'a': 0.6, 'b': 0.4}
     """
     excess = sum(max(0.0, shares[c] - cap) for c, cap in caps.items() if c in shares)

@@ -72,3 +72,20 @@ def test_all_open_raises_for_litellm_fallbacks_and_unknown_channels_count_equal(
     table.update(v("backup", "open", 0.0, 0.0, 1))
     with pytest.raises(AllChannelsOpen, match="chat-70b"):
         strategy.get_available_deployment("chat-70b")
+
+
+def test_a_capped_channel_stays_at_its_max_share_over_a_smaller_model_group() -> None:
+    # SPEC §4.2: the hook re-normalises the route's shares over the model group's deployments. Route
+    # chat-70b has a third channel (share 0.25) outside this group; the backup is capped at 0.5 and holds
+    # 0.5. Normalised over the group alone the backup would get 0.5 / 0.75 = 0.667 (the code before);
+    # held to its cap it gets 0.5 and the primary the excess: 0.5.
+    table = HealthTable(stale_after_s=90, clock=Clock())
+    router = litellm.Router(model_list=[deployment("primary"), deployment("backup")])
+    strategy = install(router, table, rng=random.Random(7))
+    table.update(v("primary", "recovering", 0.4, 0.25, 1))
+    table.update(Verdict(channel="backup", route="chat-70b", state="degraded", weight=0.5,
+                         reasons=["over_capacity"], metrics={"route_share": 0.5, "max_share": 0.5},
+                         ts_ms=T0 + 30_000, seq=1))
+    table.update(v("third", "healthy", 1.0, 0.25, 1))
+    assert [(d["model_info"]["channel"], round(w, 6)) for d, w in strategy.shares("chat-70b")] == [
+        ("primary", 0.5), ("backup", 0.5)]
