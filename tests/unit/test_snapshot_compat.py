@@ -206,7 +206,10 @@ def test_new_signal_with_new_feature_restores_baselines_and_changes_nothing():
     for f in dataclasses.fields(v_old):
         if f.name != "extra":  # every existing feature, the 24 h baselines included, is intact
             np.testing.assert_array_equal(getattr(v_old, f.name), getattr(v_new, f.name), err_msg=f.name)
-    assert (v_old.base_hours == 2).all() and (v_old.base_n > 1_000).all()  # the complete hours before now
+    # the complete hours before now; since baselines learn from healthy time only (SPEC §4.2, issue #33
+    # part 5) they hold only the healthy minutes: these channels (3 % errors) spend much of the day open or
+    # recovering, c1 the most (495 / 2,916 / 3,001 samples, was > 1,000 each); the equality above is the test
+    assert (v_old.base_hours == 2).all() and (v_old.base_n > 400).all()
     assert v_new.over_1s_5m.tolist() == [0.0] * 3 and v_new.feature("over_1s_1m").tolist() == [0.0] * 3
     assert [vars(m) for m in new.machines] == [vars(m) for m in old.machines] and new.seq == old.seq
     # the restart changes no state: the same events afterwards give the same verdicts
