@@ -44,6 +44,7 @@ from pipeline.config import Settings
 from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.alert.error_class_text import error_class_line
 from pipeline.alert.reasons import override_text
 
 #: Live refresh interval (s): at least once a second (issue #20).
@@ -153,7 +154,11 @@ def query_panels(client: Any) -> tuple[dict[str, dict], int | None]:
 
 def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig,
                 clickhouse_error: str | None = None, panels_now_ms: int | None = None) -> dict:
-    """The board as one JSON-ready dict: ``routes`` → channel → verdict fields, timing and panels."""
+    """The board as one JSON-ready dict: ``routes`` → channel → verdict fields, timing and panels.
+
+    A channel's ``error_class`` is the SPEC §4.1 class behind its verdict (``metrics["error_class"]``, or
+    ``caller`` while the advisory ``caller_errors`` holds; None: none) and ``error_class_text`` its line
+    (:func:`~pipeline.alert.error_class_text.error_class_line`, e.g. "dead key on account acct-a (2 channels)")."""
     now_ms = max((t.verdict.ts_ms for t in book.tracks.values()), default=0)
     routes: dict[str, dict] = {}
     for ch in sorted(set(book.tracks) | set(panels)):
@@ -169,7 +174,10 @@ def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig
                         "reasons": list(v.reasons), "seq": v.seq, "ts_ms": v.ts_ms,
                         "in_state_s": (now_ms - t.since_ms) / 1000,
                         "next": None if nxt is None else {"to": nxt[0], "in_s": nxt[1] / 1000},
-                        "override": None if v.override is msgspec.UNSET else v.override})
+                        "override": None if v.override is msgspec.UNSET else v.override,
+                        "error_class": v.metrics.get("error_class")
+                        or ("caller" if "caller_errors" in v.reasons else None),
+                        "error_class_text": error_class_line(list(v.reasons), v.metrics)})
         else:
             row.update({"state": None, "override": None})
         routes.setdefault(route or "?", {})[ch] = row
@@ -194,7 +202,7 @@ def state_text(row: dict) -> str:
 
 
 #: Panel columns left out, in this order, while the table does not fit a narrow terminal.
-NARROW_DROP = ("quota", "quality 5m", "missing 5m", "P50/P90/P95/P99 ms 5m", "share", "req 1m")
+NARROW_DROP = ("quota", "error class", "quality 5m", "missing 5m", "P50/P90/P95/P99 ms 5m", "share", "req 1m")
 #: Width of a console that is not a terminal (a pipe, a file): wide enough never to wrap a board.
 PIPE_WIDTH = 100_000
 
@@ -268,8 +276,8 @@ def render(board: dict, width: int | None = None) -> Any:
     title = "channel-health watch"
     if board["clickhouse"]["error"]:
         title += f"  ({board['clickhouse']['error']})"
-    cols = ["route", "channel", "state", "weight", "share", "reasons", "req 1m", "P50/P90/P95/P99 ms 5m",
-            "err 1m", "missing 5m", "quality 5m", "quota"]
+    cols = ["route", "channel", "state", "weight", "share", "reasons", "error class", "req 1m",
+            "P50/P90/P95/P99 ms 5m", "err 1m", "missing 5m", "quality 5m", "quota"]
     rows = []
     for route, chans in board["routes"].items():
         for ch, row in chans.items():
@@ -277,7 +285,7 @@ def render(board: dict, width: int | None = None) -> Any:
             lat = p.get("latency_ms_5m") or {}
             rows.append(dict(zip(cols, (
                 route, ch, state_text(row), fmt(row.get("weight")), fmt(row.get("share")),
-                ",".join(row.get("reasons") or []), fmt(p.get("traffic_1m")),
+                ",".join(row.get("reasons") or []), row.get("error_class_text") or "-", fmt(p.get("traffic_1m")),
                 "/".join(fmt(lat.get(k)) for k in ("p50", "p90", "p95", "p99")),
                 fmt(p.get("error_rate_1m"), True), fmt(p.get("missing_rate_5m"), True),
                 fmt(p.get("quality_5m")), fmt(p.get("quota_remaining"))))))

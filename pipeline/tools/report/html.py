@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
+from pipeline.alert.error_class_text import error_class_line
 from pipeline.escape import html_text
-from pipeline.tools.report.data import ReportData, iso_utc
+from pipeline.tools.report.data import CLASS_METRICS, ReportData, iso_utc
 from pipeline.tools.report.plots import PLOTS, STATE_COLOURS
 
 #: Verdict numbers shown in the transitions table (keys of the verdict's metrics).
@@ -123,6 +124,14 @@ def overrides_section(data: ReportData) -> list[str]:
     return ["<h2>Overrides</h2>", _table("overrides", head, rows)]
 
 
+def class_text(verdict: dict[str, Any]) -> str | None:
+    """The error-class line of a verdict row of :data:`~pipeline.tools.report.data.SQL_VERDICTS` (SPEC §4.1,
+    :func:`~pipeline.alert.error_class_text.error_class_line`: "dead key on account acct-a (2 channels) —
+    <message>"), unescaped; None when no class is behind it."""
+    metrics = {k: verdict[k] for k in CLASS_METRICS if verdict.get(k) is not None}
+    return error_class_line(list(verdict.get("reasons") or []), metrics)
+
+
 def render_html(data: ReportData, source: str) -> str:
     """The report page for ``data``; ``source``: where the data came from (a redacted URL), shown in the header."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>channel-health report: "
@@ -143,9 +152,9 @@ def render_html(data: ReportData, source: str) -> str:
         else:
             b64 = base64.b64encode(png).decode("ascii")
             parts.append(f'<figure><img alt="{escape(title)}" src="data:image/png;base64,{b64}"></figure>')
-    head = ["time (UTC)", "channel", "from", "to", "reasons", "weight", *TRANSITION_NUMBERS]
+    head = ["time (UTC)", "channel", "from", "to", "reasons", "error class", "weight", *TRANSITION_NUMBERS]
     rows = [[_td(v["ts"]), _td(v["channel"]), f"<td>{_state(p['state'] if p else None)}</td>",
-             f"<td>{_state(v['state'])}</td>", _td(v["reasons"] or None), _td(v["weight"], True),
+             f"<td>{_state(v['state'])}</td>", _td(v["reasons"] or None), _td(class_text(v)), _td(v["weight"], True),
              *(_td(v[k], True) for k in TRANSITION_NUMBERS)] for p, v in data.transitions()]
     parts += ["<h2>Transitions</h2>", '<p class="note">Every change of state in the window, with the reasons and '
               "the detectors' numbers the worker published (the first verdict of each channel has no 'from').</p>",
