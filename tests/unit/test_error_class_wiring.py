@@ -12,6 +12,7 @@ re-classified as ``transient``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import msgspec
@@ -126,3 +127,27 @@ def test_policy_with_patterns_pickles_and_copies(policy: PolicyConfig) -> None:
         assert clone.error_patterns == policy.error_patterns
         assert clone.classifier.classify("error", 500, None, RETIRED["error_message"], "acme") == "credential"
 
+
+
+def test_scorecard_policy_file_classifies_the_scenario_events(tmp_path: Path) -> None:
+    # dead-key: OpenAI's 401 "Incorrect API key provided". A policy calling that wording `caller` (the
+    # client's fault) makes channel-health ignore it: the same file changes the scorecard's classes too
+    from typer.testing import CliRunner
+
+    from pipeline.cli.main import app
+
+    p = tmp_path / "policy.toml"
+    p.write_text('[error_classes.openai]\ncaller = ["incorrect api key"]\n')
+    card = {}
+    for name, extra in (("default", []), ("policy", ["--policy", str(p)])):
+        out = tmp_path / f"{name}.json"
+        res = CliRunner().invoke(app, ["scorecard", "--seeds", "1", "--scenarios", "dead-key", "--json", str(out),
+                                       *extra])
+        assert res.exit_code == 0, res.output
+        card[name] = json.loads(out.read_text())["scenarios"][0]["policies"]["channel-health"]
+    assert card["default"]["detected"] == 1 and card["default"]["detection_delay_s"] < 1.0  # the first 401
+    assert card["policy"]["detected"] == 0 and card["policy"]["detection_delay_s"] is None
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[error_classes.openai]\ncredential = ["(x"]\n')
+    res = CliRunner().invoke(app, ["scorecard", "--seeds", "1", "--scenarios", "dead-key", "--policy", str(bad)])
+    assert res.exit_code == 2 and "error_classes.openai.credential[0]: invalid regex" in res.output
