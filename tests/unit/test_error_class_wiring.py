@@ -151,3 +151,15 @@ def test_scorecard_policy_file_classifies_the_scenario_events(tmp_path: Path) ->
     bad.write_text('[error_classes.openai]\ncredential = ["(x"]\n')
     res = CliRunner().invoke(app, ["scorecard", "--seeds", "1", "--scenarios", "dead-key", "--policy", str(bad)])
     assert res.exit_code == 2 and "error_classes.openai.credential[0]: invalid regex" in res.output
+
+
+def test_tune_proposal_keeps_the_error_class_patterns() -> None:
+    # `tune --policy` writes its proposal from the base file: the patterns (lists of strings) go with it
+    import tomllib
+
+    from pipeline.tools.history.tune import policy_toml
+
+    base = tomllib.loads(POLICY_TOML + 'quota_exhausted = ["say \\"no\\" \\\\d+", "余额不足"]\n')
+    text = policy_toml(base, {"tier.*.error_rate_trip": 0.01}, ["paid"])
+    assert tomllib.loads(text)["error_classes"] == base["error_classes"]
+    assert tomllib.loads(text)["tier"]["paid"]["error_rate_trip"] == 0.01
