@@ -163,3 +163,22 @@ def test_tune_proposal_keeps_the_error_class_patterns() -> None:
     text = policy_toml(base, {"tier.*.error_rate_trip": 0.01}, ["paid"])
     assert tomllib.loads(text)["error_classes"] == base["error_classes"]
     assert tomllib.loads(text)["tier"]["paid"]["error_rate_trip"] == 0.01
+
+
+def test_worker_refuses_a_bad_pattern_table_in_one_line_naming_the_key(tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    import pipeline.stream.app as stream_app
+    from pipeline.cli.main import app
+
+    def never(*args, **kwargs):  # the policy is refused before the worker would start
+        raise AssertionError("run_worker was called")
+
+    monkeypatch.setattr(stream_app, "run_worker", never)
+    p = tmp_path / "policy.toml"
+    p.write_text('[error_classes.acme]\nquota_exhausted = ["(余额"]\n')
+    res = CliRunner().invoke(app, ["worker", "--policy", str(p)],
+                             env={"CHANNEL_HEALTH_KAFKA_BOOTSTRAP": "127.0.0.1:9"})
+    assert res.exit_code == 2
+    assert "error_classes.acme.quota_exhausted[0]: invalid regex '(余额'" in res.output
+    assert "Traceback" not in res.output
