@@ -30,7 +30,7 @@ CALM_STATES = frozenset({"healthy", "no_data"})
 VERDICT_METRICS = ("p95_ms", "baseline_p95_ms", "latency_p95_ratio", "error_rate_5m", "error_rate_lower_5m",
                    "error_rate_trip", "requests_5m", "consecutive_failures", "missing_rate_5m",
                    "quality_score_5m", "quality_baseline", "route_share", "penalty", "quota_remaining",
-                   "quota_drain_per_h")
+                   "quota_drain_per_h", "next_probe_ts_ms")
 
 _SEL = "has({channels:Array(String)}, channel)"
 _WIN = "ts >= {t0:DateTime64(3, 'UTC')} AND ts < {t1:DateTime64(3, 'UTC')}"
