@@ -109,3 +109,29 @@ def test_store_run_writes_the_run_and_marks_its_incident(monkeypatch, tmp_path):
         close_clients()
     assert rows == [("run-1", "drill/a", "errors", 1, 0, plan.fault_start_ms, len(ERRORS_DRILL))]
     assert marked == [("drill/a", plan.fault_start_ms, plan.fault_end_ms, "errors", "drill")]
+
+
+def test_route_channels_counts_the_channels_of_the_route_in_its_last_hour(tmp_path):
+    """A live drill on drill/b expects the route's panic floor only when drill/b is its route's only channel
+    (pipeline.cli.drill.route_channels feeds plan_drill's ``alone``): route r2 has drill/b and a channel that
+    sent 2 h before r2's newest event (gone), route r1 has two live channels."""
+    import msgspec
+
+    from pipeline.cli.drill import route_channels
+    from pipeline.contracts import RequestEvent
+    from pipeline.sinks.clickhouse import ClickHouseSink
+    from pipeline.storage.client import close_clients
+
+    t = 1_750_032_000_000
+    rows = [("drill/a", "r1", t), ("prod/x", "r1", t - 60_000), ("drill/b", "r2", t), ("prod/old", "r2", t - 7_200_000)]
+    settings = Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{tmp_path / 'routes'}")
+    close_clients()
+    try:
+        sink = ClickHouseSink.from_settings(settings)
+        sink.add_events([(msgspec.convert({"event_id": f"e{i}", "ts_ms": ts, "channel": ch, "route": r, "tier": "paid",
+                                           "status": "ok", "latency_ms": 100.0}, RequestEvent), None, None)
+                         for i, (ch, r, ts) in enumerate(rows)])
+        sink.flush()
+        assert (route_channels(settings, "r1"), route_channels(settings, "r2"), route_channels(settings, "r3")) == (2, 1, 0)
+    finally:
+        close_clients()

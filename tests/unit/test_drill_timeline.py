@@ -216,3 +216,20 @@ def test_in_process_quota_drill_degrades_on_quota_opens_cycles_while_refused_the
     assert labels[1] == "open" and "open (probe, fault on)" in labels and labels[-1] == "healthy"
     assert all(r.status == "ok" for r in rows), format_rows(rows)
     assert result.passed
+
+
+def test_a_live_drill_expects_the_floor_only_when_its_channel_is_alone_on_its_route():
+    """A live drill runs on the channel's real route: alone there, its recovery is published under the SPEC §4.2
+    panic floor as on the shadow route "drill"; beside siblings, the plain ramp (they hold the route's weight)."""
+    floored = ["open", "half_open", "recovering 0.50", "recovering 0.40", "recovering 0.60", "recovering 0.80",
+               "healthy"]
+    plain = ["open", "half_open", "recovering 0.10", "recovering 0.20", "recovering 0.30", "recovering 0.40",
+             "recovering 0.60", "recovering 0.80", "healthy"]
+    for route, alone, want in (("drill", None, floored), ("chat-70b", None, plain), ("chat-70b", True, floored),
+                               ("drill", False, plain)):
+        plan = plan_drill("errors", "drill/a", POLICY, end_ms=T0, run_id="r", route=route, alone=alone)
+        assert [s.label for s in plan.steps] == want, (route, alone)
+    # the route's own panic threshold decides: 0 turns the floor off on that route
+    off = dataclasses.replace(POLICY, route_panic_thresholds={"chat-70b": 0.0})
+    plan = plan_drill("errors", "drill/a", off, end_ms=T0, run_id="r", route="chat-70b", alone=True)
+    assert [s.label for s in plan.steps] == plain

@@ -66,8 +66,12 @@ class DrillPlan:
 
 def plan_drill(kind: str, channel: str, policy: PolicyConfig, *, duration_s: float | None = None,
                end_ms: int | None = None, fault_start_ms: int | None = None, route: str = DRILL_ROUTE,
-               run_id: str | None = None) -> DrillPlan:
+               run_id: str | None = None, alone: bool | None = None) -> DrillPlan:
     """Plan a drill of ``kind`` on ``channel`` under ``policy``.
+
+    alone: the channel is the only one of ``route``, so its recovery is published under the route's panic
+    floor (:func:`~.timeline.published_ramp`); None: alone on the drill route (a shadow drill's own
+    traffic), with siblings on any other route.
 
     duration_s: fault length (s, > 0; default the kind's). Place it by ``end_ms`` (the last event; shadow
     drills end now) or by ``fault_start_ms`` (live drills start the fault now); default: ends now.
@@ -82,7 +86,8 @@ def plan_drill(kind: str, channel: str, policy: PolicyConfig, *, duration_s: flo
     dur = float(k.default_duration_s if duration_s is None else duration_s)
     if not dur > 0:
         raise ValueError(f"--duration must be > 0 s, got {dur:g}")
-    steps = tuple(expected_steps(k, policy, int(dur * 1000), DRILL_ROUTE if route == DRILL_ROUTE else None))
+    lone = route == DRILL_ROUTE if alone is None else alone
+    steps = tuple(expected_steps(k, policy, int(dur * 1000), route if lone else None))
     dry = compare(steps, [], 0, int(dur * 1000))
     last_ms = max(r.expected_ms or 0 for r in dry) + max(s.tolerance_ms for s in steps)
     if any(s.cycle for s in steps):  # probe cycles while the fault runs push the recovery back by up to the fault,
