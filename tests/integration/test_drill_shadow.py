@@ -35,11 +35,14 @@ def _drills(kinds: list[str], tmp_path: Path, monkeypatch) -> list:
     for name in ("CHANNEL_HEALTH_KAFKA_BOOTSTRAP", "CHANNEL_HEALTH_CLICKHOUSE_URL", "CHANNEL_HEALTH_TOPIC_PREFIX"):
         monkeypatch.delenv(name, raising=False)
     now = int(time.time() * 1000)
-    plans = [plan_drill(k, f"drill/{k}", POLICY, end_ms=now, run_id=f"t-{k}") for k in kinds]
-    # one stack: the drills follow each other in event time (each channel's clock only moves forward)
+    # one stack: the drills follow each other in event time (each channel's clock only moves forward), each on
+    # a route of its own where it is alone, as a CLI shadow drill is on its stack's route "drill" (on one shared
+    # route the earlier drills' channels would hold the route's weight: no panic floor for the later ones)
+    plans = [plan_drill(k, f"drill/{k}", POLICY, end_ms=now, run_id=f"t-{k}", route=f"drill-{k}", alone=True)
+             for k in kinds]
     span = max(p.end_ms - p.start_ms for p in plans)
-    plans = [plan_drill(k, f"drill/{k}", POLICY, end_ms=now - (len(kinds) - 1 - i) * span, run_id=f"t-{k}")
-             for i, k in enumerate(kinds)]
+    plans = [plan_drill(k, f"drill/{k}", POLICY, end_ms=now - (len(kinds) - 1 - i) * span, run_id=f"t-{k}",
+                        route=f"drill-{k}", alone=True) for i, k in enumerate(kinds)]
     settings = Settings(kafka_bootstrap=None, clickhouse_url="chdb:///unused")
     results = []
     with ShadowStack(settings, "itest", tmp_path / "drill", say=lambda s: None,
