@@ -30,7 +30,7 @@ CALM_STATES = frozenset({"healthy", "no_data"})
 VERDICT_METRICS = ("p95_ms", "baseline_p95_ms", "latency_p95_ratio", "error_rate_5m", "error_rate_lower_5m",
                    "error_rate_trip", "requests_5m", "consecutive_failures", "missing_rate_5m",
                    "quality_score_5m", "quality_baseline", "route_share", "penalty", "quota_remaining",
-                   "quota_drain_per_h")
+                   "quota_drain_per_h", "next_probe_ts_ms")
 #: Verdict metrics of the error class behind a verdict (SPEC §4.1, :mod:`pipeline.engine.error_classes`):
 #: name → ClickHouse type, read for :func:`pipeline.alert.error_class_text.error_class_line`.
 CLASS_METRICS = {"error_class": "Nullable(String)", "account": "Nullable(String)",
