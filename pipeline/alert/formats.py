@@ -65,7 +65,10 @@ def channel_line(v: Verdict, since_ms: int | None = None, policy: Any = None) ->
     if override:
         head += f", {override_text(override)}"
         rendered = f"detectors: {rendered or 'nothing found'}"
-    nxt = next_step(v.state, since_ms, policy.open_cooldown_ms, policy.half_open_observe_ms, override)
+    probe = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
+    probe = float(probe) if isinstance(probe, (int, float)) and not isinstance(probe, bool) and 0 <= probe < 1e14 \
+        else None
+    nxt = next_step(v.state, since_ms, policy.open_cooldown_ms, policy.half_open_observe_ms, override, probe)
     return f"{head}; {rendered or 'no reason given'}; next: {nxt}"
 
 
