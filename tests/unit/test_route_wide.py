@@ -111,3 +111,75 @@ def test_a_channel_clearly_worse_than_the_rest_is_not_equally_bad():
     same = route_wide_members(aff, aff, req, np.array([7.0, 8.0, 6.0, 13.0]))  # 11 % vs 6 %: z 1.9
     assert same.tolist() == [True, True, True, True]
     assert ROUTE_WIDE_WEIGHT == 0.5
+
+
+# --------------------------------------------------------------------------- the engine's part
+
+
+class _Store:
+    """The two things RouteWide reads of the window store: channel routes and route members."""
+
+    def __init__(self, routes: list[str]):
+        self.routes = routes
+
+    def route_members(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for i, r in enumerate(self.routes):
+            out.setdefault(r, []).append(i)
+        return out
+
+
+def _machines(*states: tuple[str, float, list[str], str]):
+    from pipeline.policy.state_machine import ChannelMachine
+
+    out = []
+    for state, weight, reasons, cause in states:
+        m = ChannelMachine()
+        m.state, m.weight, m.reasons, m.cause = state, weight, list(reasons), cause
+        out.append(m)
+    return out
+
+
+def test_engine_part_holds_members_at_the_common_weight_and_keeps_them_on_a_trip():
+    from pipeline.engine.route_wide import RouteWide
+
+    ms = _machines(("open", 0.0, ["error_rate"], ""), ("half_open", 0.05, ["error_rate"], ""),
+                   ("degraded", 0.5, ["latency_p95_ratio"], ""), ("healthy", 1.0, [], ""))
+    wide = RouteWide(_Store(["r"] * 4), ms)  # type: ignore[arg-type]
+    wide.note(np.arange(4), np.full(4, 120.0), np.array([8.0, 7.0, 9.0, 0.0]))
+    panic = {0: 0.5}
+    w, probing = wide.apply([0, 1, 2, 3], (0.5, 0.05, 0.5, 1.0), np.array([False, True, False, False]), panic)
+    assert w == (0.5, 0.5, 0.5, 1.0) and probing is not None and not probing.any()
+    assert wide.weight == {0: 0.5, 1: 0.5, 2: 0.5} and panic == {}  # route_wide, not route_panic
+    assert wide.keep_on_trip(2) == 0.5
+    ms[2].reasons = ["quota_exhausted"]  # a hard fault leaves the group at once
+    assert wide.keep_on_trip(2) is None and 2 not in wide.weight
+    # ramping back after a spent quota (cause kept until healthy) is no route-wide event: none counts now
+    ms[0].cause = ms[1].cause = "quota_exhausted"
+    w, _ = wide.apply([0, 1, 2, 3], (0.0, 0.05, 0.5, 1.0), None, {})
+    assert w == (0.0, 0.05, 0.5, 1.0) and wide.weight == {}
+
+
+def test_engine_part_never_touches_a_two_channel_route():
+    from pipeline.engine.route_wide import RouteWide
+
+    ms = _machines(("open", 0.0, ["error_rate"], ""), ("degraded", 0.5, ["latency_p95_ratio"], ""))
+    wide = RouteWide(_Store(["r", "r"]), ms)  # type: ignore[arg-type]
+    assert wide.apply([0, 1], (0.0, 0.5), None, {}) == ((0.0, 0.5), None) and wide.weight == {}
+
+
+def test_engine_part_peer_finding_from_the_round_view():
+    from pipeline.engine.route_wide import RouteWide
+    from pipeline.windows.view import WindowView
+
+    ms = _machines(*[("healthy", 1.0, [], "")] * 4)
+    wide = RouteWide(_Store(["r", "r", "r", "pair"]), ms)  # type: ignore[arg-type]
+    z = np.zeros(4)
+    view = WindowView(0, z, z, z, z, z, z, z, z, extra={
+        "p95_ms": np.array([3500.0, 1000.0, 1100.0, 9000.0]), "p95_lower_ms": np.array([3300.0, 950.0, 1000.0, 8000.0]),
+        "n_latency_5m": np.array([300.0, 300.0, 300.0, 300.0])})
+    fired, ratio = wide.peer_findings(np.arange(4), view, 30_000)
+    assert fired == [True, False, False, False]  # 3300 >= 3 x 1050; the pair's channel has no peers
+    assert ratio[0] == pytest.approx(3500 / 1050) and np.isnan(ratio[3])
+    thin = WindowView(0, z, z, z, z, z, z, z, z, extra={**view.extra, "n_latency_5m": np.array([30.0, 300, 300, 300])})
+    assert wide.peer_findings(np.arange(4), thin, 60_000)[0][0] is True  # thin window: no evidence, kept
