@@ -1,7 +1,9 @@
 """Webhook payloads of a :class:`~pipeline.alert.grouping.Notification`, one function per format.
 
 Every message carries, per channel: the channel, route, state, reasons with
-the numbers behind them, the weight, and the SQL that shows its history in
+the numbers behind them, the weight, the error class behind them when there is one
+(:func:`~pipeline.alert.error_class_text.error_class_line`: "dead key on account acct-a
+(2 channels) — <the provider's message>"), and the SQL that shows its history in
 ClickHouse (``channel-health query "..."``). :func:`payload` picks the
 function by the route's ``format``.
 
@@ -11,7 +13,9 @@ route, reasons, metric keys) passes the format's own escaper from
 ``terminal_text`` for JSON and PagerDuty text), so a channel named
 ``<!channel>`` or ``[click](https://evil)`` pings nobody and links nowhere;
 the history SQL holds the name as an escaped literal
-(:func:`~pipeline.escape.sql_literal`). Structured fields (``details``)
+(:func:`~pipeline.escape.sql_literal`). The error-class line holds the provider's
+message (SPEC §4.1) and the account, both gateway or provider text: escaped the same way.
+Structured fields (``details``)
 keep the raw values: JSON encoding is already safe.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from pipeline.alert.config import Route
+from pipeline.alert.error_class_text import error_class_line
 from pipeline.alert.grouping import Notification
 from pipeline.contracts import Verdict
 from pipeline.escape import feishu_text, im_markdown, slack_text, sql_literal, terminal_text
@@ -60,7 +65,10 @@ def channel_line(v: Verdict, since_ms: int | None = None, policy: Any = None) ->
     if override:
         head += f", {override_text(override)}"
         rendered = f"detectors: {rendered or 'nothing found'}"
-    nxt = next_step(v.state, since_ms, policy.open_cooldown_ms, policy.half_open_observe_ms, override)
+    probe = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
+    probe = float(probe) if isinstance(probe, (int, float)) and not isinstance(probe, bool) and 0 <= probe < 1e14 \
+        else None
+    nxt = next_step(v.state, since_ms, policy.open_cooldown_ms, policy.half_open_observe_ms, override, probe)
     return f"{head}; {rendered or 'no reason given'}; next: {nxt}"
 
 
@@ -77,7 +85,8 @@ def title(n: Notification, esc: Escaper = terminal_text) -> str:
 
 
 def lines(n: Notification, esc: Escaper = terminal_text, bold: str = "**") -> list[str]:
-    """Body lines (markdown): one block per channel, then resolved channels.
+    """Body lines (markdown): one block per channel (its line, its error-class line when a class is behind
+    the verdict, its history SQL), then resolved channels.
 
     ``esc``: the medium's escaper for every gateway-chosen text; ``bold``: the medium's bold marker
     (``**``, Slack's ``*``, or none for plain text).
@@ -87,6 +96,9 @@ def lines(n: Notification, esc: Escaper = terminal_text, bold: str = "**") -> li
     for v, sev in n.firing:
         out.append(f"- {bold}{esc(v.channel)}{bold} ({esc(sev)}) route {esc(v.route)}: "
                    f"{esc(channel_line(v, since.get(v.channel)))}")
+        cls = error_class_line(v.reasons, v.metrics)
+        if cls:
+            out.append(f"  {esc(cls)}")
         out.append(f"  history: `{history_sql(v.channel)}`")
     for v in n.resolved:
         out.append(f"- resolved: {bold}{esc(v.channel)}{bold} route {esc(v.route)}: state {esc(v.state)}, "
@@ -100,11 +112,12 @@ def text(n: Notification, esc: Escaper = terminal_text, bold: str = "**") -> str
 
 
 def details(n: Notification) -> dict[str, Any]:
-    """Structured form: kind, severity, route and per channel the verdict fields plus ``history_sql``."""
+    """Structured form: kind, severity, route and per channel the verdict fields plus ``history_sql`` and
+    ``error_class_text`` (:func:`~pipeline.alert.error_class_text.error_class_line`, raw; None: no class)."""
     def one(v: Verdict, sev: str | None) -> dict[str, Any]:
         return {"channel": v.channel, "route": v.route, "state": v.state, "weight": v.weight, "reasons": v.reasons,
                 "metrics": v.metrics, "ts_ms": v.ts_ms, "seq": v.seq, "severity": sev,
-                "history_sql": history_sql(v.channel)}
+                "history_sql": history_sql(v.channel), "error_class_text": error_class_line(v.reasons, v.metrics)}
 
     return {"kind": n.kind, "key": n.key, "route": n.route, "severity": n.severity, "title": title(n),
             "detail": n.detail, "firing": [one(v, s) for v, s in n.firing],

@@ -272,13 +272,15 @@ def override_text(o: Mapping[str, Any]) -> str:
 
 
 def next_step(state: str, since_ms: int | None, open_cooldown_ms: int, half_open_observe_ms: int,
-              override: Mapping[str, Any] | None = None) -> str:
+              override: Mapping[str, Any] | None = None, next_probe_ts_ms: float | None = None) -> str:
     """What happens next to a channel in ``state``, in words (no trailing period).
 
     ``since_ms``: event time (UTC epoch ms) the state began, None when unknown (then only the policy's
     delay is given); ``open_cooldown_ms`` / ``half_open_observe_ms``: the policy's schedule
     (:class:`~pipeline.policy.defaults.PolicyConfig`; the state machine may lengthen the cooldown after
     repeated trips). A forced state (``override`` kind ``open``/``healthy``) ends at the override's expiry.
+    ``next_probe_ts_ms``: an ``open`` verdict's published probe time (UTC epoch ms, SPEC §4.1/§4.2: the
+    backed-off or Retry-After cooldown the worker chose); when given it is the time said, not the policy's.
     """
     def at(ts_ms: float) -> str:
         return time.strftime("%H:%M:%S UTC", time.gmtime(ts_ms / 1000)) if 0 <= ts_ms < 1e14 else "?"
@@ -287,6 +289,9 @@ def next_step(state: str, since_ms: int | None, open_cooldown_ms: int, half_open
         exp = override.get("expires_ts_ms")
         return ("held by the override until " + at(float(exp)) if isinstance(exp, (int, float))
                 else "held by the override until it is cleared") + "; then the detectors decide again"
+    if state == "open" and next_probe_ts_ms is not None:
+        cooldown = f" {duration((next_probe_ts_ms - since_ms) / 1000)} after the trip" if since_ms is not None else ""
+        return f"next probe at {at(next_probe_ts_ms)} (half_open{cooldown}, as the worker published)"
     if state == "open":
         delay = duration(open_cooldown_ms / 1000)
         when = f" at about {at(since_ms + open_cooldown_ms)}" if since_ms is not None else ""

@@ -85,8 +85,9 @@ def drill(
     say = typer.echo
     try:
         if live:
+            route = _channel_route(settings, channel)
             plan = plan_drill(fault, channel, pol, duration_s=dur_s, fault_start_ms=int(time.time() * 1000) + 5_000,
-                              route=_channel_route(settings, channel), run_id=run_id)
+                              route=route, run_id=run_id, alone=route_channels(settings, route) <= 1)
         else:
             plan = plan_drill(fault, channel, pol, duration_s=dur_s, run_id=run_id)
     except ValueError as exc:
@@ -141,6 +142,27 @@ def _channel_route(settings, channel: str) -> str:
         _fail(f"unknown channel {channel!r}: no request events of it in channel_health.request_events "
               "(a live drill needs an existing drill channel; --shadow makes its own)")
     return str(res.result_rows[0][0])
+
+
+#: Channels of a route are those with request events this long before the route's newest one (ms): a live
+#: drill expects the route's panic floor (SPEC §4.2) only when its channel is the route's only one.
+ROUTE_CHANNELS_WINDOW_MS = 3_600_000
+
+
+def route_channels(settings, route: str) -> int:
+    """How many channels sent request events on ``route`` within :data:`ROUTE_CHANNELS_WINDOW_MS` of its newest
+    one (``channel_health.request_events``); exits 2 with the ClickHouse error when it cannot be read."""
+    from pipeline.storage.client import open_client
+    from pipeline.storage.errors import StorageError
+
+    try:
+        client = open_client(settings, create_database=False)
+        res = client.query("SELECT uniqExact(channel) FROM channel_health.request_events WHERE route = {r:String} "
+                           "AND ts > (SELECT max(ts) FROM channel_health.request_events WHERE route = {r:String}) "
+                           f"- toIntervalMillisecond({ROUTE_CHANNELS_WINDOW_MS})", parameters={"r": route})
+    except StorageError as exc:
+        _fail(f"ClickHouse: {exc}")
+    return int(res.result_rows[0][0]) if res.result_rows else 0
 
 
 def _run_shadow(plan, settings, policy: Path | None, data_dir: Path | None, speed: float, timeout_s: float):

@@ -16,6 +16,8 @@ def scorecard(
         None, help="Comma-separated scenario names (default: every SPEC §5 scenario but quality-drift, "
                    "plus error-creep, hollow-3pct, latency-swap, thin-clean)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the full figures as JSON here."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="policy.toml for channel-health (thresholds and "
+                                          "[error_classes.<provider>] patterns; default: the built-in policy)."),
 ) -> None:
     """Replay the scenarios offline through the engine and score channel-health against the
     default rules of LiteLLM's router cooldown, Envoy outlier detection, resilience4j and pybreaker
@@ -31,6 +33,7 @@ def scorecard(
 
     Example:  channel-health scorecard --seeds 3 --scenarios error-creep,latency-swap --json card.json
     """
+    from pipeline.policy.defaults import load_policy
     from pipeline.tools.simulate.traces import DataNotFoundError
     from pipeline.tools.scorecard.report import detail, outcome_table, table
     from pipeline.tools.scorecard.run import run_scorecard
@@ -38,7 +41,13 @@ def scorecard(
 
     names = [n.strip() for n in scenarios.split(",") if n.strip()] if scenarios else list(DEFAULT_SCENARIOS)
     try:
-        doc = run_scorecard(names, seeds, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        cfg = load_policy(policy)
+    except (OSError, ValueError) as exc:  # a refused policy names the key: one line, no traceback
+        typer.secho(f"policy {policy}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    try:
+        doc = run_scorecard(names, seeds, progress=lambda line: print(line, file=sys.stderr, flush=True),
+                            policy=cfg)
     except (ValueError, DataNotFoundError) as exc:
         typer.secho(f"scorecard: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None

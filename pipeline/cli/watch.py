@@ -1,7 +1,8 @@
 """``channel-health watch``: the live operator board (SPEC §7, issue #20 item 4). Registered in :mod:`pipeline.cli.main`.
 
 Per route and channel: state with time in state and the next scheduled
-transition (from ``channel.health``), and seed 003's panels from ClickHouse:
+transition (from ``channel.health``; an ``open`` channel's next probe is the
+``next_probe_ts_ms`` its verdict published: the backed-off cooldown of SPEC §4.2), and seed 003's panels from ClickHouse:
 traffic (1 min), latency P50/P90/P95/P99 of ``ok`` requests (5 min), error
 rate (1 min), missing-field rate of checked ``ok`` answers and mean quality
 score (5 min), the last reported quota remaining. Overrides are marked.
@@ -44,6 +45,7 @@ from pipeline.config import Settings
 from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
+from pipeline.alert.error_class_text import error_class_line
 from pipeline.alert.reasons import override_text
 
 #: Live refresh interval (s): at least once a second (issue #20).
@@ -109,21 +111,32 @@ class VerdictBook:
             self.observe([v])
 
 
-def next_transition(state: str, since_ms: int, now_ms: int, policy: PolicyConfig) -> tuple[str, int] | None:
+def next_transition(state: str, since_ms: int, now_ms: int, policy: PolicyConfig,
+                    next_probe_ms: int | None = None) -> tuple[str, int] | None:
     """``(next state or step, ms until it)`` by the policy's schedule, or None (no timed transition).
 
-    ``open`` → ``half_open`` after ``open_cooldown_ms``; ``half_open`` →
-    ``recovering`` after ``half_open_observe_ms`` (if the probes pass);
+    ``open`` → ``half_open`` at ``next_probe_ms`` (the verdict's ``next_probe_ts_ms``, event time ms: the
+    cooldown the worker set, backed off for each re-open after a failed probe, SPEC §4.2, and for a spent
+    quota or dead key, §4.1), else ``open_cooldown_ms`` after ``since_ms`` (a verdict from before the
+    backoff); ``half_open`` → ``recovering`` after ``half_open_observe_ms`` (if the probes pass);
     ``recovering`` → its next ramp step every ``ramp_interval_ms`` from entry.
     """
     if state == "open":
-        return "half_open", max(0, since_ms + policy.open_cooldown_ms - now_ms)
+        due = next_probe_ms if next_probe_ms is not None else since_ms + policy.open_cooldown_ms
+        return "half_open", max(0, due - now_ms)
     if state == "half_open":
         return "recovering", max(0, since_ms + policy.half_open_observe_ms - now_ms)
     if state == "recovering":
         step = policy.ramp_interval_ms
         return "ramp step", step - (now_ms - since_ms) % step
     return None
+
+
+def next_probe_ms(v: Verdict) -> int | None:
+    """An ``open`` verdict's ``next_probe_ts_ms`` (event time ms its cooldown ends, SPEC §4.1/§4.2), else None
+    (another state, or a verdict without it or with a value that is not a plausible epoch ms)."""
+    x = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1e14 else None
 
 
 def _num(x: Any, nd: int = 4) -> float | None:
@@ -153,7 +166,11 @@ def query_panels(client: Any) -> tuple[dict[str, dict], int | None]:
 
 def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig,
                 clickhouse_error: str | None = None, panels_now_ms: int | None = None) -> dict:
-    """The board as one JSON-ready dict: ``routes`` → channel → verdict fields, timing and panels."""
+    """The board as one JSON-ready dict: ``routes`` → channel → verdict fields, timing and panels.
+
+    A channel's ``error_class`` is the SPEC §4.1 class behind its verdict (``metrics["error_class"]``, or
+    ``caller`` while the advisory ``caller_errors`` holds; None: none) and ``error_class_text`` its line
+    (:func:`~pipeline.alert.error_class_text.error_class_line`, e.g. "dead key on account acct-a (2 channels)")."""
     now_ms = max((t.verdict.ts_ms for t in book.tracks.values()), default=0)
     routes: dict[str, dict] = {}
     for ch in sorted(set(book.tracks) | set(panels)):
@@ -164,12 +181,17 @@ def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig
         if t is not None:
             v = t.verdict
             route = v.route
-            nxt = next_transition(v.state, t.since_ms, now_ms, policy)
+            probe = next_probe_ms(v)
+            nxt = next_transition(v.state, t.since_ms, now_ms, policy, probe)
             row.update({"state": v.state, "weight": v.weight, "share": v.metrics.get("route_share"),
                         "reasons": list(v.reasons), "seq": v.seq, "ts_ms": v.ts_ms,
                         "in_state_s": (now_ms - t.since_ms) / 1000,
-                        "next": None if nxt is None else {"to": nxt[0], "in_s": nxt[1] / 1000},
-                        "override": None if v.override is msgspec.UNSET else v.override})
+                        "next": None if nxt is None else {"to": nxt[0], "in_s": nxt[1] / 1000,
+                                                          **({"at_ts_ms": probe} if probe is not None else {})},
+                        "override": None if v.override is msgspec.UNSET else v.override,
+                        "error_class": v.metrics.get("error_class")
+                        or ("caller" if "caller_errors" in v.reasons else None),
+                        "error_class_text": error_class_line(list(v.reasons), v.metrics)})
         else:
             row.update({"state": None, "override": None})
         routes.setdefault(route or "?", {})[ch] = row
@@ -178,8 +200,9 @@ def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig
 
 
 def state_text(row: dict) -> str:
-    """E.g. ``half_open · 40 s → recovering in 50 s``; a forced state has no scheduled transition and says
-    who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``."""
+    """E.g. ``half_open · 40 s → recovering in 50 s``, ``open · 20 s → half_open in 3 min (probe at 12:33:10
+    UTC)`` (the published probe time of a backed-off cooldown); a forced state has no scheduled transition
+    and says who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``."""
     if row.get("state") is None:
         return "no verdict"
     from pipeline.alert.reasons import duration
@@ -188,13 +211,16 @@ def state_text(row: dict) -> str:
     text = f"{row['state']} · {duration(row['in_state_s'])}"  # 50 s, 12 min, 2.6 h: not "9240 s"
     if row.get("next") and not (o and o.get("kind") in ("open", "healthy")):
         text += f" → {row['next']['to']} in {duration(row['next']['in_s'])}"
+        at = row["next"].get("at_ts_ms")
+        if isinstance(at, int):
+            text += time.strftime(" (probe at %H:%M:%S UTC)", time.gmtime(at / 1000))
     if o:
         text += f"; {override_text(o)}"
     return text
 
 
 #: Panel columns left out, in this order, while the table does not fit a narrow terminal.
-NARROW_DROP = ("quota", "quality 5m", "missing 5m", "P50/P90/P95/P99 ms 5m", "share", "req 1m")
+NARROW_DROP = ("quota", "error class", "quality 5m", "missing 5m", "P50/P90/P95/P99 ms 5m", "share", "req 1m")
 #: Width of a console that is not a terminal (a pipe, a file): wide enough never to wrap a board.
 PIPE_WIDTH = 100_000
 
@@ -268,8 +294,8 @@ def render(board: dict, width: int | None = None) -> Any:
     title = "channel-health watch"
     if board["clickhouse"]["error"]:
         title += f"  ({board['clickhouse']['error']})"
-    cols = ["route", "channel", "state", "weight", "share", "reasons", "req 1m", "P50/P90/P95/P99 ms 5m",
-            "err 1m", "missing 5m", "quality 5m", "quota"]
+    cols = ["route", "channel", "state", "weight", "share", "reasons", "error class", "req 1m",
+            "P50/P90/P95/P99 ms 5m", "err 1m", "missing 5m", "quality 5m", "quota"]
     rows = []
     for route, chans in board["routes"].items():
         for ch, row in chans.items():
@@ -277,7 +303,7 @@ def render(board: dict, width: int | None = None) -> Any:
             lat = p.get("latency_ms_5m") or {}
             rows.append(dict(zip(cols, (
                 route, ch, state_text(row), fmt(row.get("weight")), fmt(row.get("share")),
-                ",".join(row.get("reasons") or []), fmt(p.get("traffic_1m")),
+                ",".join(row.get("reasons") or []), row.get("error_class_text") or "-", fmt(p.get("traffic_1m")),
                 "/".join(fmt(lat.get(k)) for k in ("p50", "p90", "p95", "p99")),
                 fmt(p.get("error_rate_1m"), True), fmt(p.get("missing_rate_5m"), True),
                 fmt(p.get("quality_5m")), fmt(p.get("quota_remaining"))))))

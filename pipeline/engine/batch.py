@@ -112,7 +112,7 @@ class BatchProcessor:
         if max_clock_skew_ms <= 0:
             raise ValueError(f"max_clock_skew_ms must be > 0, got {max_clock_skew_ms}")
         self.engine = engine or Engine()
-        self.decoder = decoder or Decoder()
+        self.decoder = decoder or Decoder(classifier=self.engine.policy.classifier)
         limits = self.engine.limits
         self.dedup = dedup or EventIdDedup(limits.dedup_horizon_ms, limits.dedup_max_ids)
         #: re-sent events dropped (their ``event_id`` seen within the dedup horizon).
@@ -166,7 +166,8 @@ class BatchProcessor:
         """The worker's processor: an :class:`Engine` with ``policy`` and ``settings.state_limits``, the age
         bound ``settings.max_event_age_ms`` (``CHANNEL_HEALTH_MAX_EVENT_AGE``), and the event clock when
         ``settings.clock == "event"``, and the clock skew ``settings.max_clock_skew_ms``."""
-        return cls(Engine(policy, settings.state_limits), Decoder(max_age_ms=settings.max_event_age_ms),
+        engine = Engine(policy, settings.state_limits)
+        return cls(engine, Decoder(max_age_ms=settings.max_event_age_ms, classifier=engine.policy.classifier),
                    event_clock=settings.clock == "event", max_clock_skew_ms=settings.max_clock_skew_ms)
 
     def reset(self, engine: Engine) -> None:

@@ -46,6 +46,7 @@ from pipeline.policy.defaults import PolicyConfig, threshold_arrays
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
 from pipeline.policy.capacity import OVER_CAPACITY
+from pipeline.policy.route_wide import PEER_LATENCY, ROUTE_WIDE
 from pipeline.policy.state_machine import HALF_OPEN, HEALTHY, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
 from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
@@ -414,11 +415,13 @@ class Engine:
         hard fault, it keeps the panic floor's weight with reason ``route_panic``
         (:meth:`RouteShares.keep_on_trip <pipeline.engine.route_shares.RouteShares.keep_on_trip>`; SPEC
         §4.2 "never black out a route by inference") and ``metrics`` gains its last ``route_share``."""
-        kept = self.routes.keep_on_trip(i)
+        wide = self.routes.wide.keep_on_trip(i)  # SPEC §4.2: a route-wide member keeps its weight
+        kept = self.routes.keep_on_trip(i) if wide is None else None
         if kept is not None and (share := self.routes.last_share(i)) is not None:
             metrics["route_share"] = share
-        return self._verdict(i, now_ms, metrics, soft_now=self._soft_active(i), weight=kept,
-                             route_reasons=[ROUTE_PANIC] if kept is not None else [])
+        reasons = [ROUTE_PANIC] if kept is not None else [ROUTE_WIDE] if wide is not None else []
+        return self._verdict(i, now_ms, metrics, soft_now=self._soft_active(i), weight=kept if wide is None else wide,
+                             route_reasons=reasons)
 
     # -- evaluation ---------------------------------------------------------
     def advance(self, now_ms: int) -> list[Verdict]:
@@ -502,6 +505,7 @@ class Engine:
             self.active[d.reason][rows] = f.fired
             advisory.append(f)
             acting.append(f.fired & (getattr(th, key) > 0) if key is not None else np.zeros(n, bool))
+        peer, peer_ratio = self.routes.wide.peer_findings(rows, view, now_ms)  # SPEC §4.2 peer-relative
         last_ts = self.store.last_ts_ms[rows]
         capacity = self.routes.capacity
         changed, stepped = np.zeros(n, bool), np.ones(n, bool)
@@ -527,6 +531,8 @@ class Engine:
                 s.append(OVER_CAPACITY)
             elif capacity.over_cap(i):
                 s.append(OVER_CAPACITY)  # still carrying more than its cap (nobody to take the excess)
+            if peer[j]:
+                s.append(PEER_LATENCY)
             changed[j] = m.step(now_ms, h, s, view.judged_5m[j], view.failures_5m[j],
                                 int(last_ts[j]) if last_ts[j] > 0 else None, cfg,
                                 self.policy.thresholds(self.store.names[i], self.store.tiers[i]))
@@ -540,7 +546,7 @@ class Engine:
         self.judged_since_eval[rows] = 0.0
         self.routes.note_outcomes(rows, view.judged_1m, view.failures_1m)
         shares = self.routes.after_round(rows, now_ms)
-        panic, down = self.routes.panic_weight, self.routes.down_routes
+        panic, down, wide = self.routes.panic_weight, self.routes.down_routes, self.routes.wide.weight
         self.last_eval_ms = now_ms
         out = []
         keys = [k for f in (*hard, *soft, *advisory) for k in f.metrics]
@@ -553,6 +559,8 @@ class Engine:
             metrics = dict(zip(keys, values[j])) if values else {}
             metrics["route_share"] = shares[i]
             metrics["penalty"] = round(m.penalty, 4)
+            if peer[j]:
+                metrics["peer_p95_ratio"] = clean_value(peer_ratio[j])
             extra, caller = self.classes.metrics(i, now_ms)
             if extra:
                 metrics.update(extra)
@@ -562,9 +570,13 @@ class Engine:
             hard_now = [f.reason for f in hard if f.fired[j]] if m.state == OPEN else ()
             route_reasons = ([ROUTE_PANIC] if i in panic else []) + ([ROUTE_DOWN] if down and
                                                                      self.store.routes[i] in down else [])
-            out.append(self._verdict(i, now_ms, metrics, cleaned=True, hard_now=hard_now,
-                                     soft_now=[f.reason for f in (*soft, *advisory) if f.fired[j]],
-                                     weight=panic.get(i), route_reasons=route_reasons,
+            if wide and i in wide:
+                route_reasons.append(ROUTE_WIDE)
+            soft_now = [f.reason for f in (*soft, *advisory) if f.fired[j]]
+            if peer[j] and PEER_LATENCY not in m.reasons:
+                soft_now.append(PEER_LATENCY)
+            out.append(self._verdict(i, now_ms, metrics, cleaned=True, hard_now=hard_now, soft_now=soft_now,
+                                     weight=panic.get(i, wide.get(i)), route_reasons=route_reasons,
                                      advisory=_CALLER if caller else ()))
         return out
 

@@ -48,7 +48,7 @@ def replay(events: Iterable[dict], policy: PolicyConfig | None = None, batch_siz
     bucket = None
 
     def flush(batch: list[RequestEvent]) -> None:
-        resolve_onto(batch)  # what the ingest decoder does: the engine reads the flags
+        resolve_onto(batch, engine.policy.classifier)  # what the ingest decoder does: the engine reads the flags
         result = engine.process(batch, fields=engine.read_fields(batch))  # read once, after the flags
         verdicts.extend(result.verdicts)
         if scorer is not None:

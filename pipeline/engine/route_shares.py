@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.engine.route_wide import RouteWide
 from pipeline.policy.capacity import CapacityModel, cap_shares
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares, has_hard_fault, panic_floor, probe_capped
@@ -76,6 +77,8 @@ class RouteShares:
         self.down_routes: set[str] = set()
         #: SPEC §4.2 capacity, not breakage: usual shares and learned ``max_share`` per channel index.
         self.capacity = CapacityModel()
+        #: route-wide events and peer-relative latency (SPEC §4.2; :mod:`pipeline.engine.route_wide`).
+        self.wide = RouteWide(store, machines)
 
     def export_route_shares(self, i: int) -> RouteShareRecord | None:
         """The shares of channel ``i``'s route, for its snapshot: None before the route's first round,
@@ -203,6 +206,7 @@ class RouteShares:
         panic floor ranks channels by ``(failures + 1) / (requests + 2)`` (Laplace's rule: 0.5 without data)."""
         ratio = (np.asarray(failures, np.float64) + 1.0) / (np.asarray(requests, np.float64) + 2.0)
         self._fail_ratio.update(zip(rows.tolist(), ratio.tolist()))
+        self.wide.note(rows, requests, failures)
 
     def after_round(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:
         """Traffic shares after the round at ``now_ms`` of the routes that channels ``rows`` are on.
@@ -228,6 +232,7 @@ class RouteShares:
                 start = (now_ms, self.prev_shares.get(r))
                 self._share_round[r] = start
             w, probing = self._protect(r, idx, tuple(machines[i].weight for i in idx))
+            w, probing = self.wide.apply(idx, w, probing, self.panic_weight)
             key: tuple[float | bool, ...] = w if probing is None else (*w, *probing.tolist())
             caps = self._caps(idx, w)
             if caps is not None:

@@ -35,6 +35,7 @@ from pipeline.contracts import Batch, RequestEvent, TypedBatch
 from pipeline.ingest import reasons as R
 from pipeline.ingest.counters import DecodeCounters
 from pipeline.ingest.dead_letter import DeadLetter
+from pipeline.ingest.error_class import Classifier
 from pipeline.ingest.envelope import storable_envelope, with_error_classes
 from pipeline.ingest.limits import DAY_MS, HOUR_MS, EventLimits
 from pipeline.ingest.reasons import classify_validation_error
@@ -109,7 +110,9 @@ class Decoder(EventLimits):
     event's ``missing_fields`` / ``parse_ok``.
 
     ``counters``: a :class:`DecodeCounters` to update (a new one by default),
-    exposed as ``self.counters``.
+    exposed as ``self.counters``. ``classifier``: the error classes (SPEC §4.1) of the policy
+    (:attr:`pipeline.policy.defaults.PolicyConfig.classifier`: its ``[error_classes.<provider>]``
+    patterns); default the built-in phrases only.
 
     Raises ``ValueError`` for a limit that is not a positive int.
     """
@@ -122,6 +125,7 @@ class Decoder(EventLimits):
         max_age_ms: int | None = 7 * DAY_MS,
         max_text_chars: int = 8_000,
         counters: DecodeCounters | None = None,
+        classifier: Classifier | None = None,
     ) -> None:
         for name, value, optional in (
             ("max_message_bytes", max_message_bytes, False),
@@ -141,6 +145,7 @@ class Decoder(EventLimits):
         #: (the caller keeps it at the newest event accepted); the future bound stays on ``now_ms``.
         self.age_clock_ms: int | None = None
         self.counters = counters if counters is not None else DecodeCounters()
+        self.classifier = classifier
         self._event_decoder = msgspec.json.Decoder(RequestEvent)
         self._typed_batch_decoder = msgspec.json.Decoder(TypedBatch)
         self._raw_batch_decoder = msgspec.json.Decoder(Batch)
@@ -160,7 +165,7 @@ class Decoder(EventLimits):
         """
         try:
             result = self._decode(raw, now_ms)
-            if resolve_onto(result.events) and result.envelope is not None:
+            if resolve_onto(result.events, self.classifier) and result.envelope is not None:
                 result.envelope = None  # its bytes no longer state the flags stored: rows instead
             if result.envelope is not None:  # the error classes go beside the bytes (SPEC 4.1)
                 result.envelope = with_error_classes(result.envelope, result.events)
@@ -251,11 +256,11 @@ class Decoder(EventLimits):
         failed: list[int] = []  # decode() turns such a message into an internal_error dead letter
         self._cut_long_texts(fast, failed)
         try:
-            resolve_onto(fast)
+            resolve_onto(fast, self.classifier)
         except Exception:  # noqa: BLE001 - find the event; decode() dead-letters it
             for i, event in enumerate(fast):
                 try:
-                    resolve_onto([event])
+                    resolve_onto([event], self.classifier)
                 except Exception:  # noqa: BLE001
                     failed.append(i)
         if failed:

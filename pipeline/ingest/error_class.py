@@ -164,7 +164,13 @@ class Classifier:
             raise ValueError(f"cache_size must be >= 0, got {cache_size}")
         self._defaults = _compile(DEFAULT_PATTERNS, escape=True)
         self._overrides = _compile(patterns or {}, escape=not _regex)
+        self._args = (patterns, cache_size, _regex)
         self._cached: Callable[[str, int | None, str, str, str], str] = lru_cache(maxsize=cache_size)(self._classify)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (and ``copy.deepcopy``-ed, e.g. inside a policy) as its table, rebuilt on load."""
+        patterns, cache_size, regex = self._args
+        return (_rebuild, (patterns, cache_size, regex))
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], *, cache_size: int = _DEFAULT_CACHE) -> Classifier:
@@ -214,6 +220,11 @@ class Classifier:
         if by_status is not None:
             return by_status
         return "rate_limited" if status == "rate_limited" else "transient"
+
+
+def _rebuild(patterns: Mapping[str, Mapping[str, Iterable[str]]] | None, cache_size: int, regex: bool) -> Classifier:
+    """A classifier unpickled (:meth:`Classifier.__reduce__`)."""
+    return Classifier(patterns, cache_size=cache_size, _regex=regex)
 
 
 _default: Classifier | None = None

@@ -41,7 +41,7 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 import msgspec
 
 from pipeline.contracts import ExpectedCall, RequestEvent
-from pipeline.ingest.error_class import resolve_errors
+from pipeline.ingest.error_class import Classifier, resolve_errors
 
 __all__ = ["StructureResult", "check_structure", "resolve_onto", "resolve_structure"]
 
@@ -243,7 +243,7 @@ def _as_sent(event: RequestEvent) -> tuple[bool | None, list[str] | None]:
     return (True if event.parse_ok is None and missing is not None else event.parse_ok), missing
 
 
-def resolve_onto(events: Sequence[RequestEvent]) -> int:
+def resolve_onto(events: Sequence[RequestEvent], classifier: Classifier | None = None) -> int:
     """Resolve every event's structure verdict once, at ingest, onto the event itself.
 
     Sets ``parse_ok`` / ``missing_fields`` of each event to
@@ -259,7 +259,9 @@ def resolve_onto(events: Sequence[RequestEvent]) -> int:
     The error fields are resolved in the same pass
     (:func:`pipeline.ingest.error_class.resolve_errors`: ``error_class`` of a
     failed event, ``error_message`` cut); a cut message also counts in the
-    return value (the class does not: see ``resolve_errors``).
+    return value (the class does not: see ``resolve_errors``). ``classifier``: the policy's
+    (:attr:`pipeline.policy.defaults.PolicyConfig.classifier`, its ``[error_classes.<provider>]``
+    patterns); default the built-in phrases only.
 
     Returns how many events now carry flags other than their fields stated
     as data (:func:`_as_sent`): 0 means the message's own bytes still say
@@ -278,4 +280,4 @@ def resolve_onto(events: Sequence[RequestEvent]) -> int:
         if resolved != _as_sent(e):
             changed += 1
         e.parse_ok, e.missing_fields = resolved
-    return changed + resolve_errors(events)
+    return changed + resolve_errors(events, classifier)

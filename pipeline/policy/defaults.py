@@ -3,7 +3,8 @@
 :class:`PolicyConfig` is frozen; :func:`load_policy` reads overrides per tier
 and per channel from a TOML file (``[tier.free]``, ``[channel."name"]``
 tables, each optionally split into one sub-table per signal, e.g.
-``[tier.free.error_rate]``). Unknown keys and out-of-range values are
+``[tier.free.error_rate]``) and the SPEC §4.1 error-class patterns per provider
+(``[error_classes.<provider>]``). Unknown keys and out-of-range values are
 errors, never ignored. :data:`Thresholds` is generated from the signal
 registry (:mod:`pipeline.signals.registry`).
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
+from pipeline.ingest.error_class import Classifier, default_classifier
 from pipeline.policy.backoff import Backoff
 from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.registry import SIGNALS
@@ -178,8 +180,18 @@ class PolicyConfig:
     #: SPEC §4.1 ``caller``: advisory reason ``caller_errors`` while the channel saw at least this many
     #: caller-class failures in the last ``window_ms`` (5 min); never a trip.
     caller_errors_min: int = 5
+    #: SPEC §4.1 error-class patterns per provider (``[error_classes.<provider>]`` in policy.toml):
+    #: provider → class → case-insensitive regexes, tried before the built-in phrases
+    #: (:meth:`pipeline.ingest.error_class.Classifier.from_table`); empty: the built-in phrases only.
+    error_patterns: Mapping[str, Mapping[str, Sequence[str]]] = field(default_factory=dict)
+    #: The classifier of ``error_patterns`` (built here, so every path holding this policy, worker
+    #: decoder, replay, backtest, scorecard, classifies alike); not an argument.
+    classifier: Classifier = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # ErrorTableError (a ValueError) names the key, e.g. error_classes.openai.credential[0]
+        object.__setattr__(self, "classifier", Classifier.from_table(self.error_patterns) if self.error_patterns
+                           else default_classifier())
         if not 0.5 < self.probe_confidence < 1.0:
             raise ValueError(f"probe_confidence must be in (0.5, 1), got {self.probe_confidence}")
         for where, v in [("route_panic_threshold", self.route_panic_threshold),
@@ -267,8 +279,13 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
         consecutive_failures = 3
         [route."chat-70b"]       # SPEC §4.2 route protection
         panic_threshold = 0.3    # in [0, 1]; 0: no panic floor on this route
+        [error_classes.openai]   # SPEC §4.1 patterns of one provider (provider_of the channel)
+        credential = ["key (is )?deactivated"]   # class → regexes, before the built-in phrases
 
-    A cooldown above 120 s needs ``allow_long_cooldown = true`` in ``[policy]``;
+    An ``[error_classes.<provider>]`` key other than the five classes, a pattern that is
+    not a non-empty string or does not compile (or nests quantifiers) raises
+    :class:`~pipeline.ingest.error_class.ErrorTableError` (a ``ValueError``) naming
+    ``error_classes.<provider>.<class>[i]``. A cooldown above 120 s needs ``allow_long_cooldown = true`` in ``[policy]``;
     the policy rules (:mod:`pipeline.policy.rules`) are checked last.
 
     Raises ``ValueError`` (unknown key, bad value, a broken rule:
@@ -302,10 +319,12 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
             panic[route] = table["panic_threshold"]
     if panic:
         top["route_panic_thresholds"] = panic
-    known = {f.name for f in dataclasses.fields(PolicyConfig)} - {"tiers", "channels"}
+    known = {f.name for f in dataclasses.fields(PolicyConfig) if f.init} - {"tiers", "channels", "error_patterns"}
     unknown = set(top) - known
     if unknown:
         raise ValueError(f"[policy]: unknown keys {sorted(unknown)}")
-    out = dataclasses.replace(base, tiers=tiers, channels=channels, **top)
+    # [error_classes.<provider>]: validated by PolicyConfig (Classifier.from_table names the key)
+    patterns = data.get("error_classes", {})
+    out = dataclasses.replace(base, tiers=tiers, channels=channels, error_patterns=patterns, **top)
     check_policy(out, allow_long_cooldown=allow_long)
     return out

@@ -29,11 +29,21 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgspec
 
-from pipeline.contracts import RequestEvent, TypedBatch
+from pipeline.contracts import ErrorClassName, RequestEvent
 from pipeline.ingest.structure import resolve_onto
 from pipeline.sinks.rows import event_payload
 
-_ENVELOPES = msgspec.json.Decoder(TypedBatch)
+
+
+class _StoredEnvelope(msgspec.Struct):
+    """An envelope as the worker stored it: the gateway's events and the classes ingest resolved beside
+    them (:func:`pipeline.ingest.envelope.with_error_classes`; absent when no event had one)."""
+
+    events: list[RequestEvent]
+    error_classes: list[ErrorClassName | None] | None = None
+
+
+_ENVELOPES = msgspec.json.Decoder(_StoredEnvelope)
 _PARSE_OK = attrgetter("parse_ok")
 _MISSING = attrgetter("missing_fields")
 
@@ -100,7 +110,8 @@ def rows_of(payload: bytes) -> tuple[bytes, int]:
     """The ``request_events`` rows of an envelopes payload as :func:`~pipeline.sinks.rows.event_payload`
     encodes them, and their count: the events as msgspec decodes them (the last of a repeated key, as
     the pipeline counted them), ``(parse_ok, missing_fields)`` resolved by :func:`resolve_onto` (what the
-    decoder did with them).
+    decoder did with them), each event's error class the one the decoder added beside the events
+    (``"error_classes"``: resolved with the worker's policy patterns, which this process does not hold).
 
     Raises ``msgspec.DecodeError`` / ``msgspec.ValidationError`` for bytes that are not such envelopes.
 
@@ -109,7 +120,12 @@ def rows_of(payload: bytes) -> tuple[bytes, int]:
     (b'[[{"event_id":"e","ts_ms":5,"channel":"c","route":"r","status":"ok","latency_ms":2.0,\
 "missing_fields":[],"parse_ok":true},true,[]]]', 1)
     """
-    events = [e for envelope in _ENVELOPES.decode_lines(payload) for e in envelope.events]
+    events = []
+    for envelope in _ENVELOPES.decode_lines(payload):
+        if envelope.error_classes is not None and len(envelope.error_classes) == len(envelope.events):
+            for e, cls in zip(envelope.events, envelope.error_classes):
+                e.error_class = cls  # the worker's class: wins over the built-in phrases below
+        events.extend(envelope.events)
     resolve_onto(events)
     return event_payload(stored_rows(events)), len(events)
 

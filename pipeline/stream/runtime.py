@@ -221,6 +221,11 @@ class BoundedStopWorker(faust.Worker):
     def __init__(self, app: faust.App, *args: Any, **kwargs: Any) -> None:
         bound_consumer_thread_stop(app)
         super().__init__(app, *args, **kwargs)
+        # No terminal spinner: faust's spinner sets the root logger to DEBUG and adds a DEBUG handler
+        # (faust/worker.py, ``_setup_spinner_handler``), so every ``log.debug`` of aiokafka, faust and mode
+        # (one per verdict sent, per fetch) built a LogRecord that no output showed. A service has no
+        # spinner to spin; the root logger keeps the ``loglevel`` given.
+        self.spinner = None
 
     async def on_stop(self) -> None:
         """Arm the stop limit (once), then stop as faust does."""

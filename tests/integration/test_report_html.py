@@ -114,7 +114,7 @@ def test_transitions_equal_the_verdict_rows(scenario_chdb_url, window_report) ->
     for ts, state, reasons, weight, *nums in rows:
         if state != prev:
             expected.append([fmt(ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts), FAULTY_CHANNEL,
-                             prev or "-", state, fmt(reasons or None), fmt(weight), *(fmt(n) for n in nums)])
+                             prev or "-", state, fmt(reasons or None), "-", fmt(weight), *(fmt(n) for n in nums)])
         prev = state
     got = _tables(html)["transitions"]
     assert got == expected

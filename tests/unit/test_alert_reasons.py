@@ -118,6 +118,14 @@ def test_next_step_per_state() -> None:
     assert next_step("weird", None, 1, 1) == "nothing: healthy"
 
 
+def test_an_open_channel_says_the_probe_time_its_verdict_published() -> None:
+    """A re-open after a failed probe backs off (180 s here, SPEC §4.2): the alert says that, not 90 s."""
+    assert next_step("open", T, 90_000, 90_000, next_probe_ts_ms=T + 180_000) == (
+        "next probe at 22:07:00 UTC (half_open 3 min after the trip, as the worker published)")
+    assert next_step("open", None, 90_000, 90_000, next_probe_ts_ms=T + 180_000) == (
+        "next probe at 22:07:00 UTC (half_open, as the worker published)")
+
+
 def _service() -> tuple[AlertService, list[float]]:
     cfg = parse_alert_config({"route": [{"name": "im", "url": "http://h/x", "format": "json"}],
                               "grouping": {"group_wait_s": 1}}, env={})

@@ -66,17 +66,25 @@ def test_bad_duration(duration, msg):
     assert res.exit_code == 2 and msg in res.output
 
 
-@pytest.mark.xfail(strict=False, reason="open: the errors drill on a lone-channel route now meets the #33 panic floor and the re-open backoff; the expected timeline (pipeline/tools drill plan) does not yet match the CLI/shadow path")
+#: The errors drill's timeline on its lone-channel route "drill": ramp weights 0.1-0.3 are under the route's
+#: panic line (w / 0.7 < 0.5) and published at the floor 0.5 with route_panic (SPEC §4.2, issue #33), one
+#: transition for the three steps; 0.4 (0.57 of full) and up are the plain ramp.
+ERRORS_DRILL = ["open", "half_open", "recovering 0.50", "recovering 0.40", "recovering 0.60", "recovering 0.80",
+                "healthy"]
+
+
 def test_offline_errors_drill_prints_the_table_and_json():
     res = runner.invoke(app, ["drill", "--fault", "errors", "--channel", "drill/a", "--offline", "--json"])
     assert res.exit_code == 0, res.output
-    assert "transition" in res.output and "recovering 0.40" in res.output and "PASSED: 9 of 9" in res.output
+    assert "transition" in res.output and "recovering 0.50" in res.output and "PASSED: 7 of 7" in res.output
     last = json.loads(res.output.strip().splitlines()[-1])
-    assert last["passed"] is True and last["kind"] == "errors" and len(last["rows"]) == 9
-    assert [r["transition"] for r in last["rows"]][:2] == ["open", "half_open"]
+    assert last["passed"] is True and last["kind"] == "errors"
+    assert [r["transition"] for r in last["rows"]] == ERRORS_DRILL
+    # every step after the open (a bound) is predicted to the millisecond: the half_open in the first round
+    # after the published cooldown end, the rest on the 30 s round grid from it
+    assert [r["diff_ms"] for r in last["rows"][1:]] == [0] * 6, res.output
 
 
-@pytest.mark.xfail(strict=False, reason="open: the errors drill on a lone-channel route now meets the #33 panic floor and the re-open backoff; the expected timeline (pipeline/tools drill plan) does not yet match the CLI/shadow path")
 def test_store_run_writes_the_run_and_marks_its_incident(monkeypatch, tmp_path):
     from pipeline.storage.client import close_clients, open_client
     from pipeline.storage.schema import apply_ddl
@@ -99,5 +107,31 @@ def test_store_run_writes_the_run_and_marks_its_incident(monkeypatch, tmp_path):
                             "JSONLength(comparison) FROM channel_health.drill_runs").result_rows
     finally:
         close_clients()
-    assert rows == [("run-1", "drill/a", "errors", 1, 0, plan.fault_start_ms, 9)]
+    assert rows == [("run-1", "drill/a", "errors", 1, 0, plan.fault_start_ms, len(ERRORS_DRILL))]
     assert marked == [("drill/a", plan.fault_start_ms, plan.fault_end_ms, "errors", "drill")]
+
+
+def test_route_channels_counts_the_channels_of_the_route_in_its_last_hour(tmp_path):
+    """A live drill on drill/b expects the route's panic floor only when drill/b is its route's only channel
+    (pipeline.cli.drill.route_channels feeds plan_drill's ``alone``): route r2 has drill/b and a channel that
+    sent 2 h before r2's newest event (gone), route r1 has two live channels."""
+    import msgspec
+
+    from pipeline.cli.drill import route_channels
+    from pipeline.contracts import RequestEvent
+    from pipeline.sinks.clickhouse import ClickHouseSink
+    from pipeline.storage.client import close_clients
+
+    t = 1_750_032_000_000
+    rows = [("drill/a", "r1", t), ("prod/x", "r1", t - 60_000), ("drill/b", "r2", t), ("prod/old", "r2", t - 7_200_000)]
+    settings = Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{tmp_path / 'routes'}")
+    close_clients()
+    try:
+        sink = ClickHouseSink.from_settings(settings)
+        sink.add_events([(msgspec.convert({"event_id": f"e{i}", "ts_ms": ts, "channel": ch, "route": r, "tier": "paid",
+                                           "status": "ok", "latency_ms": 100.0}, RequestEvent), None, None)
+                         for i, (ch, r, ts) in enumerate(rows)])
+        sink.flush()
+        assert (route_channels(settings, "r1"), route_channels(settings, "r2"), route_channels(settings, "r3")) == (2, 1, 0)
+    finally:
+        close_clients()

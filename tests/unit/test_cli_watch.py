@@ -287,3 +287,33 @@ def test_a_held_chdb_directory_is_seen_without_opening_the_engine(tmp_path: Path
         finally:
             control.read_to_end = real
         assert board.client is None and board.ch_error.startswith("history panels off: another process (the worker)")
+
+
+def test_board_shows_the_backed_off_next_probe_of_a_reopen() -> None:
+    """Issue #33 part 3 ("the board the next probe time"): a 10 min outage re-opens after its first failed
+    probe with a cooldown of 90 s x 2 + jitter (PolicyConfig.backoff: 180-198 s). The board's next
+    transition is the probe time that re-open published (next_probe_ts_ms), not the plain 90 s."""
+    import time
+
+    from pipeline.alert.reasons import duration
+    from pipeline.engine.replay import replay
+    from pipeline.tools.drill.runner import plan_drill
+
+    policy = PolicyConfig()
+    plan = plan_drill("errors", "drill/a", policy, duration_s=600, end_ms=START_MS + 10_000_000, run_id="r")
+    _, verdicts = replay(plan.events(), policy)
+    mine = [v for v in verdicts if v.channel == "drill/a"]
+    at = next(i for i in range(1, len(mine)) if mine[i].state == "open" and mine[i - 1].state == "half_open")
+    reopen = mine[at]
+    cooldown_ms = policy.backoff("").delay_ms(1, seed=reopen.ts_ms)
+    assert 180_000 <= cooldown_ms <= 198_000 and reopen.metrics["next_probe_ts_ms"] == reopen.ts_ms + cooldown_ms
+    book = VerdictBook()
+    for v in mine[:at + 1]:
+        book.add(encode(v))
+    row = build_board(book, {}, policy)["routes"]["drill"]["drill/a"]
+    assert row["next"] == {"to": "half_open", "in_s": cooldown_ms / 1000, "at_ts_ms": reopen.ts_ms + cooldown_ms}
+    probe = time.strftime("%H:%M:%S UTC", time.gmtime((reopen.ts_ms + cooldown_ms) / 1000))
+    assert state_text(row) == f"open · 0 s → half_open in {duration(cooldown_ms / 1000)} (probe at {probe})"
+    # a verdict from before the backoff (no next_probe_ts_ms) keeps the plain schedule
+    assert next_transition("open", 0, 30_000, policy, None) == ("half_open", 60_000)
+    assert next_transition("open", 0, 30_000, policy, 200_000) == ("half_open", 170_000)

@@ -10,8 +10,8 @@ from pipeline.contracts import Verdict
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.drill.kinds import DRILL_WARMUP_S, KINDS, drill_fault, get_kind
 from pipeline.tools.drill.runner import plan_drill, run_in_process
-from pipeline.tools.drill.timeline import (Transition, compare, expected_steps, format_rows, published_ramp,
-                                           ramp_weights, share_detection_ms, transitions)
+from pipeline.tools.drill.timeline import (Transition, compare, expected_steps, format_rows, latest_recovery_ms,
+                                           on_grid, published_ramp, ramp_weights, share_detection_ms, transitions)
 
 POLICY = PolicyConfig()
 T0 = 1_750_032_000_000
@@ -85,7 +85,43 @@ def test_a_half_open_is_due_at_the_backed_off_cooldown_its_open_published():
         rows = compare(steps[:2], actual, T0, T0 + 150_000)
         assert [(r.transition, r.status) for r in rows] == [
             ("open", "ok"), ("half_open", "ok"), ("open (probe, fault on)", "ok"), ("half_open", status)]
-        assert rows[-1].diff_ms == half_open_ms - nxt
+        # due in the first round (30 s grid of event time) at or after the published cooldown end: the
+        # on-time half_open is exact (diff 0), the early one is 115.7 s before that round
+        assert rows[-1].diff_ms == half_open_ms - -(-nxt // 30_000) * 30_000
+        assert rows[-1].diff_ms == (0 if status == "ok" else -(T0 + 300_000 - reopen_ms - 90_000))
+
+
+def test_a_half_open_is_due_in_the_round_after_its_cooldown_ends():
+    """Rounds run at event-time multiples of eval_interval_ms (30 s): an open pre-tripped at +2.5 s publishes
+    its probe at +92.5 s, and the half_open comes in the round at +120 s. The drill expects +120 s (diff 0);
+    a half_open at +92.5 s (no round there) is 27.5 s early."""
+    assert on_grid(92_500, 30_000) == 120_000 and on_grid(120_000, 30_000) == 120_000 and on_grid(7, 0) == 7
+    steps = expected_steps(KINDS["errors"], POLICY, 60_000)
+    assert steps[1].grid_ms == POLICY.eval_interval_ms
+    for half_open_ms, diff in ((120_000, 0), (92_500, -27_500)):
+        actual = [Transition(T0 + 2_500, "open", 0.0, ("consecutive_failures",), T0 + 92_500),
+                  Transition(T0 + half_open_ms, "half_open", 0.05, ())]
+        rows = compare(steps[:2], actual, T0, T0 + 60_000)
+        assert (rows[1].expected_ms, rows[1].diff_ms) == (120_000, diff)
+
+
+def test_a_long_fault_plans_room_for_the_backed_off_probes():
+    """Issue #33 part 3: a 30 min outage re-opens after each failed probe and waits 90, 180, 360, 720, 900 s
+    (x up to 1.1 jitter, capped at 15 min). At their longest, each to the next 30 s round, + a round for
+    each failed probe's re-open: open <= +60 s (bound + tolerance), half_open +150, open +180, half_open
+    +390 (198 s), open +420, +840 (396 s), +870, +1,680 (792 s), +1,710, +2,610 (900 s: after the fault's
+    end), then the recovery 90 + 6 x 120 s and 30 s tolerance: 3,450 s. The old plan (one fault length
+    beyond the 90 s timeline: 2,790 s) ends before healthy (measured in process: healthy at +3,187 s)."""
+    assert latest_recovery_ms(KINDS["errors"], POLICY, 1_800_000) == 3_450_000
+    assert latest_recovery_ms(KINDS["errors"], POLICY, 60_000) == 990_000  # no re-open: 60 + 90 + 810 + 30
+    assert latest_recovery_ms(KINDS["latency"], POLICY, 600_000) == 0
+    plan = plan_drill("errors", "drill/a", POLICY, duration_s=1800, end_ms=T0, run_id="r")
+    assert plan.end_ms - plan.fault_start_ms == 3_450_000 + 300_000  # + TAIL_S
+    result = run_in_process(plan, POLICY)
+    assert result.passed, result.table()
+    assert [r.transition for r in result.rows].count("open (probe, fault on)") == 4
+    assert result.rows[-1].transition == "healthy" and all(r.diff_ms == 0 for r in result.rows[1:]
+                                                           if not r.bound), result.table()
 
 
 def test_a_stricter_policy_changes_the_expectation():
@@ -180,3 +216,20 @@ def test_in_process_quota_drill_degrades_on_quota_opens_cycles_while_refused_the
     assert labels[1] == "open" and "open (probe, fault on)" in labels and labels[-1] == "healthy"
     assert all(r.status == "ok" for r in rows), format_rows(rows)
     assert result.passed
+
+
+def test_a_live_drill_expects_the_floor_only_when_its_channel_is_alone_on_its_route():
+    """A live drill runs on the channel's real route: alone there, its recovery is published under the SPEC §4.2
+    panic floor as on the shadow route "drill"; beside siblings, the plain ramp (they hold the route's weight)."""
+    floored = ["open", "half_open", "recovering 0.50", "recovering 0.40", "recovering 0.60", "recovering 0.80",
+               "healthy"]
+    plain = ["open", "half_open", "recovering 0.10", "recovering 0.20", "recovering 0.30", "recovering 0.40",
+             "recovering 0.60", "recovering 0.80", "healthy"]
+    for route, alone, want in (("drill", None, floored), ("chat-70b", None, plain), ("chat-70b", True, floored),
+                               ("drill", False, plain)):
+        plan = plan_drill("errors", "drill/a", POLICY, end_ms=T0, run_id="r", route=route, alone=alone)
+        assert [s.label for s in plan.steps] == want, (route, alone)
+    # the route's own panic threshold decides: 0 turns the floor off on that route
+    off = dataclasses.replace(POLICY, route_panic_thresholds={"chat-70b": 0.0})
+    plan = plan_drill("errors", "drill/a", off, end_ms=T0, run_id="r", route="chat-70b", alone=True)
+    assert [s.label for s in plan.steps] == plain

@@ -54,3 +54,26 @@ def test_the_worker_app_gets_producer_batches_that_hold_a_rounds_verdicts_per_pa
     app = faust.App("t-batch", **faust_broker_kwargs(settings))
     assert app.conf.producer_max_batch_size == PRODUCER_BATCH_BYTES == 262_144
     assert 1_000 * 734 / settings.partitions < PRODUCER_BATCH_BYTES  # 734 B: the largest bench verdict
+
+
+def test_the_worker_keeps_the_root_logger_at_its_loglevel_without_a_spinner():
+    """faust's terminal spinner sets the root logger to DEBUG (faust/worker.py ``_setup_spinner_handler``):
+    then each aiokafka ``log.debug`` (one per verdict sent) builds a LogRecord. Our worker has none."""
+    import logging
+
+    import faust
+
+    from pipeline.stream.runtime import BoundedStopWorker
+
+    root = logging.getLogger()
+    saved_level, saved_handlers = root.level, list(root.handlers)
+    app = faust.App("spinner-test", broker="kafka://127.0.0.1:9", store="memory://", web_enabled=False)
+    try:
+        worker = BoundedStopWorker(app, loglevel="warning", quiet=True)
+        worker._setup_logging()
+        assert worker.spinner is None
+        assert root.level == logging.WARNING
+        assert not logging.getLogger("aiokafka.producer.producer").isEnabledFor(logging.DEBUG)
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)

@@ -29,10 +29,12 @@ def finish(args: dict[str, Any], result: dict[str, Any]) -> None:
 
 def run_worker(app: Any) -> None:
     """Run a faust app in this process until the stage calls :func:`finish`."""
-    import faust
+    from pipeline.stream.runtime import BoundedStopWorker
 
     sys.argv = [sys.argv[0], "worker"]
-    faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
+    # The worker class of ``channel-health worker`` (no terminal spinner, so the root logger stays at
+    # WARNING), for the bare agent as for the pipeline: the ratio compares the agents' code, not logging.
+    BoundedStopWorker(app, loglevel="warning", quiet=True).execute_from_commandline()
 
 
 def faust_app(bootstrap: str, group: str, datadir: str) -> Any:

@@ -45,7 +45,7 @@ class DrillKind:
     reason code that must show the fault. default_duration_s: fault length when ``--duration`` is not
     given (s). needs_scorer: the quality scorer (torch, ``requirements-quality.txt``) must run.
     detector_missing: no signal for this reason exists yet: the expected timeline still names it and
-    the actual shows "not detected" (no fake pass).
+    the actual shows "not detected" (no fake pass). open_cause: see the field.
     """
 
     name: str
@@ -55,6 +55,9 @@ class DrillKind:
     default_duration_s: int
     needs_scorer: bool = False
     detector_missing: bool = False
+    #: The cause its ``open`` carries, whose backoff schedule spaces the probes (SPEC §4.1, §4.2;
+    #: :meth:`~pipeline.policy.defaults.PolicyConfig.backoff`): "" for the §4 detectors.
+    open_cause: str = ""
 
 
 #: Every drill kind by name (issue #22: at least latency, errors, hollow fields, stream stall,
@@ -65,7 +68,7 @@ KINDS: dict[str, DrillKind] = {k.name: k for k in (
     DrillKind("latency", "latency_ramp", "degraded", "latency_p95_ratio", 600),
     DrillKind("hollow", "missing_fields", "degraded", "missing_fields", 600),
     DrillKind("stream_stall", "stream_stall", "degraded", "slow_stream", 600),
-    DrillKind("quota_drain", "quota_drain", "degraded", "quota", 1800),
+    DrillKind("quota_drain", "quota_drain", "degraded", "quota", 1800, open_cause="quota_exhausted"),
     DrillKind("quality_drift", "quality_drift", "degraded", "quality", 900, needs_scorer=True),
 )}
 

@@ -25,8 +25,8 @@ from pipeline.contracts import Verdict
 from pipeline.policy.defaults import PolicyConfig
 
 from .kinds import DRILL_ROUTE, DRILL_WARMUP_S, TAIL_S, DrillKind, drill_scenario, get_kind
-from .timeline import (Row, Step, Transition, compare, expected_steps, format_rows, passed, rows_json,
-                       steps_json, transitions)
+from .timeline import (Row, Step, Transition, compare, expected_steps, format_rows, latest_recovery_ms, passed,
+                       rows_json, steps_json, transitions)
 
 #: Verdicts are waited for until the channel's latest one is this close to its last event (event time, ms).
 CAUGHT_UP_MS = 60_000
@@ -66,13 +66,18 @@ class DrillPlan:
 
 def plan_drill(kind: str, channel: str, policy: PolicyConfig, *, duration_s: float | None = None,
                end_ms: int | None = None, fault_start_ms: int | None = None, route: str = DRILL_ROUTE,
-               run_id: str | None = None) -> DrillPlan:
+               run_id: str | None = None, alone: bool | None = None) -> DrillPlan:
     """Plan a drill of ``kind`` on ``channel`` under ``policy``.
+
+    alone: the channel is the only one of ``route``, so its recovery is published under the route's panic
+    floor (:func:`~.timeline.published_ramp`); None: alone on the drill route (a shadow drill's own
+    traffic), with siblings on any other route.
 
     duration_s: fault length (s, > 0; default the kind's). Place it by ``end_ms`` (the last event; shadow
     drills end now) or by ``fault_start_ms`` (live drills start the fault now); default: ends now.
     The scenario lasts :data:`~.kinds.DRILL_WARMUP_S` + the last expected step + its tolerance +
-    :data:`~.kinds.TAIL_S`. Raises ``ValueError`` for an unknown kind (listing the valid ones), an empty
+    :data:`~.kinds.TAIL_S`; with a probe cycle, the last step at its latest: one fault length later, or
+    after the longest backed-off cooldowns (:func:`~.timeline.latest_recovery_ms`), whichever is later. Raises ``ValueError`` for an unknown kind (listing the valid ones), an empty
     channel name or a non-positive duration.
     """
     k = get_kind(kind)
@@ -81,11 +86,13 @@ def plan_drill(kind: str, channel: str, policy: PolicyConfig, *, duration_s: flo
     dur = float(k.default_duration_s if duration_s is None else duration_s)
     if not dur > 0:
         raise ValueError(f"--duration must be > 0 s, got {dur:g}")
-    steps = tuple(expected_steps(k, policy, int(dur * 1000), DRILL_ROUTE if route == DRILL_ROUTE else None))
+    lone = route == DRILL_ROUTE if alone is None else alone
+    steps = tuple(expected_steps(k, policy, int(dur * 1000), route if lone else None))
     dry = compare(steps, [], 0, int(dur * 1000))
     last_ms = max(r.expected_ms or 0 for r in dry) + max(s.tolerance_ms for s in steps)
-    if any(s.cycle for s in steps):  # probe cycles while the fault runs push the recovery back by up to the fault
-        last_ms += int(dur * 1000)
+    if any(s.cycle for s in steps):  # probe cycles while the fault runs push the recovery back by up to the fault,
+        # and by the backed-off cooldowns (issue #33 part 3: 90 s doubling to 15 min) when the fault outlasts them
+        last_ms = max(last_ms + int(dur * 1000), latest_recovery_ms(k, policy, int(dur * 1000)))
     total_ms = (DRILL_WARMUP_S + TAIL_S) * 1000 + max(last_ms, int(dur * 1000))
     if fault_start_ms is not None:
         start = fault_start_ms - DRILL_WARMUP_S * 1000

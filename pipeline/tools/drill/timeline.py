@@ -18,8 +18,10 @@ shift every later difference). How the delays follow from
   +``half_open_observe_ms`` (weight ``ramp_small_step``), each ramp step at
   +``ramp_interval_ms`` (+``ramp_small_step`` below ``ramp_small_until``,
   then +``ramp_large_step``), ``healthy`` at weight 1. Each ``half_open`` is
-  due when the ``open`` before it said its cooldown ends (``next_probe_ts_ms``:
-  the policy's backoff, longer for each re-open and for a spent quota). A
+  due in the first evaluation round (rounds run at event-time multiples of
+  ``eval_interval_ms``) at or after the time the ``open`` before it said its
+  cooldown ends (``next_probe_ts_ms``: the policy's backoff, longer for each
+  re-open and for a spent quota), so it is exact, not off by up to a round. A
   channel alone on its route (the drill route) publishes the ramp steps under
   the route's panic line at the floor weight (``route_panic``, SPEC §4.2):
   one transition for those steps (:func:`published_ramp`). ``quota_drain``:
@@ -79,6 +81,10 @@ class Step:
     #: A ``half_open`` that may repeat: while the fault still runs, the probe fails and the channel
     #: opens again (within a round); :func:`compare` then expects this step once more.
     cycle: bool = False
+    #: Evaluation grid, ms (0: none): a step due at a published time (a cooldown's end) happens at the
+    #: first round at or after it; rounds run at event-time multiples of ``eval_interval_ms`` (the engine's
+    #: ``ts // eval_interval_ms`` boundaries, :meth:`pipeline.engine.Engine.process`).
+    grid_ms: int = 0
 
     @property
     def label(self) -> str:
@@ -135,7 +141,46 @@ def ramp_weights(policy: PolicyConfig) -> list[float]:
 
 def _half_open(policy: PolicyConfig) -> Step:
     return Step("half_open", None, None, "previous", policy.open_cooldown_ms, False, policy.eval_interval_ms,
-                "cooldown (the open's next_probe_ts_ms: open_cooldown_ms, backed off)", cycle=True)
+                "cooldown (the open's next_probe_ts_ms, backed off) to the next round", cycle=True,
+                grid_ms=policy.eval_interval_ms)
+
+
+def on_grid(ms: int, grid_ms: int) -> int:
+    """The first multiple of ``grid_ms`` (> 0; 0: ``ms`` itself) at or after ``ms``: the evaluation round a
+    time-driven transition happens in (e.g. ``on_grid(92_500, 30_000) == 120_000``)."""
+    return -(-ms // grid_ms) * grid_ms if grid_ms > 0 else ms
+
+
+def latest_recovery_ms(kind: DrillKind, policy: PolicyConfig, duration_ms: int) -> int:
+    """The latest the last expected step of a drill of ``kind`` with an ``open`` (``errors``, ``quota_drain``)
+    can come, ms after the fault start, when the fault outlasts the cooldowns (issue #33 part 3).
+
+    Walks the probe cycle at its longest: the first ``open`` at its bound (:func:`expected_steps`), then
+    each cooldown of the kind's schedule (:meth:`PolicyConfig.backoff
+    <pipeline.policy.defaults.PolicyConfig.backoff>` of ``kind.open_cause``: ``base × 2**k`` with the
+    full jitter, capped) to the next round; a ``half_open`` before the fault's end fails its probe
+    within a round and opens again (the next attempt). From the first ``half_open`` at or after the
+    end: the recovery of :func:`expected_steps` (observation, ramp steps; the route's floor does not
+    change their sum). Returns 0 for kinds without an ``open``.
+    """
+    steps = expected_steps(kind, policy, duration_ms)
+    opener = next((s for s in steps if s.state == "open"), None)
+    if opener is None:
+        return 0
+    rnd = policy.eval_interval_ms
+    sched = policy.backoff(kind.open_cause)
+    t = opener.delay_ms + rnd  # the open, at its bound
+    k = 0
+    while True:
+        longest = sched.base_ms if k == 0 else min(sched.max_ms, round(sched.base_ms * sched.factor ** min(k, 64)
+                                                                        * (1.0 + sched.jitter)))
+        t = on_grid(t + longest, rnd)  # the half_open
+        if t >= duration_ms:
+            break
+        t += rnd  # the probe fails while the fault is on: open again within a round
+        k += 1
+    after = steps[[i for i, s in enumerate(steps) if s.cycle][0] + 1:]
+    return t + sum(s.delay_ms for s in after) + max(s.tolerance_ms for s in steps)
 
 
 def published_ramp(policy: PolicyConfig, alone_on: str | None = None) -> list[tuple[float, bool]]:
@@ -281,8 +326,9 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
     (state, ramp weight, reason); a ``half_open`` is due at the ``next_probe_ms`` of the ``open`` before
     it, the cooldown the policy's schedule gave that open (:meth:`PolicyConfig.backoff
     <pipeline.policy.defaults.PolicyConfig.backoff>`: 90 s for a first trip, doubling with jitter for each
-    re-open after a failed probe, issue #33 part 3; 5 min for a spent quota, SPEC §4.1), else
-    ``open_cooldown_ms`` after it; transitions left over become ``unexpected`` rows (a false verdict
+    re-open after a failed probe, issue #33 part 3; 5 min for a spent quota, SPEC §4.1), moved to the first
+    evaluation round at or after it (:func:`on_grid`, the step's ``grid_ms``), else ``open_cooldown_ms``
+    after it; transitions left over become ``unexpected`` rows (a false verdict
     before the fault included). ``kind.detector_missing``: an unmatched step says ``detector missing``.
     """
     rows: list[Row] = []
@@ -299,7 +345,7 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
             anchor = prev_ms if prev_ms is not None else fault_start_ms
         due = anchor + step.delay_ms
         if step.cycle and cooldown_end is not None:  # the cooldown the open published (backed off, SPEC §4.1/§4.2)
-            due = cooldown_end
+            due = on_grid(cooldown_end, step.grid_ms)  # in the first round at or after it
         cooldown_end = None
         hit = next((i for i in range(pos, len(actual)) if i not in used and _matches(step, actual[i])), None)
         if hit is None:

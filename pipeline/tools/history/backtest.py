@@ -22,6 +22,14 @@ events' time (:func:`feed`); the worker's quality agent scores
 asynchronously, so a recorded ``quality`` transition can differ by a round.
 Not replayed: operator overrides.
 
+Error classes (SPEC §4.1): each stored event's ``error_class`` (what the
+worker resolved with its policy's ``[error_classes.<provider>]`` patterns) is
+replayed as stored, with ``error_message``, ``retry_after_s`` and ``account``;
+a failed event stored without a class (a row written before
+``infra/clickhouse/014_error_fields.sql``) is classified from its
+``http_status`` / ``error_type`` / message with the candidate policy's
+patterns (:func:`replay_chunks`).
+
 Transitions: a verdict whose state differs from the channel's previous
 state. Matching (``transitions_matching``): same channel, same new state,
 same evaluation round (``ts_ms // eval_interval_ms``; a pre-trip in the
@@ -36,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -43,6 +52,7 @@ import numpy as np
 
 from pipeline.contracts import RequestEvent
 from pipeline.engine import Engine
+from pipeline.ingest.error_class import resolve_errors
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.storage import DATABASE
 from pipeline.tools.history.incidents import Incident, list_incidents
@@ -57,19 +67,26 @@ READ_CHUNK_MS = 3_600_000
 #: Events per :meth:`Engine.process` call.
 BATCH_EVENTS = 5_000
 
-# Column order = RequestEvent's positional field order up to quota_remaining (see pipeline.contracts).
+# Column order = RequestEvent's positional field order up to quota_remaining (see pipeline.contracts), then
+# the structure flags, then the error fields (RequestEvent's last four; the five fields between are None).
+# http_status / error_type only where no class was stored (rows before 014): what classifies them.
 # Read in the table's sorting-key order (ClickHouse reads it in order, 2-3x faster than ORDER BY ts), then
 # merged by event time with a stable sort: deterministic (channel, event_id order within one millisecond).
 _EVENT_SQL = (
     "SELECT event_id, toUnixTimestamp64Milli(ts), channel, route, status, latency_ms, NULL, NULL,"
-    " tier, NULL, NULL, ttft_ms, max_stream_gap_ms, input_tokens, output_tokens, cost_usd,"
-    f" quota_remaining, parse_ok, missing_fields FROM {DATABASE}.request_events FINAL"
+    " tier, if(error_class = '' AND status != 'ok', http_status, NULL),"
+    " if(error_class = '' AND status != 'ok', error_type, NULL), ttft_ms, max_stream_gap_ms, input_tokens,"
+    " output_tokens, cost_usd, quota_remaining, parse_ok, missing_fields,"
+    f" error_message, retry_after_s, account, nullIf(error_class, '') FROM {DATABASE}.request_events FINAL"
     " WHERE ts >= fromUnixTimestamp64Milli({{f:Int64}}, 'UTC') AND ts < fromUnixTimestamp64Milli({{t:Int64}}, 'UTC')"
     " {channels} ORDER BY channel, ts, event_id"
 )
 #: Stored columns not read (NULL above): identification and detail fields no detector reads (SPEC §4);
-#: skipping them saves about a fifth of the read time.
-NOT_READ: tuple[str, ...] = ("gateway_id", "trace_id", "http_status", "error_type")
+#: skipping them saves about a fifth of the read time. ``http_status`` / ``error_type`` are read only for
+#: a failed event stored without an error class (to classify it).
+NOT_READ: tuple[str, ...] = ("gateway_id", "trace_id")
+#: RequestEvent fields between ``quota_remaining`` and ``error_message`` (positional None when read).
+_BETWEEN = 5
 _SCORES_SQL = (
     f"SELECT channel, toUnixTimestamp64Milli(ts), score, model_version FROM {DATABASE}.quality_scores FINAL"
     " WHERE ts >= fromUnixTimestamp64Milli({{f:Int64}}, 'UTC') AND ts < fromUnixTimestamp64Milli({{t:Int64}}, 'UTC')"
@@ -129,7 +146,8 @@ def read_events(client: Any, from_ms: int, to_ms: int, channels: Sequence[str] |
     ``FINAL`` (one row per ``event_id``). The structure check stored with an
     event (``parse_ok``, ``missing_fields``) comes back as the engine's
     ``structure`` tuple, so answers are judged exactly as the worker judged them.
-    The columns in :data:`NOT_READ` come back as None. Each chunk carries
+    The columns in :data:`NOT_READ` come back as None; the error fields (``error_message``,
+    ``retry_after_s``, ``account``, ``error_class``) as stored. Each chunk carries
     the stored quality scores of its span (``quality``; None when there are none).
     """
     where = "AND channel IN {ch:Array(String)}" if channels else ""
@@ -145,7 +163,7 @@ def read_events(client: Any, from_ms: int, to_ms: int, channels: Sequence[str] |
         start = end
         if not cols or not cols[0]:
             continue
-        events = list(map(RequestEvent, *cols[:17]))
+        events = list(map(RequestEvent, *cols[:17], *([repeat(None)] * _BETWEEN), *cols[19:23]))
         structure = [_NOT_CHECKED if p is None else (bool(p), list(m)) for p, m in zip(cols[17], cols[18])]
         ts = np.asarray(cols[1], dtype=np.int64)
         if ts.size > 1 and (ts[1:] < ts[:-1]).any():
@@ -299,7 +317,8 @@ def replay_chunks(chunks: Iterable[ChannelEvents], policy: PolicyConfig, from_ms
 
     Verdicts before ``from_ms`` only set each channel's start state; verdicts
     at or after ``to_ms`` are dropped. Events are not validated again (they
-    were when stored).
+    were when stored); a failed event without an error class gets one from
+    ``policy.classifier`` (module docstring), a stored class is kept.
     """
     engine = Engine(policy)
     out: dict[str, Timeline] = defaultdict(Timeline)
@@ -307,6 +326,7 @@ def replay_chunks(chunks: Iterable[ChannelEvents], policy: PolicyConfig, from_ms
     t0, c0 = time.perf_counter(), time.process_time()
     with collector_paused():
         for chunk in chunks:
+            resolve_errors(chunk.events, policy.classifier)
             for result in feed(engine, chunk, batch_events):
                 for v in result.verdicts:
                     if v.ts_ms < from_ms:

@@ -79,13 +79,17 @@ def record(client: Any, events: Sequence[RequestEvent], policy: PolicyConfig | N
     very numbers the engine saw). Writes through
     :class:`~pipeline.sinks.clickhouse.ClickHouseSink` into ``request_events``,
     ``channel_verdicts`` and ``quality_scores`` (schema must be applied).
-    Returns the verdicts. Raises the sink's errors when a write fails.
+    Error classes are resolved with ``policy``'s patterns first, as the worker's decoder does
+    (:func:`~pipeline.ingest.error_class.resolve_errors`). Returns the verdicts. Raises the sink's
+    errors when a write fails.
     """
+    from pipeline.ingest.error_class import resolve_errors
     from pipeline.ingest.structure import resolve_structure
     from pipeline.sinks.clickhouse import ClickHouseSink, quality_row
     from pipeline.tools.history.backtest import ChannelEvents, QualityScores, feed
 
     engine = Engine(policy)
+    resolve_errors(events, engine.policy.classifier)
     sink = ClickHouseSink(client, max_rows=flush_every * 2)
     q = sorted(quality, key=lambda x: x[1])
     scores = QualityScores([c for c, _, _ in q], np.array([t for _, t, _ in q], dtype=np.int64),

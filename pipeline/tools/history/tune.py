@@ -218,7 +218,10 @@ def _scalar(v: Any) -> str:
         return repr(v)
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    raise TuneError(f"policy file value {v!r} cannot be written (numbers, strings and booleans only)")
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):  # [error_classes.<provider>] patterns
+        return "[" + ", ".join(map(_scalar, v)) + "]"
+    raise TuneError(f"policy file value {v!r} cannot be written (numbers, strings, booleans and lists of "
+                    f"strings only)")
 
 
 @dataclass

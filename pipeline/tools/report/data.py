@@ -30,7 +30,12 @@ CALM_STATES = frozenset({"healthy", "no_data"})
 VERDICT_METRICS = ("p95_ms", "baseline_p95_ms", "latency_p95_ratio", "error_rate_5m", "error_rate_lower_5m",
                    "error_rate_trip", "requests_5m", "consecutive_failures", "missing_rate_5m",
                    "quality_score_5m", "quality_baseline", "route_share", "penalty", "quota_remaining",
-                   "quota_drain_per_h")
+                   "quota_drain_per_h", "next_probe_ts_ms")
+#: Verdict metrics of the error class behind a verdict (SPEC §4.1, :mod:`pipeline.engine.error_classes`):
+#: name → ClickHouse type, read for :func:`pipeline.alert.error_class_text.error_class_line`.
+CLASS_METRICS = {"error_class": "Nullable(String)", "account": "Nullable(String)",
+                 "account_channels": "Nullable(Int64)", "retry_after_s": "Nullable(Float64)",
+                 "error_message": "Nullable(String)", "caller_errors_5m": "Nullable(Int64)"}
 
 _SEL = "has({channels:Array(String)}, channel)"
 _WIN = "ts >= {t0:DateTime64(3, 'UTC')} AND ts < {t1:DateTime64(3, 'UTC')}"
@@ -42,6 +47,7 @@ SQL_STATES = ("SELECT channel, ts, state FROM channel_health.channel_verdicts FI
 SQL_VERDICTS = (
     "SELECT channel, route, ts, seq, state, weight, reasons, "
     + ", ".join(f"JSONExtract(metrics, '{k}', 'Nullable(Float64)') AS {k}" for k in VERDICT_METRICS)
+    + ", " + ", ".join(f"JSONExtract(metrics, '{k}', '{t}') AS {k}" for k, t in CLASS_METRICS.items())
     + f" FROM channel_health.channel_verdicts FINAL WHERE {_SEL} AND {_WIN} ORDER BY channel, ts, seq"
 )
 SQL_MINUTES = (

@@ -4,7 +4,7 @@ no script, no stylesheet or font from the network, so it opens offline and can b
 Names and every table cell pass :func:`pipeline.escape.html_text` (SPEC §8: data, never markup; control
 characters shown escaped). Tables carry the numbers exactly as ClickHouse returned them (floats with
 up to 6 significant digits, times in UTC ISO 8601); table ids
-``summary`` and ``transitions`` are stable for tests and scrapers.
+``summary``, ``impact``, ``probes`` and ``transitions`` are stable for tests and scrapers.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 from html import escape
 from typing import Any
 
+from pipeline.alert.error_class_text import error_class_line
 from pipeline.escape import html_text
-from pipeline.tools.report.data import ReportData, iso_utc
+from pipeline.tools.report.data import CLASS_METRICS, ReportData, iso_utc
 from pipeline.tools.report.plots import PLOTS, STATE_COLOURS
 
 #: Verdict numbers shown in the transitions table (keys of the verdict's metrics).
@@ -123,6 +124,37 @@ def overrides_section(data: ReportData) -> list[str]:
     return ["<h2>Overrides</h2>", _table("overrides", head, rows)]
 
 
+def class_text(verdict: dict[str, Any]) -> str | None:
+    """The error-class line of a verdict row of :data:`~pipeline.tools.report.data.SQL_VERDICTS` (SPEC §4.1,
+    :func:`~pipeline.alert.error_class_text.error_class_line`: "dead key on account acct-a (2 channels) —
+    <message>"), unescaped; None when no class is behind it."""
+    metrics = {k: verdict[k] for k in CLASS_METRICS if verdict.get(k) is not None}
+    return error_class_line(list(verdict.get("reasons") or []), metrics)
+
+
+def probes_section(data: ReportData) -> list[str]:
+    """The "Probe schedule" table (id ``probes``): each ``open`` with its attempt in the series, the cooldown
+    the worker published and what its probe led to (:mod:`.probes`; SPEC §4.1, §4.2)."""
+    from pipeline.policy.defaults import PolicyConfig
+    from pipeline.tools.report.probes import as_cells, probe_schedule, schedule_text
+
+    found = probe_schedule(data)
+    if not found:
+        return ["<h2>Probe schedule</h2>", '<p class="note">No channel opened in the window.</p>']
+    head = ["channel", "opened (UTC)", "attempt", "reasons", "cooldown s", "next probe (UTC)", "probed (UTC)",
+            "then"]
+    rows = []
+    for r in found:
+        ch, opened, nth, reasons, cool, nxt, probed, then = as_cells(r)
+        rows.append([_td(ch), _td(iso_utc(opened)), _td(nth), _td(reasons), _td(cool, True),
+                     _td(iso_utc(nxt) if nxt else None), _td(iso_utc(probed) if probed else None), _td(then)])
+    note = ('<p class="note">Cooldowns as the worker published them (the open verdict\'s next_probe_ts_ms); each '
+            "re-open after a failed probe lengthens the next (SPEC §4.2). Built-in schedules: "
+            f"{html_text(schedule_text(PolicyConfig()))}. A probe starts in the first evaluation round at or after "
+            "the cooldown's end.</p>")
+    return ["<h2>Probe schedule</h2>", note, _table("probes", head, rows)]
+
+
 def render_html(data: ReportData, source: str) -> str:
     """The report page for ``data``; ``source``: where the data came from (a redacted URL), shown in the header."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>channel-health report: "
@@ -134,7 +166,7 @@ def render_html(data: ReportData, source: str) -> str:
     head = ["channel", "requests", "failures", "error rate", "verdicts", "state changes", "last state"]
     rows = [[_td(r[0]), *(_td(x, True) for x in r[1:6]), f"<td>{_state(r[6])}</td>"] for r in summary_rows(data)]
     parts += ["<h2>Summary</h2>", _table("summary", head, rows)]
-    parts += impact_section(data) + overrides_section(data)
+    parts += impact_section(data) + probes_section(data) + overrides_section(data)
     for plot in PLOTS:
         title, png, note = plot(data)
         parts.append(f"<h2>{escape(title)}</h2>")
@@ -143,9 +175,9 @@ def render_html(data: ReportData, source: str) -> str:
         else:
             b64 = base64.b64encode(png).decode("ascii")
             parts.append(f'<figure><img alt="{escape(title)}" src="data:image/png;base64,{b64}"></figure>')
-    head = ["time (UTC)", "channel", "from", "to", "reasons", "weight", *TRANSITION_NUMBERS]
+    head = ["time (UTC)", "channel", "from", "to", "reasons", "error class", "weight", *TRANSITION_NUMBERS]
     rows = [[_td(v["ts"]), _td(v["channel"]), f"<td>{_state(p['state'] if p else None)}</td>",
-             f"<td>{_state(v['state'])}</td>", _td(v["reasons"] or None), _td(v["weight"], True),
+             f"<td>{_state(v['state'])}</td>", _td(v["reasons"] or None), _td(class_text(v)), _td(v["weight"], True),
              *(_td(v[k], True) for k in TRANSITION_NUMBERS)] for p, v in data.transitions()]
     parts += ["<h2>Transitions</h2>", '<p class="note">Every change of state in the window, with the reasons and '
               "the detectors' numbers the worker published (the first verdict of each channel has no 'from').</p>",

@@ -17,6 +17,7 @@ from .replay import ReplayChannel, replay_channel_name
 from .scenario import WARMUP_S, Scenario  # noqa: F401  (WARMUP_S and Scenario are re-exported)
 from .scenarios_errors import caller_storm, dead_key, quota_hard, retry_after
 from .scenarios_usage import quota_exhaustion, slow_failure
+from .scenarios_route import peer_creep, route_wide
 
 #: gradual-degradation: the failures of its saturating upstream, 502 ``upstream_error`` and 504 timeouts
 #: (SPEC §5.1 "its error rate 0.2 % -> 4.6 %": the channel breaking, SPEC §4.1 class ``transient``). An
@@ -390,6 +391,8 @@ _BUILDERS: dict[str, Callable[[], Scenario]] = {
     "quota-hard": quota_hard,
     "retry-after": retry_after,
     "caller-storm": caller_storm,
+    "route-wide": route_wide,
+    "peer-creep": peer_creep,
 }
 
 #: All scenarios by name (configuration only; no data is read until ``events``).

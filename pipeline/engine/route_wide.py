@@ -1,0 +1,150 @@
+"""The engine's route-wide and peer-relative part (SPEC §4.2 "Route-wide events", issue #33 part 4).
+
+:class:`RouteWide` (``engine.routes.wide``) keeps, per channel, its last round's 5 min P95 and its
+recent outcomes, and applies the rules of :mod:`pipeline.policy.route_wide` on routes of at least
+:data:`~pipeline.policy.route_wide.ROUTE_WIDE_MIN_CHANNELS` channels (a smaller route costs one
+length check per round and is never touched):
+
+* :meth:`RouteWide.peer_findings`, called in each round before the state machines step: the
+  ``peer_latency`` soft finding (a channel far slower than its route peers, which its own drifting
+  baseline cannot see), with the metric ``peer_p95_ratio`` while it holds;
+* :meth:`RouteWide.apply`, called by :class:`~pipeline.engine.route_shares.RouteShares` after the
+  panic floor: when most of a route is degraded together, its equally bad channels share one weight
+  (:data:`~pipeline.policy.route_wide.ROUTE_WIDE_WEIGHT`) and their verdicts say ``route_wide``, so
+  the shares do not churn among them as each channel's own state flips;
+* :meth:`RouteWide.keep_on_trip`: a failure run between rounds does not take a route-wide channel
+  out of the route until the next round decides.
+
+Peers are read as of their own last round (at most :data:`PEER_MAX_AGE_MS` old): channels of a route
+reach a round boundary with their own events, not necessarily in one call. Nothing here is in the
+snapshots: after a restart a finding is re-established at the next round (its trip rule needs no
+history), and route-wide membership is decided every round afresh.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.policy.route_wide import (PEER_LATENCY, ROUTE_WIDE_MIN_CHANNELS, ROUTE_WIDE_WEIGHT,
+                                        peer_latency_fired, route_wide_members)
+from pipeline.policy.routes import has_hard_fault
+from pipeline.policy.state_machine import HEALTHY, NO_DATA, ChannelMachine
+from pipeline.windows.store import WindowStore
+from pipeline.windows.view import WindowView
+
+#: A peer's P95 older than this (two rounds of SPEC §4's 30 s) is not used.
+PEER_MAX_AGE_MS = 60_000
+#: Answers a 5 min P95 needs to count here (SPEC §4.3 ``latency_min_requests`` default).
+PEER_MIN_SAMPLES = 50
+
+
+class RouteWide:
+    """Per-channel state of the route-wide and peer-relative rules (see the module docstring).
+
+    ``store``: channel registry and route members; ``machines``: the engine's state machines (shared
+    list). Attributes read by the engine: :attr:`weight` (channel index -> the route-wide weight it is
+    published at, this round) and :attr:`peer_active` (channel indices flagged ``peer_latency``).
+    """
+
+    def __init__(self, store: WindowStore, machines: list[ChannelMachine]):
+        self.store = store
+        self.machines = machines
+        #: channel index -> (round ms, 5 min P95 ms, its 99 % lower bound ms) as of its last round.
+        self._p95: dict[int, tuple[int, float, float]] = {}
+        #: channel index -> (judged requests, failures) of the last minute, as of its last round.
+        self._recent: dict[int, tuple[float, float]] = {}
+        #: channel indices whose ``peer_latency`` finding is in force.
+        self.peer_active: set[int] = set()
+        #: channel index -> the weight a route-wide event holds it at (reason ``route_wide``).
+        self.weight: dict[int, float] = {}
+
+    def peer_findings(self, rows: np.ndarray, view: WindowView, now_ms: int) -> tuple[list[bool], list[float]]:
+        """The ``peer_latency`` finding of channels ``rows`` (int (n,)) at their round ``now_ms``, from the
+        round's ``view`` (features ``p95_ms`` / ``p95_lower_ms``; without them nothing fires). Returns
+        ``(fired, ratio)``, lists of n: ``ratio`` is the channel's point P95 / its peers' median (NaN
+        where there is no median: a route of fewer than 3 channels, or peers without a P95)."""
+        n = len(rows)
+        fired, ratio = [False] * n, [float("nan")] * n
+        extra = view.extra
+        if "p95_ms" not in extra or "p95_lower_ms" not in extra:
+            return fired, ratio
+        members, routes = self.store.route_members(), self.store.routes
+        thin = extra["n_latency_5m"] < PEER_MIN_SAMPLES if "n_latency_5m" in extra else np.zeros(n, bool)
+        p95 = np.where(thin, np.nan, extra["p95_ms"])
+        lower = np.where(thin, np.nan, extra["p95_lower_ms"])
+        todo = []
+        for j, i in enumerate(rows.tolist()):
+            if len(members[routes[i]]) < ROUTE_WIDE_MIN_CHANNELS:
+                continue
+            self._p95[i] = (now_ms, float(p95[j]), float(lower[j]))
+            todo.append((j, i))
+        for j, i in todo:
+            peers = [v[1] for k in members[routes[i]] if k != i and (v := self._p95.get(k)) is not None
+                     and now_ms - v[0] <= PEER_MAX_AGE_MS and self.machines[k].state != NO_DATA
+                     and np.isfinite(v[1])]
+            if len(peers) < 2:
+                on = i in self.peer_active  # no evidence either way: keep the finding
+            else:
+                med = float(np.median(peers))
+                _, p, lo = self._p95[i]
+                on = bool(peer_latency_fired(np.array([lo]), np.array([p]), np.array([med]),
+                                             np.array([i in self.peer_active]))[0])
+                ratio[j] = p / med if med > 0 else float("nan")
+            fired[j] = on
+            if on:
+                self.peer_active.add(i)
+            else:
+                self.peer_active.discard(i)
+        return fired, ratio
+
+    def note(self, rows: np.ndarray, requests: np.ndarray, failures: np.ndarray) -> None:
+        """The last minute's judged ``requests`` and ``failures`` of channels ``rows`` at their round."""
+        self._recent.update(zip(rows.tolist(), zip(np.asarray(requests, np.float64).tolist(),
+                                                   np.asarray(failures, np.float64).tolist())))
+
+    def apply(self, idx: list[int], w: tuple[float, ...], probing: np.ndarray | None,
+              panic_weight: dict[int, float]) -> tuple[tuple[float, ...], np.ndarray | None]:
+        """Route ``idx``'s weights ``w`` (after the panic floor) and ``half_open`` mask after the route-wide
+        rule: members (:func:`~pipeline.policy.route_wide.route_wide_members`) get
+        :data:`~pipeline.policy.route_wide.ROUTE_WIDE_WEIGHT`, are not held to a probe share and leave
+        ``panic_weight`` (updated in place); :attr:`weight` is updated for the route."""
+        if self.weight:
+            for i in idx:
+                self.weight.pop(i, None)
+        if len(idx) < ROUTE_WIDE_MIN_CHANNELS:
+            return w, probing
+        ms = [self.machines[i] for i in idx]
+        if all(m.state == HEALTHY for m in ms):
+            return w, probing
+        # non-healthy by the §4 detectors: not by an error class of SPEC §4.1 (cause "" until a full
+        # recovery: a channel ramping back after a spent quota is not part of a route-wide event)
+        affected = np.array([m.state not in (HEALTHY, NO_DATA) and m.cause == "" and not has_hard_fault(m.reasons)
+                             and "rate_limited" not in m.reasons and i not in self.peer_active
+                             for i, m in zip(idx, ms)])
+        with_data = np.array([m.state != NO_DATA for m in ms])
+        recent = [self._recent.get(i, (0.0, 0.0)) for i in idx]
+        members = route_wide_members(affected, with_data, np.array([r[0] for r in recent]),
+                                     np.array([r[1] for r in recent]))
+        if not members.any():
+            return w, probing
+        out = list(w)
+        for j in np.flatnonzero(members).tolist():
+            out[j] = ROUTE_WIDE_WEIGHT
+            self.weight[idx[j]] = ROUTE_WIDE_WEIGHT
+            panic_weight.pop(idx[j], None)
+        if probing is not None:
+            probing = probing & ~members
+        return tuple(out), probing
+
+    def keep_on_trip(self, i: int) -> float | None:
+        """The weight channel ``i`` keeps when a trip between rounds opens it: its route-wide weight while
+        it is a member and the trip is no hard fault (the next round decides), else None (and it leaves
+        :attr:`weight`)."""
+        w = self.weight.get(i)
+        if w is None or has_hard_fault(self.machines[i].reasons):
+            self.weight.pop(i, None)
+            return None
+        return w
+
+
+__all__ = ["PEER_LATENCY", "RouteWide"]
