@@ -5,8 +5,14 @@ One :class:`IntervalRing` holds, per channel, ``n_slots`` intervals of
 interval. A slot is identified by its absolute interval number
 ``ts_ms // slot_ms``; writing an event whose interval is newer than what a
 ring position holds evicts the old interval (the ring rolls over in event
-time, never in wall-clock time). Memory is fixed per channel:
-``n_slots * (n_counters + n_buckets) * 4`` bytes, whatever the event count.
+time, never in wall-clock time). Address space is fixed per channel:
+``n_slots * (n_counters + n_buckets) * 4`` bytes; resident memory grows with
+the intervals a channel has written. The counters and histograms are stored
+slot-major (all channels' cells of one ring position side by side) and handed
+out as (channel, slot, k) views: a channel that wrote one interval makes one
+cell of ``n_counters * 4`` / ``n_buckets * 4`` bytes resident, sharing its
+pages with the channels that wrote the same position (the OS maps a zeroed
+page on first write), not a 4 KiB page of a row of its own (docs/MEMORY.md).
 
 The store's ring (see :mod:`pipeline.windows.store`): 30 × 10 s counters
 (the 1 min and 5 min windows of SPEC §4.1–4.4). The signals' windows keep
@@ -162,6 +168,10 @@ class IntervalRing:
       ``slot_id``  int64 (C, n_slots): interval number held, -1 = empty;
       ``counts``   float32 (C, n_slots, n_counters);
       ``hist``     float32 (C, n_slots, n_buckets) latency histograms.
+    ``counts`` and ``hist`` are views of slot-major (n_slots, C, k) C-contiguous
+    arrays (not C-contiguous themselves; ``.copy()`` of a row is): the cells of
+    one ring position of all channels lie side by side, so the memory a channel
+    makes resident is the cells it wrote, not a page per row (module doc).
     float32 keeps sums exact up to 2**24 per interval and lets window sums
     run as one ``einsum`` (:func:`masked_sums`).
 
@@ -176,8 +186,13 @@ class IntervalRing:
         self.n_counters = int(n_counters)
         self.n_buckets = int(n_buckets)
         self.slot_id = np.full((capacity, n_slots), -1, dtype=np.int64)
-        self.counts = small_pages(np.zeros((capacity, n_slots, n_counters), dtype=np.float32))
-        self.hist = small_pages(np.zeros((capacity, n_slots, n_buckets), dtype=np.float32))
+        self._set_cells(_cells(n_slots, capacity, n_counters), _cells(n_slots, capacity, n_buckets))
+
+    def _set_cells(self, counts: np.ndarray, hist: np.ndarray) -> None:
+        """Install slot-major storage ``counts`` / ``hist`` (n_slots, C, k) and their (C, n_slots, k) views."""
+        self._counts_sm, self._hist_sm = counts, hist
+        self.counts = counts.transpose(1, 0, 2)
+        self.hist = hist.transpose(1, 0, 2)
 
     @property
     def capacity(self) -> int:
@@ -196,18 +211,21 @@ class IntervalRing:
         # (a reserve for channels that may never come costs nothing). Only the slots that hold an
         # interval are copied, so the empty slots of sparse channels (one event: one slot of 30) and of
         # released rows (:meth:`clear_rows`) stay untouched pages.
-        for name in ("counts", "hist"):
-            old = getattr(self, name)
-            grown = small_pages(np.zeros((new, *old.shape[1:]), np.float32))
-            grown[held] = old[held]
-            setattr(self, name, grown)
+        grown = []
+        for old in (self.counts, self.hist):
+            cells = _cells(self.n_slots, new, old.shape[2])
+            cells.transpose(1, 0, 2)[held] = old[held]
+            grown.append(cells)
+        self._set_cells(*grown)
 
     def clear_rows(self, rows: np.ndarray | list[int]) -> None:
         """Empty channels ``rows`` (all slots), giving their histogram memory back (:func:`release_zero`)."""
         for r in np.asarray(rows, dtype=np.int64).tolist():
             self.slot_id[r] = -1
-            release_zero(self.counts[r], self.counts)
-            release_zero(self.hist[r], self.hist)
+            for cells in (self._counts_sm, self._hist_sm):
+                if cells.shape[2]:
+                    for s in np.flatnonzero(cells[:, r].any(axis=1)).tolist():  # reading maps no page
+                        release_zero(cells[s, r], cells)
 
     def add(
         self,
@@ -248,8 +266,11 @@ class IntervalRing:
         if slot is None:
             slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
         ns = self.n_slots
-        flat = slot % ns
-        flat += channel * ns
+        pos = slot % ns
+        flat = channel * ns
+        flat += pos
+        cell = pos * self.slot_id.shape[0]  # the (position, channel) cell of the slot-major counts / hist
+        cell += channel
         ids = self.slot_id.reshape(-1)
         held = ids[flat]
         newer = slot > held
@@ -275,8 +296,8 @@ class IntervalRing:
         # docs/THROUGHPUT.md, "Design measurements").
         if counter_rows is not None and self.n_counters:
             k = self.n_counters
-            base = (flat if kept is None else flat[kept]) * k
-            target = np.reshape(self.counts, -1, copy=False)
+            base = (cell if kept is None else cell[kept]) * k
+            target = np.reshape(self._counts_sm, -1, copy=False)
             if n * k <= _MATRIX_CELLS:  # one scatter-add of a (k, n) matrix: fewer numpy calls
                 vt = (np.asarray(counter_rows, np.float32).T if isinstance(counter_rows, np.ndarray)
                       else np.array(counter_rows, np.float32))
@@ -286,13 +307,13 @@ class IntervalRing:
                 columns = counter_rows.T if isinstance(counter_rows, np.ndarray) else counter_rows
                 _scatter_columns(target, base, [col if kept is None else np.asarray(col)[kept] for col in columns])
         if hist_key is not None and self.n_buckets:
-            target = np.reshape(self.hist, -1, copy=False)
+            target = np.reshape(self._hist_sm, -1, copy=False)
             single = isinstance(hist_key, np.ndarray)
             keys = (hist_key,) if single else hist_key
             masks = (hist_mask,) if single else ((None,) * len(keys) if hist_mask is None else hist_mask)
             for key, mask in zip(keys, masks):
                 sel = fits if mask is None else fits & mask
-                np.add.at(target, flat[sel] * self.n_buckets + np.asarray(key)[sel], _ONE)
+                np.add.at(target, cell[sel] * self.n_buckets + np.asarray(key)[sel], _ONE)
         return ~fits
 
     def _evict(self, ids: np.ndarray, flat: np.ndarray, slot: np.ndarray, newer: np.ndarray) -> None:
@@ -314,11 +335,14 @@ class IntervalRing:
         ids[evict] = newest[evict]
 
     def _zero(self, cells: np.ndarray) -> None:
-        """Zero the counters and histograms of flat (channel, slot) cells ``cells``."""
+        """Zero the counters and histograms of flat (channel, slot) cells ``cells`` (indices into ``slot_id``)."""
+        channel, pos = np.divmod(cells, self.n_slots)
+        pos *= self.slot_id.shape[0]
+        pos += channel  # the same cells in the slot-major arrays
         if self.n_counters:
-            self.counts.reshape(-1, self.n_counters)[cells] = 0.0
+            self._counts_sm.reshape(-1, self.n_counters)[pos] = 0.0
         if self.n_buckets:
-            self.hist.reshape(-1, self.n_buckets)[cells] = 0.0
+            self._hist_sm.reshape(-1, self.n_buckets)[pos] = 0.0
 
     def window_mask(self, lo_slot: np.ndarray | int, hi_slot: int) -> np.ndarray:
         """float32 (C, n_slots): 1 where the held interval is in ``[lo_slot, hi_slot)``.
@@ -350,8 +374,18 @@ class IntervalRing:
                 f"snapshot ring shape {state['hist'].shape[1:]} does not match configured {self.hist.shape[1:]}"
             )
         self.slot_id = state["slot_id"].astype(np.int64).copy()
-        self.counts = state["counts"].astype(np.float32).copy()
-        self.hist = state["hist"].astype(np.float32).copy()
+        loaded = []
+        for a in (state["counts"], state["hist"]):
+            cells = _cells(self.n_slots, self.slot_id.shape[0], a.shape[2])
+            written = a.any(axis=2)  # only cells holding data are written: the others stay unmapped pages
+            cells.transpose(1, 0, 2)[written] = a[written]
+            loaded.append(cells)
+        self._set_cells(*loaded)
+
+
+def _cells(n_slots: int, capacity: int, k: int) -> np.ndarray:
+    """Zeroed slot-major float32 cells (n_slots, capacity, k), on small pages (:func:`small_pages`)."""
+    return small_pages(np.zeros((n_slots, capacity, k), dtype=np.float32))
 
 
 def masked_sums(mask: np.ndarray, cube: np.ndarray, rows: slice | np.ndarray = slice(None)) -> np.ndarray:

@@ -55,6 +55,17 @@ def arrays(obj: Any, seen: set[int] | None = None, depth: int = 0) -> list[np.nd
     return [a for x in items for a in arrays(x, seen, depth + 1)]
 
 
+def owners(arrs: list[np.ndarray]) -> list[np.ndarray]:
+    """``arrs`` less the views of another array in ``arrs`` (a ring's ``counts`` / ``hist`` are views of its
+    slot-major cells: counted once, as the contiguous array that holds the memory).
+
+    >>> a = np.zeros((2, 3)); [x.shape for x in owners([a, a.T, np.ones(1)])]
+    [(2, 3), (1,)]
+    """
+    ids = {id(a) for a in arrs}
+    return [a for a in arrs if a.base is None or id(a.base) not in ids]
+
+
 def written_bytes(a: np.ndarray) -> int:
     """Bytes in the 4 KiB pages of ``a``'s buffer that hold a non-zero byte (whole ``nbytes`` when small or
     not contiguous).
@@ -103,7 +114,7 @@ def measure(n_channels: int, per_channel: int) -> dict[str, Any]:
                            "engine_rss_growth_mb": round(grown / 2**20, 1),
                            "rss_per_channel_kb": round(grown / n_channels / 1024, 1), "families": {}}
     for name, obj in families(engine.store).items():
-        arrs = arrays(obj)
+        arrs = owners(arrays(obj))
         out["families"][name] = {"allocated": round(sum(a.nbytes for a in arrs) / n_channels),
                                  "written_pages": round(sum(written_bytes(a) for a in arrs) / n_channels)}
     return out

@@ -1,0 +1,59 @@
+"""A ring's resident memory grows with the intervals its channels wrote (issue #34 part 1).
+
+The counters and histograms are stored slot-major (:mod:`pipeline.windows.ring`): a channel that wrote
+one interval holds one cell of ``n_buckets * 4`` bytes, next to the other channels' cells of that ring
+position, instead of a 4 KiB page of its own row (the row-major layout before: a one-event channel
+wrote one page of each latency ring, docs/MEMORY.md). Bytes are counted as 4 KiB pages holding a
+non-zero byte (:func:`~pipeline.tools.bench.channel_memory.written_bytes`: Linux makes an anonymous
+page resident on its first write, mmap(2)); figures for the latency signal's 1 h ring, 25 slots of
+336 buckets (``base.hist``: 33,600 B per channel allocated).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.tools.bench.channel_memory import PAGE, arrays, owners, written_bytes
+from pipeline.windows.ring import IntervalRing
+
+HOUR_MS = 3_600_000
+T0 = 1_780_000_000_000 - 1_780_000_000_000 % HOUR_MS
+N = 2_048
+BUCKETS = 336
+
+
+def _cells_written(ring: IntervalRing) -> int:
+    """Written bytes of the ring's float cells (the slot-major arrays; ``slot_id`` left out)."""
+    return sum(written_bytes(a) for a in owners(arrays(ring)) if a.dtype == np.float32)
+
+
+def _one_event_each(ring: IntervalRing, ts_ms: np.ndarray) -> None:
+    ch = np.arange(N, dtype=np.int64)
+    ring.add(ch, ts_ms, hist_mask=np.ones(N, bool), hist_key=(ch * 7) % BUCKETS)
+
+
+def test_one_event_channels_write_one_cell_each_not_a_page() -> None:
+    ring = IntervalRing(HOUR_MS, 25, 0, BUCKETS, capacity=N)
+    _one_event_each(ring, np.full(N, T0 + 5))
+    # 2,048 cells of 1,344 B side by side: exactly 672 pages (the row-major layout wrote 2,048 pages).
+    assert _cells_written(ring) == N * BUCKETS * 4 == 672 * PAGE
+    assert ring.hist.sum() == N and ring.hist[:, T0 // HOUR_MS % 25].sum(axis=1).tolist() == [1.0] * N
+
+
+def test_growing_and_clearing_keep_only_written_cells_resident() -> None:
+    ring = IntervalRing(HOUR_MS, 25, 0, BUCKETS, capacity=16)
+    ring.ensure_capacity(N)  # doubling copies only the held cells: nothing written yet
+    assert _cells_written(ring) == 0
+    # The first half of the channels in one hour, the second in the next: each half's cells are one run
+    # of pages of their ring position (a page is shared by the cells of ~3 neighbouring channels: had
+    # neighbours alternated hours, every page of both positions would hold a written cell).
+    ts = np.where(np.arange(N) < N // 2, T0 + 5, T0 + HOUR_MS + 5)
+    _one_event_each(ring, ts)
+    written = _cells_written(ring)
+    assert written <= N * BUCKETS * 4 + 2 * PAGE
+    ring.ensure_capacity(2 * N)
+    assert _cells_written(ring) == written
+    ring.clear_rows(np.arange(N - 1))
+    assert _cells_written(ring) == PAGE and ring.hist[N - 1].sum() == 1.0  # the last channel's cell stays
+    ring.clear_rows([N - 1])
+    assert _cells_written(ring) == 0 and (ring.slot_id == -1).all()
