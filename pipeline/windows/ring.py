@@ -62,37 +62,52 @@ def small_pages(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def release_zero(a: np.ndarray, within: np.ndarray | None = None) -> None:
-    """Set the C-contiguous array ``a`` to zeros, handing its memory pages back to the OS.
+def release_cells(cells: np.ndarray, rows: np.ndarray) -> None:
+    """Zero channels ``rows`` of the slot-major C-contiguous ``cells`` (n_slots, C, k), handing back to the
+    OS the memory pages that are then all zeros.
 
-    The pages inside ``a`` are dropped with ``madvise(MADV_DONTNEED)`` (Linux, Linux man-pages
-    madvise(2): private anonymous pages read back zero-filled and are resident again only when
-    written). A page ``a`` shares with its neighbours is zeroed in place where it holds data, and
-    dropped too when it then is all zeros and lies inside ``within`` (the C-contiguous array ``a`` is
-    part of, e.g. a ring's whole ``hist``; only this thread writes it). Elsewhere (no Linux libc), or
-    when a call fails, ``a`` is zeroed in place (same contents, memory stays resident).
+    Only cells holding a non-zero value are written (reading a page never written maps no memory). A page
+    wholly inside ``cells`` that holds only zeros afterwards is dropped with ``madvise(MADV_DONTNEED)``
+    (Linux, Linux man-pages madvise(2): private anonymous pages read back zero-filled and are resident again
+    only when written); pages shared with cells of channels still holding data stay. Elsewhere (no Linux
+    libc) the cells are zeroed in place (same contents, memory stays resident). ``rows`` int (m,).
     """
-    if not a.flags.c_contiguous:
-        raise ValueError("release_zero needs a C-contiguous array")
-    start, end = a.ctypes.data, a.ctypes.data + a.nbytes
-    lo, hi, done = _madvise(a, _MADV_DONTNEED)
-    b = a.reshape(-1).view(np.uint8)
-    if not done:
-        lo = hi = start  # no whole page released: every byte is an "edge"
-    for edge in (b[: max(min(lo, end) - start, 0)], b[max(hi, start) - start:]):
-        if edge.any():  # reading an untouched page allocates nothing
-            edge[:] = 0
-    if within is None or not within.flags.c_contiguous or _LIBC is None:
+    n_slots, capacity, k = cells.shape
+    rows = np.asarray(rows, dtype=np.int64)
+    if k == 0 or rows.size == 0:
         return
-    w0, w1 = within.ctypes.data, within.ctypes.data + within.nbytes
-    whole = within.reshape(-1).view(np.uint8)
-    for page in range(start // _PAGE * _PAGE, end, _PAGE):
-        if (lo <= page < hi) or page < w0 or page + _PAGE > w1:
-            continue  # released above, or not wholly inside ``within``
-        if not whole[page - w0: page - w0 + _PAGE].any():
-            _advise(page, _PAGE, _MADV_DONTNEED)
+    if not cells.flags.c_contiguous:
+        raise ValueError("release_cells needs C-contiguous cells")
+    start = cells.ctypes.data
+    first = -(-start // _PAGE) * _PAGE  # the pages wholly inside ``cells``: [first, first + n_pages * _PAGE)
+    n_pages = max((start + cells.nbytes - first) // _PAGE, 0)
+    pages = cells.reshape(-1).view(np.uint8)[first - start:first - start + n_pages * _PAGE].reshape(n_pages, _PAGE)
+    cell_bytes = k * cells.itemsize
+    span = np.arange(-(-cell_bytes // _PAGE) + 1)  # the pages a cell can touch, from the page of its first byte
+    for lo in range(0, rows.shape[0], _CLEAR_ROWS):
+        part = rows[lo:lo + _CLEAR_ROWS]
+        pos, j = np.nonzero(cells[:, part].any(axis=2))
+        if not pos.size:
+            continue
+        held = pos * capacity + part[j]  # flat cell indices
+        cells.reshape(-1, k)[held] = 0.0
+        if _LIBC is None:
+            continue
+        byte = start + held * cell_bytes
+        touched = ((byte - first) // _PAGE)[:, None] + span
+        touched = touched[(touched >= 0) & (touched < n_pages)
+                          & (first + touched * _PAGE < (byte + cell_bytes)[:, None])]
+        touched = np.unique(touched)
+        empty = touched[~pages[touched].any(axis=1)]
+        if empty.size:  # runs of consecutive pages, one madvise each
+            cut = np.flatnonzero(np.diff(empty) != 1) + 1
+            for run in np.split(empty, cut):
+                _advise(first + int(run[0]) * _PAGE, run.shape[0] * _PAGE, _MADV_DONTNEED)
 
 
+#: :func:`release_cells` takes this many channels at a time (a (n_slots, rows, k) copy of at most ~11 MB for
+#: the largest ring, 25 x 336 float32 buckets).
+_CLEAR_ROWS = 256
 #: :meth:`IntervalRing.add` reads only the touched cells when the batch has fewer events than
 #: 1/8 of the ring's (channel, slot) cells; above that, one pass over all cells is cheaper than a sort.
 _FEW_EVENTS_PER_CELL = 8
@@ -219,13 +234,11 @@ class IntervalRing:
         self._set_cells(*grown)
 
     def clear_rows(self, rows: np.ndarray | list[int]) -> None:
-        """Empty channels ``rows`` (all slots), giving their histogram memory back (:func:`release_zero`)."""
-        for r in np.asarray(rows, dtype=np.int64).tolist():
-            self.slot_id[r] = -1
-            for cells in (self._counts_sm, self._hist_sm):
-                if cells.shape[2]:
-                    for s in np.flatnonzero(cells[:, r].any(axis=1)).tolist():  # reading maps no page
-                        release_zero(cells[s, r], cells)
+        """Empty channels ``rows`` (all slots), giving their cells' memory back (:func:`release_cells`)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.slot_id[rows] = -1
+        release_cells(self._counts_sm, rows)
+        release_cells(self._hist_sm, rows)
 
     def add(
         self,
