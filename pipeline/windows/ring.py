@@ -105,6 +105,19 @@ def release_cells(cells: np.ndarray, rows: np.ndarray) -> None:
                 _advise(first + int(run[0]) * _PAGE, run.shape[0] * _PAGE, _MADV_DONTNEED)
 
 
+def assign_cells(row: np.ndarray, values: np.ndarray) -> None:
+    """``row[...] = values`` for one channel's float32 cells ``row`` (n_slots, k) (a view of a ring's
+    ``counts`` / ``hist``), writing only the cells whose old or new bytes are not all zero.
+
+    The same bits as the plain assignment, but a restored sparse channel writes (makes resident) only its
+    cells holding data, not a page in each of the ring's ``n_slots`` planes. ``values`` any shape and dtype
+    the assignment accepts (cast to float32).
+    """
+    new = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float32), row.shape))
+    write = new.view(np.uint32).any(axis=-1) | row.view(np.uint32).any(axis=-1)
+    row[write] = new[write]
+
+
 #: :func:`release_cells` takes this many channels at a time (a (n_slots, rows, k) copy of at most ~11 MB for
 #: the largest ring, 25 x 336 float32 buckets).
 _CLEAR_ROWS = 256
