@@ -197,3 +197,13 @@ def test_median_without_one_channel_equals_numpy_median_of_the_peers():
         at = None if rng.random() < 0.3 else int(rng.integers(0, m))
         rest = list(values) if at is None else [x for t, x in enumerate(values) if t != at]
         assert _median_without(values, at) == float(np.median(rest))
+
+
+def test_a_zero_ms_peer_median_is_no_evidence_either_way():
+    """Peers reporting 0 ms (cached answers, a gateway writing 0 into latency_ms) give no ratio: 3 × 0 would
+    flag every channel of the route, and an active finding could never clear. The previous finding stays."""
+    from pipeline.policy.route_wide import peer_latency_fired
+
+    fired = peer_latency_fired(np.array([5.0, 900.0, 0.0]), np.array([5.0, 950.0, 0.0]), np.zeros(3),
+                               np.array([False, True, False]))
+    assert fired.tolist() == [False, True, False]
