@@ -266,7 +266,7 @@ class StreamTunables:
     bench); the defaults are the measured ones cited below.
 
     ``flush_interval_s`` > 0: buffered rows are written to ClickHouse about this often (s; sooner once a
-    buffer is a quarter full). ``flush_backoff_min_s`` / ``flush_backoff_max_s`` (0 < min <= max): retry
+    buffer is a quarter full, or when a backlog is consumed to its end; a live trickle waits for the interval). ``flush_backoff_min_s`` / ``flush_backoff_max_s`` (0 < min <= max): retry
     delay of a failing write (s), doubling from min to max. ``snapshot_interval_s`` > 0: how often channel
     state is captured, published and the input acked (s; also the status log's period).
     ``capture_slice_channels`` >= 1: channels copied per turn of the processor's lock (at ~0.1-0.5 ms

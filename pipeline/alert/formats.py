@@ -53,7 +53,7 @@ def channel_line(v: Verdict, since_ms: int | None = None, policy: Any = None) ->
     (:func:`pipeline.alert.reasons.next_step`). ``since_ms``: event time the state began (None: unknown);
     ``policy``: a :class:`~pipeline.policy.defaults.PolicyConfig` (default: the defaults).
     """
-    from pipeline.alert.reasons import next_step, override_text, render_reasons
+    from pipeline.alert.reasons import next_probe_ms, next_step, override_text, render_reasons
 
     if policy is None:
         from pipeline.policy.defaults import PolicyConfig
@@ -65,10 +65,8 @@ def channel_line(v: Verdict, since_ms: int | None = None, policy: Any = None) ->
     if override:
         head += f", {override_text(override)}"
         rendered = f"detectors: {rendered or 'nothing found'}"
-    probe = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
-    probe = float(probe) if isinstance(probe, (int, float)) and not isinstance(probe, bool) and 0 <= probe < 1e14 \
-        else None
-    nxt = next_step(v.state, since_ms, policy.open_cooldown_ms, policy.half_open_observe_ms, override, probe)
+    nxt = next_step(v.state, since_ms, policy.open_cooldown_ms, policy.half_open_observe_ms, override,
+                    next_probe_ms(v))
     return f"{head}; {rendered or 'no reason given'}; next: {nxt}"
 
 

@@ -271,6 +271,14 @@ def override_text(o: Mapping[str, Any]) -> str:
     return f"{what} by {o.get('by', '?')}{key}{when}: {o.get('reason', '?')}"
 
 
+def next_probe_ms(v: Any) -> int | None:
+    """An ``open`` verdict's ``next_probe_ts_ms`` (:class:`~pipeline.contracts.Verdict`; event time ms its
+    cooldown ends, SPEC §4.1/§4.2), else None (another state, or a verdict without it or with a value that is
+    not a plausible epoch ms). The board, the alerts and their tests read the published probe time here."""
+    x = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
+    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1e14 else None
+
+
 def next_step(state: str, since_ms: int | None, open_cooldown_ms: int, half_open_observe_ms: int,
               override: Mapping[str, Any] | None = None, next_probe_ts_ms: float | None = None) -> str:
     """What happens next to a channel in ``state``, in words (no trailing period).

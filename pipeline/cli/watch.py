@@ -46,7 +46,7 @@ from pipeline.redaction import redact_secrets
 from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.alert.error_class_text import error_class_line
-from pipeline.alert.reasons import override_text
+from pipeline.alert.reasons import next_probe_ms, override_text
 
 #: Live refresh interval (s): at least once a second (issue #20).
 REFRESH_S = 1.0
@@ -130,13 +130,6 @@ def next_transition(state: str, since_ms: int, now_ms: int, policy: PolicyConfig
         step = policy.ramp_interval_ms
         return "ramp step", step - (now_ms - since_ms) % step
     return None
-
-
-def next_probe_ms(v: Verdict) -> int | None:
-    """An ``open`` verdict's ``next_probe_ts_ms`` (event time ms its cooldown ends, SPEC §4.1/§4.2), else None
-    (another state, or a verdict without it or with a value that is not a plausible epoch ms)."""
-    x = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
-    return int(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1e14 else None
 
 
 def _num(x: Any, nd: int = 4) -> float | None:

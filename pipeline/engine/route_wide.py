@@ -78,14 +78,21 @@ class RouteWide:
                 continue
             self._p95[i] = (now_ms, float(p95[j]), float(lower[j]))
             todo.append((j, i))
+        live: dict[str, tuple[np.ndarray, dict[int, int]]] = {}  # route -> sorted live P95s, channel -> its place
         for j, i in todo:
-            peers = [v[1] for k in members[routes[i]] if k != i and (v := self._p95.get(k)) is not None
-                     and now_ms - v[0] <= PEER_MAX_AGE_MS and self.machines[k].state != NO_DATA
-                     and np.isfinite(v[1])]
-            if len(peers) < 2:
+            route = routes[i]
+            if route not in live:  # once per route and call: linear in the route's size, not quadratic
+                got = sorted((v[1], k) for k in members[route] if (v := self._p95.get(k)) is not None
+                             and now_ms - v[0] <= PEER_MAX_AGE_MS and self.machines[k].state != NO_DATA
+                             and np.isfinite(v[1]))
+                live[route] = (np.array([x for x, _ in got], np.float64), {k: at for at, (_, k) in enumerate(got)})
+            values, place = live[route]
+            at = place.get(i)
+            n_peers = len(values) - (at is not None)
+            if n_peers < 2:
                 on = i in self.peer_active  # no evidence either way: keep the finding
             else:
-                med = float(np.median(peers))
+                med = _median_without(values, at)
                 _, p, lo = self._p95[i]
                 on = bool(peer_latency_fired(np.array([lo]), np.array([p]), np.array([med]),
                                              np.array([i in self.peer_active]))[0])
@@ -148,3 +155,17 @@ class RouteWide:
 
 
 __all__ = ["PEER_LATENCY", "RouteWide"]
+
+
+def _median_without(values: np.ndarray, at: int | None) -> float:
+    """The median of sorted ``values`` (float (m,)) without the element at index ``at`` (None: all of them);
+    equal to ``np.median`` of that list (the mean of the two middle values for an even count). Needs at
+    least one value left."""
+    n = len(values) - (at is not None)
+
+    def nth(t: int) -> float:  # t-th smallest of the list without ``at``
+        return float(values[t if at is None or t < at else t + 1])
+
+    if n % 2:
+        return nth(n // 2)
+    return float(np.mean([nth(n // 2 - 1), nth(n // 2)]))

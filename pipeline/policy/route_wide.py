@@ -87,7 +87,7 @@ def peer_latency_fired(p95_lower_ms: np.ndarray, p95_ms: np.ndarray, peers_ms: n
     ``peers_ms``: its peers' median P95 (:func:`peer_median`); all float (k,) in ms, NaN where not known;
     ``active`` bool (k,): the finding as of the last round. Trips at ``lower >= trip x peers``; an
     active one stays until ``p95 <= clear x peers``; without evidence (a NaN) the previous finding is
-    kept (SPEC §4.3's rule for thin data). Raises ``ValueError`` unless ``trip >= clear > 0``.
+    kept (SPEC §4.3's rule for thin data); so is it for a peers' median of 0 ms, which gives no ratio. Raises ``ValueError`` unless ``trip >= clear > 0``.
 
     >>> peer_latency_fired(np.array([350.0, 90.0]), np.array([380.0, 100.0]), np.array([110.0, 300.0]),
     ...                    np.array([False, False])).tolist()
@@ -102,7 +102,7 @@ def peer_latency_fired(p95_lower_ms: np.ndarray, p95_ms: np.ndarray, peers_ms: n
     with np.errstate(invalid="ignore"):
         trips = lo >= trip * peers
         clears = p <= clear * peers
-    known = np.isfinite(peers)
+    known = np.isfinite(peers) & (peers > 0)  # a 0 ms median (cached answers, a bad latency field) gives no ratio
     out: np.ndarray = np.where(act, ~(known & np.isfinite(p) & clears), known & np.isfinite(lo) & trips)
     return out
 

@@ -43,6 +43,7 @@ of the saved state (see :mod:`pipeline.stream.app`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import zlib
 from typing import Any, Literal, Mapping, Sequence, cast
@@ -201,6 +202,16 @@ _LAYOUTS: dict[tuple, tuple] = {}
 _PLANS: dict[int, tuple[tuple[str, str, tuple[int, ...], np.dtype, bool, int, int], ...]] = {}
 
 
+@functools.lru_cache(maxsize=64)
+def _all_rows(n: int) -> bytes:
+    """The row indices ``0 .. n-1`` as little-endian ``uint16`` bytes (a compact array with every row kept)."""
+    return np.arange(n, dtype=np.uint16).tobytes()
+
+
+#: The unsigned integer read of a row whose byte size has this lowest set bit (1, 2 or 4).
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
 def _plan(layout: tuple) -> tuple[tuple[str, str, tuple[int, ...], np.dtype, bool, int, int], ...]:
     plan = _PLANS.get(id(layout))
     if plan is None:  # layouts are interned in _LAYOUTS and never dropped: their ids stay theirs
@@ -239,18 +250,26 @@ class FrozenState:
                  *((name, k, a) for name, arrays in w.extensions.items() for k, a in arrays.items())]
         layout = []
         parts: list[bytes] = []
-        for name, key, arr in items:
-            a = arr
+        for name, key, a in items:
             compact = a.nbytes >= COMPACT_MIN_BYTES and a.ndim >= 2
             layout.append((name, key, a.shape, a.dtype.str, compact))
             if not compact:
                 parts.append(a.tobytes())
                 continue
-            if a.shape[0] > 0xFFFF:
-                raise ValueError(f"windows {name}.{key}: {a.shape[0]} rows, at most 65,535 can be packed")
+            n = a.shape[0]
+            if n > 0xFFFF:
+                raise ValueError(f"windows {name}.{key}: {n} rows, at most 65,535 can be packed")
             a = np.ascontiguousarray(a)
-            rows = np.flatnonzero(a.view(np.uint8).reshape(a.shape[0], -1).any(axis=1))
-            parts += [np.uint16(rows.shape[0]).tobytes(), rows.astype(np.uint16).tobytes(), a[rows].tobytes()]
+            # a row is kept when any of its bytes is non-zero (so -0.0 and NaN are kept): the bytes read as
+            # unsigned integers of the widest size that divides a row (fewer elements to reduce than uint8)
+            row_bytes = a.nbytes // n  # n >= 1: a compact array has >= COMPACT_MIN_BYTES
+            word = _WORDS[row_bytes & -row_bytes] if row_bytes & 7 else np.uint64
+            rows = np.flatnonzero(a.reshape(n, -1).view(word).any(axis=1))
+            m = rows.shape[0]
+            if m == n:  # a busy channel's ring: every row, in order (no gather)
+                parts += [m.to_bytes(2, "little"), _all_rows(n), a.tobytes()]
+            else:
+                parts += [m.to_bytes(2, "little"), rows.astype(np.uint16).tobytes(), a[rows].tobytes()]
         key_ = tuple(layout)
         shared = _LAYOUTS.setdefault(key_, key_)
         windows = dataclasses.replace(w, short_slot_id=np.empty(0, np.int64), counters={}, extensions={})
@@ -288,9 +307,31 @@ class FrozenState:
         return len(self.blob)
 
 
-def copy_state(engine, rows: Sequence[int]) -> list[FrozenState]:
-    """Copies of channels ``rows``' state (:meth:`pipeline.engine.state_io.StateIO.export_state`), to encode later,
-    kept compact (:class:`FrozenState`: a sparse channel's copy holds its written slots, not its whole rows).
+#: A channel whose largest window array has at least this share of its rows written is captured as its plain
+#: export: packing it (:class:`FrozenState`) would save at most the unwritten share of its bytes (the largest
+#: arrays, a ring's histograms, hold most of them) for ~2x the capture's CPU (issue #34, paced stage).
+DENSE_CAPTURE_SHARE = 0.5
+
+
+def _mostly_written(state: ChannelState) -> bool:
+    """Whether the largest 2-D window array of ``state`` has >= :data:`DENSE_CAPTURE_SHARE` of its rows holding a
+    non-zero byte (False when it has no 2-D array of :data:`COMPACT_MIN_BYTES` or more)."""
+    big: np.ndarray | None = None
+    for arrays in state.windows.extensions.values():
+        for a in arrays.values():
+            if a.ndim >= 2 and a.nbytes >= COMPACT_MIN_BYTES and (big is None or a.nbytes > big.nbytes):
+                big = a
+    if big is None:
+        return False
+    n = big.shape[0]
+    written = int(np.count_nonzero(np.ascontiguousarray(big).view(np.uint8).reshape(n, -1).any(axis=1)))
+    return written >= DENSE_CAPTURE_SHARE * n
+
+
+def copy_state(engine, rows: Sequence[int]) -> list[ChannelState | FrozenState]:
+    """Copies of channels ``rows``' state (:meth:`pipeline.engine.state_io.StateIO.export_state`), to encode later;
+    a sparse channel's kept compact (:class:`FrozenState`: its written slots, not its whole rows), a busy one's
+    (:func:`_mostly_written`) as exported, which packing would barely shrink. Both encode to the same bytes.
 
     A worker takes them while its state is consistent (between two batches,
     under its lock) and encodes them (:func:`encode_state`, mostly zlib, which
@@ -298,7 +339,11 @@ def copy_state(engine, rows: Sequence[int]) -> list[FrozenState]:
     resident channels: an evicted one has its snapshot bytes already, and
     copying its released rows would commit their memory again.
     """
-    return [FrozenState.of(engine.state.export_state(i)) for i in rows]
+    out: list[ChannelState | FrozenState] = []
+    for i in rows:
+        state = engine.state.export_state(i)
+        out.append(state if _mostly_written(state) else FrozenState.of(state))
+    return out
 
 
 def decode_snapshot(raw: bytes) -> ChannelSnapshot:

@@ -144,6 +144,9 @@ class Intake:
         #: Messages between the last processed offset and the log end, over the assigned input
         #: partitions, as of the last batch (fetched highwater marks; 0 before the first batch).
         self.lag_messages = 0
+        #: Whether the last batch consumed every assigned partition to its end (the flusher is kicked only when
+        #: this turns True: a live trickle, at the end after every batch, is written at the flush interval).
+        self.at_end = False
 
     async def emit(self, out: ProcessedBatch) -> None:
         """Publish ``out``: the overrides in force applied to its verdicts first (``out.verdicts`` is
@@ -161,6 +164,7 @@ class Intake:
             gen = self.consumer.generation_id
             if state.assignment.generation != gen:
                 await self.assignment.reset(gen)  # messages of a new assignment: start over from the state topic
+                self.at_end = False
             elif state.assignment.stale:
                 state.assignment.dropped_stale_messages += len(events)  # revoked, not yet reassigned: delivered again
                 return
@@ -174,8 +178,13 @@ class Intake:
             state.checkpoint.ledger.add_batch(e.message for e in fresh)
             state.checkpoint.dirty = True
             caught_up = state.processor.caught_up
-            if caught_up and all(caught_up.values()):
-                self.writer.kick()  # input consumed to its end: write the rows now, not at the next interval
+            at_end = bool(caught_up) and all(caught_up.values())
+            if at_end and not self.at_end:
+                # a backlog consumed to its end: write the rows now, not at the next interval. Not per batch while
+                # at the end: at a trickle every batch is, and an insert per batch (~20 ms of chDB CPU each, two
+                # tables) took the sink process 17 % of a core at 200 events/s (issue #34, paced stage)
+                self.writer.kick()
+            self.at_end = at_end
 
     async def _admit(self, events: Sequence[Any]) -> list[Any]:
         """The events to process now, in order; the others are counted as dropped (delivered again)."""

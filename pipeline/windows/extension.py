@@ -24,7 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from pipeline.windows.features import EventColumns
-from pipeline.windows.ring import IntervalRing
+from pipeline.windows.ring import IntervalRing, assign_cells
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,10 @@ class RingWindows(SignalWindows):
                     raise ValueError(f"{self.name} windows: state {key}.{part} has shape {np.shape(got)}, "
                                      f"store {target.shape[1:]}")
             for part, target in parts:
-                target[i] = arrays[f"{key}.{part}"]
+                if part == "slot_id":
+                    target[i] = arrays[f"{key}.{part}"]
+                else:  # only the cells holding data are written (a sparse channel's pages stay unmapped)
+                    assign_cells(target[i], arrays[f"{key}.{part}"])
 
     @staticmethod
     def window_mask(ring: IntervalRing, rows: np.ndarray, lo_ms: np.ndarray | int, hi_ms: int) -> np.ndarray:

@@ -5,8 +5,14 @@ One :class:`IntervalRing` holds, per channel, ``n_slots`` intervals of
 interval. A slot is identified by its absolute interval number
 ``ts_ms // slot_ms``; writing an event whose interval is newer than what a
 ring position holds evicts the old interval (the ring rolls over in event
-time, never in wall-clock time). Memory is fixed per channel:
-``n_slots * (n_counters + n_buckets) * 4`` bytes, whatever the event count.
+time, never in wall-clock time). Address space is fixed per channel:
+``n_slots * (n_counters + n_buckets) * 4`` bytes; resident memory grows with
+the intervals a channel has written. The counters and histograms are stored
+slot-major (all channels' cells of one ring position side by side) and handed
+out as (channel, slot, k) views: a channel that wrote one interval makes one
+cell of ``n_counters * 4`` / ``n_buckets * 4`` bytes resident, sharing its
+pages with the channels that wrote the same position (the OS maps a zeroed
+page on first write), not a 4 KiB page of a row of its own (docs/MEMORY.md).
 
 The store's ring (see :mod:`pipeline.windows.store`): 30 × 10 s counters
 (the 1 min and 5 min windows of SPEC §4.1–4.4). The signals' windows keep
@@ -56,37 +62,65 @@ def small_pages(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def release_zero(a: np.ndarray, within: np.ndarray | None = None) -> None:
-    """Set the C-contiguous array ``a`` to zeros, handing its memory pages back to the OS.
+def release_cells(cells: np.ndarray, rows: np.ndarray) -> None:
+    """Zero channels ``rows`` of the slot-major C-contiguous ``cells`` (n_slots, C, k), handing back to the
+    OS the memory pages that are then all zeros.
 
-    The pages inside ``a`` are dropped with ``madvise(MADV_DONTNEED)`` (Linux, Linux man-pages
-    madvise(2): private anonymous pages read back zero-filled and are resident again only when
-    written). A page ``a`` shares with its neighbours is zeroed in place where it holds data, and
-    dropped too when it then is all zeros and lies inside ``within`` (the C-contiguous array ``a`` is
-    part of, e.g. a ring's whole ``hist``; only this thread writes it). Elsewhere (no Linux libc), or
-    when a call fails, ``a`` is zeroed in place (same contents, memory stays resident).
+    Only cells holding a non-zero value are written (reading a page never written maps no memory). A page
+    wholly inside ``cells`` that holds only zeros afterwards is dropped with ``madvise(MADV_DONTNEED)``
+    (Linux, Linux man-pages madvise(2): private anonymous pages read back zero-filled and are resident again
+    only when written); pages shared with cells of channels still holding data stay. Elsewhere (no Linux
+    libc) the cells are zeroed in place (same contents, memory stays resident). ``rows`` int (m,).
     """
-    if not a.flags.c_contiguous:
-        raise ValueError("release_zero needs a C-contiguous array")
-    start, end = a.ctypes.data, a.ctypes.data + a.nbytes
-    lo, hi, done = _madvise(a, _MADV_DONTNEED)
-    b = a.reshape(-1).view(np.uint8)
-    if not done:
-        lo = hi = start  # no whole page released: every byte is an "edge"
-    for edge in (b[: max(min(lo, end) - start, 0)], b[max(hi, start) - start:]):
-        if edge.any():  # reading an untouched page allocates nothing
-            edge[:] = 0
-    if within is None or not within.flags.c_contiguous or _LIBC is None:
+    n_slots, capacity, k = cells.shape
+    rows = np.asarray(rows, dtype=np.int64)
+    if k == 0 or rows.size == 0:
         return
-    w0, w1 = within.ctypes.data, within.ctypes.data + within.nbytes
-    whole = within.reshape(-1).view(np.uint8)
-    for page in range(start // _PAGE * _PAGE, end, _PAGE):
-        if (lo <= page < hi) or page < w0 or page + _PAGE > w1:
-            continue  # released above, or not wholly inside ``within``
-        if not whole[page - w0: page - w0 + _PAGE].any():
-            _advise(page, _PAGE, _MADV_DONTNEED)
+    if not cells.flags.c_contiguous:
+        raise ValueError("release_cells needs C-contiguous cells")
+    start = cells.ctypes.data
+    first = -(-start // _PAGE) * _PAGE  # the pages wholly inside ``cells``: [first, first + n_pages * _PAGE)
+    n_pages = max((start + cells.nbytes - first) // _PAGE, 0)
+    pages = cells.reshape(-1).view(np.uint8)[first - start:first - start + n_pages * _PAGE].reshape(n_pages, _PAGE)
+    cell_bytes = k * cells.itemsize
+    span = np.arange(-(-cell_bytes // _PAGE) + 1)  # the pages a cell can touch, from the page of its first byte
+    for lo in range(0, rows.shape[0], _CLEAR_ROWS):
+        part = rows[lo:lo + _CLEAR_ROWS]
+        pos, j = np.nonzero(cells[:, part].any(axis=2))
+        if not pos.size:
+            continue
+        held = pos * capacity + part[j]  # flat cell indices
+        cells.reshape(-1, k)[held] = 0.0
+        if _LIBC is None:
+            continue
+        byte = start + held * cell_bytes
+        touched = ((byte - first) // _PAGE)[:, None] + span
+        touched = touched[(touched >= 0) & (touched < n_pages)
+                          & (first + touched * _PAGE < (byte + cell_bytes)[:, None])]
+        touched = np.unique(touched)
+        empty = touched[~pages[touched].any(axis=1)]
+        if empty.size:  # runs of consecutive pages, one madvise each
+            cut = np.flatnonzero(np.diff(empty) != 1) + 1
+            for run in np.split(empty, cut):
+                _advise(first + int(run[0]) * _PAGE, run.shape[0] * _PAGE, _MADV_DONTNEED)
 
 
+def assign_cells(row: np.ndarray, values: np.ndarray) -> None:
+    """``row[...] = values`` for one channel's float32 cells ``row`` (n_slots, k) (a view of a ring's
+    ``counts`` / ``hist``), writing only the cells whose old or new bytes are not all zero.
+
+    The same bits as the plain assignment, but a restored sparse channel writes (makes resident) only its
+    cells holding data, not a page in each of the ring's ``n_slots`` planes. ``values`` any shape and dtype
+    the assignment accepts (cast to float32).
+    """
+    new = np.ascontiguousarray(np.broadcast_to(np.asarray(values, dtype=np.float32), row.shape))
+    write = new.view(np.uint32).any(axis=-1) | row.view(np.uint32).any(axis=-1)
+    row[write] = new[write]
+
+
+#: :func:`release_cells` takes this many channels at a time (a (n_slots, rows, k) copy of at most ~11 MB for
+#: the largest ring, 25 x 336 float32 buckets).
+_CLEAR_ROWS = 256
 #: :meth:`IntervalRing.add` reads only the touched cells when the batch has fewer events than
 #: 1/8 of the ring's (channel, slot) cells; above that, one pass over all cells is cheaper than a sort.
 _FEW_EVENTS_PER_CELL = 8
@@ -162,6 +196,10 @@ class IntervalRing:
       ``slot_id``  int64 (C, n_slots): interval number held, -1 = empty;
       ``counts``   float32 (C, n_slots, n_counters);
       ``hist``     float32 (C, n_slots, n_buckets) latency histograms.
+    ``counts`` and ``hist`` are views of slot-major (n_slots, C, k) C-contiguous
+    arrays (not C-contiguous themselves; ``.copy()`` of a row is): the cells of
+    one ring position of all channels lie side by side, so the memory a channel
+    makes resident is the cells it wrote, not a page per row (module doc).
     float32 keeps sums exact up to 2**24 per interval and lets window sums
     run as one ``einsum`` (:func:`masked_sums`).
 
@@ -176,8 +214,13 @@ class IntervalRing:
         self.n_counters = int(n_counters)
         self.n_buckets = int(n_buckets)
         self.slot_id = np.full((capacity, n_slots), -1, dtype=np.int64)
-        self.counts = small_pages(np.zeros((capacity, n_slots, n_counters), dtype=np.float32))
-        self.hist = small_pages(np.zeros((capacity, n_slots, n_buckets), dtype=np.float32))
+        self._set_cells(_cells(n_slots, capacity, n_counters), _cells(n_slots, capacity, n_buckets))
+
+    def _set_cells(self, counts: np.ndarray, hist: np.ndarray) -> None:
+        """Install slot-major storage ``counts`` / ``hist`` (n_slots, C, k) and their (C, n_slots, k) views."""
+        self._counts_sm, self._hist_sm = counts, hist
+        self.counts = counts.transpose(1, 0, 2)
+        self.hist = hist.transpose(1, 0, 2)
 
     @property
     def capacity(self) -> int:
@@ -196,18 +239,19 @@ class IntervalRing:
         # (a reserve for channels that may never come costs nothing). Only the slots that hold an
         # interval are copied, so the empty slots of sparse channels (one event: one slot of 30) and of
         # released rows (:meth:`clear_rows`) stay untouched pages.
-        for name in ("counts", "hist"):
-            old = getattr(self, name)
-            grown = small_pages(np.zeros((new, *old.shape[1:]), np.float32))
-            grown[held] = old[held]
-            setattr(self, name, grown)
+        grown = []
+        for old in (self.counts, self.hist):
+            cells = _cells(self.n_slots, new, old.shape[2])
+            cells.transpose(1, 0, 2)[held] = old[held]
+            grown.append(cells)
+        self._set_cells(*grown)
 
     def clear_rows(self, rows: np.ndarray | list[int]) -> None:
-        """Empty channels ``rows`` (all slots), giving their histogram memory back (:func:`release_zero`)."""
-        for r in np.asarray(rows, dtype=np.int64).tolist():
-            self.slot_id[r] = -1
-            release_zero(self.counts[r], self.counts)
-            release_zero(self.hist[r], self.hist)
+        """Empty channels ``rows`` (all slots), giving their cells' memory back (:func:`release_cells`)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.slot_id[rows] = -1
+        release_cells(self._counts_sm, rows)
+        release_cells(self._hist_sm, rows)
 
     def add(
         self,
@@ -248,8 +292,11 @@ class IntervalRing:
         if slot is None:
             slot = np.asarray(ts_ms, dtype=np.int64) // self.slot_ms
         ns = self.n_slots
-        flat = slot % ns
-        flat += channel * ns
+        pos = slot % ns
+        flat = channel * ns
+        flat += pos
+        cell = pos * self.slot_id.shape[0]  # the (position, channel) cell of the slot-major counts / hist
+        cell += channel
         ids = self.slot_id.reshape(-1)
         held = ids[flat]
         newer = slot > held
@@ -275,8 +322,8 @@ class IntervalRing:
         # docs/THROUGHPUT.md, "Design measurements").
         if counter_rows is not None and self.n_counters:
             k = self.n_counters
-            base = (flat if kept is None else flat[kept]) * k
-            target = np.reshape(self.counts, -1, copy=False)
+            base = (cell if kept is None else cell[kept]) * k
+            target = np.reshape(self._counts_sm, -1, copy=False)
             if n * k <= _MATRIX_CELLS:  # one scatter-add of a (k, n) matrix: fewer numpy calls
                 vt = (np.asarray(counter_rows, np.float32).T if isinstance(counter_rows, np.ndarray)
                       else np.array(counter_rows, np.float32))
@@ -286,13 +333,13 @@ class IntervalRing:
                 columns = counter_rows.T if isinstance(counter_rows, np.ndarray) else counter_rows
                 _scatter_columns(target, base, [col if kept is None else np.asarray(col)[kept] for col in columns])
         if hist_key is not None and self.n_buckets:
-            target = np.reshape(self.hist, -1, copy=False)
+            target = np.reshape(self._hist_sm, -1, copy=False)
             single = isinstance(hist_key, np.ndarray)
             keys = (hist_key,) if single else hist_key
             masks = (hist_mask,) if single else ((None,) * len(keys) if hist_mask is None else hist_mask)
             for key, mask in zip(keys, masks):
                 sel = fits if mask is None else fits & mask
-                np.add.at(target, flat[sel] * self.n_buckets + np.asarray(key)[sel], _ONE)
+                np.add.at(target, cell[sel] * self.n_buckets + np.asarray(key)[sel], _ONE)
         return ~fits
 
     def _evict(self, ids: np.ndarray, flat: np.ndarray, slot: np.ndarray, newer: np.ndarray) -> None:
@@ -314,11 +361,14 @@ class IntervalRing:
         ids[evict] = newest[evict]
 
     def _zero(self, cells: np.ndarray) -> None:
-        """Zero the counters and histograms of flat (channel, slot) cells ``cells``."""
+        """Zero the counters and histograms of flat (channel, slot) cells ``cells`` (indices into ``slot_id``)."""
+        channel, pos = np.divmod(cells, self.n_slots)
+        pos *= self.slot_id.shape[0]
+        pos += channel  # the same cells in the slot-major arrays
         if self.n_counters:
-            self.counts.reshape(-1, self.n_counters)[cells] = 0.0
+            self._counts_sm.reshape(-1, self.n_counters)[pos] = 0.0
         if self.n_buckets:
-            self.hist.reshape(-1, self.n_buckets)[cells] = 0.0
+            self._hist_sm.reshape(-1, self.n_buckets)[pos] = 0.0
 
     def window_mask(self, lo_slot: np.ndarray | int, hi_slot: int) -> np.ndarray:
         """float32 (C, n_slots): 1 where the held interval is in ``[lo_slot, hi_slot)``.
@@ -350,8 +400,18 @@ class IntervalRing:
                 f"snapshot ring shape {state['hist'].shape[1:]} does not match configured {self.hist.shape[1:]}"
             )
         self.slot_id = state["slot_id"].astype(np.int64).copy()
-        self.counts = state["counts"].astype(np.float32).copy()
-        self.hist = state["hist"].astype(np.float32).copy()
+        loaded = []
+        for a in (state["counts"], state["hist"]):
+            cells = _cells(self.n_slots, self.slot_id.shape[0], a.shape[2])
+            written = a.any(axis=2)  # only cells holding data are written: the others stay unmapped pages
+            cells.transpose(1, 0, 2)[written] = a[written]
+            loaded.append(cells)
+        self._set_cells(*loaded)
+
+
+def _cells(n_slots: int, capacity: int, k: int) -> np.ndarray:
+    """Zeroed slot-major float32 cells (n_slots, capacity, k), on small pages (:func:`small_pages`)."""
+    return small_pages(np.zeros((n_slots, capacity, k), dtype=np.float32))
 
 
 def masked_sums(mask: np.ndarray, cube: np.ndarray, rows: slice | np.ndarray = slice(None)) -> np.ndarray:

@@ -13,13 +13,15 @@ fractions, histogram masks.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from pipeline.windows.ring import IntervalRing
 
 
-def reference_add(ring: IntervalRing, channel, ts_ms, counter_rows=None, hist_mask=None, hist_key=None):
+def reference_add(ring: SimpleNamespace, channel, ts_ms, counter_rows=None, hist_mask=None, hist_key=None):
     """``IntervalRing.add`` before the hot-path work (commit 34362c7), verbatim but for ``self``."""
     self = ring
     channel = np.asarray(channel, dtype=np.int64)
@@ -65,11 +67,20 @@ def reference_add(ring: IntervalRing, channel, ts_ms, counter_rows=None, hist_ma
     return ~fits
 
 
+def _row_major(slot_ms: int, n_slots: int, n_counters: int, n_buckets: int, capacity: int) -> SimpleNamespace:
+    """The reference's ring: the arrays C-contiguous (channel, slot, k), as ``IntervalRing`` kept them
+    before its slot-major cells (issue #34), so the comparison checks the layout change too."""
+    return SimpleNamespace(slot_ms=slot_ms, n_slots=n_slots, n_counters=n_counters, n_buckets=n_buckets,
+                           slot_id=np.full((capacity, n_slots), -1, np.int64),
+                           counts=np.zeros((capacity, n_slots, n_counters), np.float32),
+                           hist=np.zeros((capacity, n_slots, n_buckets), np.float32))
+
+
 def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint32) if a.dtype == np.float32 else a
 
 
-def _assert_same(new: IntervalRing, ref: IntervalRing) -> None:
+def _assert_same(new: IntervalRing, ref: SimpleNamespace) -> None:
     assert np.array_equal(new.slot_id, ref.slot_id)
     assert np.array_equal(_bits(new.counts), _bits(ref.counts))
     assert np.array_equal(_bits(new.hist), _bits(ref.hist))
@@ -122,7 +133,7 @@ def _as_given(rng: np.random.Generator, rows: np.ndarray | None):
 def test_add_equals_reference(shape, seed):
     rng = np.random.default_rng(seed)
     n_channels = int(rng.choice([5, 300, 1000]))
-    new, ref = IntervalRing(*shape, capacity=n_channels), IntervalRing(*shape, capacity=n_channels)
+    new, ref = IntervalRing(*shape, capacity=n_channels), _row_major(*shape, capacity=n_channels)
     for ch, ts, rows, mask, key in _batches(rng, new, n_channels, 40):
         if rows is not None and rng.random() < 0.3:  # whole 0/1 columns, as the base counters
             rows = np.round(np.abs(rows)).clip(0, 1)
@@ -139,7 +150,7 @@ def test_several_keys_per_event_equal_concatenated_events(seed):
     the slow_stream windows fed their ring before)."""
     rng = np.random.default_rng(100 + seed)
     shape = (30_000, 10, 0, 30)
-    new, ref = IntervalRing(*shape, capacity=400), IntervalRing(*shape, capacity=400)
+    new, ref = IntervalRing(*shape, capacity=400), _row_major(*shape, capacity=400)
     for ch, ts, _, _, _ in _batches(rng, new, 400, 40):
         n = ch.shape[0]
         keys = [rng.integers(10 * j, 10 * j + 10, n) for j in range(3)]
@@ -170,7 +181,7 @@ def test_dense_columns_in_several_scatters_equal_reference(seed, monkeypatch):
     rng = np.random.default_rng(200 + seed)
     monkeypatch.setattr(ring_module, "_SCATTER_EVENTS", int(rng.choice([7, 64, 8192])))
     shape = (30_000, 21, 9, 0)
-    new, ref = IntervalRing(*shape, capacity=300), IntervalRing(*shape, capacity=300)
+    new, ref = IntervalRing(*shape, capacity=300), _row_major(*shape, capacity=300)
     for ch, ts, _, _, _ in _batches(rng, new, 300, 30):
         n = ch.shape[0]
         rows = rng.normal(0.0, 3.0, (n, 9)).astype(np.float32).astype(np.float64)  # dense fractions

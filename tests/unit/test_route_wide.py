@@ -183,3 +183,27 @@ def test_engine_part_peer_finding_from_the_round_view():
     assert ratio[0] == pytest.approx(3500 / 1050) and np.isnan(ratio[3])
     thin = WindowView(0, z, z, z, z, z, z, z, z, extra={**view.extra, "n_latency_5m": np.array([30.0, 300, 300, 300])})
     assert wide.peer_findings(np.arange(4), thin, 60_000)[0][0] is True  # thin window: no evidence, kept
+
+
+def test_median_without_one_channel_equals_numpy_median_of_the_peers():
+    """The per-route peer median (sorted once per route and round, not per channel: a route of n channels
+    costs O(n log n), not O(n²)) is ``np.median`` of the list without the channel, ties included."""
+    from pipeline.engine.route_wide import _median_without
+
+    rng = np.random.default_rng(0)
+    for _ in range(5000):
+        m = int(rng.integers(2, 9))
+        values = np.sort(rng.choice([1.0, 2.0, 3.5, 7.0, 100.0, float(rng.random())], m))
+        at = None if rng.random() < 0.3 else int(rng.integers(0, m))
+        rest = list(values) if at is None else [x for t, x in enumerate(values) if t != at]
+        assert _median_without(values, at) == float(np.median(rest))
+
+
+def test_a_zero_ms_peer_median_is_no_evidence_either_way():
+    """Peers reporting 0 ms (cached answers, a gateway writing 0 into latency_ms) give no ratio: 3 × 0 would
+    flag every channel of the route, and an active finding could never clear. The previous finding stays."""
+    from pipeline.policy.route_wide import peer_latency_fired
+
+    fired = peer_latency_fired(np.array([5.0, 900.0, 0.0]), np.array([5.0, 950.0, 0.0]), np.zeros(3),
+                               np.array([False, True, False]))
+    assert fired.tolist() == [False, True, False]

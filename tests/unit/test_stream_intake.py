@@ -455,3 +455,23 @@ def test_checkpoint_commit_writes_saves_acks_and_commits() -> None:
     assert sink.pending_rows == 0 and commits == [1] and all(e.message.acked for e in events)
     assignment.revoked()
     assert asyncio.run(checkpoint.commit(timeout_s=2.0)) is False  # not ours any more
+
+
+def test_the_flusher_is_kicked_when_input_reaches_its_end_not_per_batch_at_the_end() -> None:
+    """A backlog consumed to its end is written at once; a live trickle (every batch ends at the log end) is
+    written at the flush interval, not with an insert per batch (issue #34: 4.3 flushes/s at 200 events/s)."""
+    consumer = Consumer(end=3)
+    state, _, intake, _, _ = _worker(FakeSink(), consumer)
+    kick = state.writes.flush_kick
+    assert kick is not None
+    asyncio.run(intake.handle(_events([_raw(k) for k in range(3)])))  # offsets 0..2 of 3: reached the end
+    assert kick.is_set() and intake.at_end
+    kick.clear()
+    consumer.end = 6
+    asyncio.run(intake.handle(_events([_raw(k) for k in range(3, 6)], first=3)))  # a trickle: at the end again
+    assert not kick.is_set()
+    consumer.end = 10
+    asyncio.run(intake.handle(_events([_raw(6)], first=6)))  # fell behind (7..9 still to read)
+    assert not kick.is_set() and not intake.at_end
+    asyncio.run(intake.handle(_events([_raw(k) for k in range(7, 10)], first=7)))  # caught up again
+    assert kick.is_set()

@@ -10,6 +10,8 @@ windows and to rings fed the previous way (the ``add`` code of commit 34362c7 ov
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,7 @@ from pipeline.windows.ring import IntervalRing
 from pipeline.windows.store import WindowStore
 from pipeline.signals.slow_stream import BASE_SLOT_MS, STREAM_BUCKETS, StreamWindows, stall_classes
 
-from test_ring_add import _assert_same, reference_add
+from test_ring_add import _assert_same, _row_major, reference_add
 
 T0 = 1_767_000_000_000
 
@@ -65,14 +67,15 @@ def _batches(seed: int, n_channels: int = 200, n_batches: int = 30):
         yield cols, rng.random(n) < 0.05
 
 
-class RefRing(IntervalRing):
-    """An IntervalRing written by the previous ``add`` (commit 34362c7)."""
+class RefRing(SimpleNamespace):
+    """A ring with row-major arrays (:func:`test_ring_add._row_major`, the layout before the slot-major
+    cells of issue #34) written by the previous ``add`` (commit 34362c7)."""
 
-    add = reference_add  # type: ignore[assignment]
+    add = reference_add
 
 
 def _twin(ring: IntervalRing) -> RefRing:
-    return RefRing(ring.slot_ms, ring.n_slots, ring.n_counters, ring.n_buckets, capacity=ring.capacity)
+    return RefRing(**vars(_row_major(ring.slot_ms, ring.n_slots, ring.n_counters, ring.n_buckets, ring.capacity)))
 
 
 # The previous add of each windows class, verbatim but for the ring argument names.

@@ -11,6 +11,9 @@ channel two ways: ``allocated`` (``nbytes``: the cost once every slot is
 written) and ``written_pages`` (4 KiB pages holding a non-zero byte: a lower
 bound of what is resident, as Linux maps an anonymous page on its first write).
 
+``python -m pipeline.tools.bench.channel_memory --busy CHANNELS``: the same for busy channels, every slot of
+every window written (:func:`busy_times`: 204 events each over 24 h), the "1,000 busy channels" figure.
+
 ``python -m pipeline.tools.bench.channel_memory --worker CHANNELS EVENTS_PER_CHANNEL``: the whole worker's
 RSS in this process (:func:`measure_worker`: its modules, decoder, dedup, engine and one snapshot capture
 of every channel), the figure of issue #34 part 1 (20,000 one-event channels ≤ 1 GB).
@@ -55,6 +58,17 @@ def arrays(obj: Any, seen: set[int] | None = None, depth: int = 0) -> list[np.nd
     return [a for x in items for a in arrays(x, seen, depth + 1)]
 
 
+def owners(arrs: list[np.ndarray]) -> list[np.ndarray]:
+    """``arrs`` less the views of another array in ``arrs`` (a ring's ``counts`` / ``hist`` are views of its
+    slot-major cells: counted once, as the contiguous array that holds the memory).
+
+    >>> a = np.zeros((2, 3)); [x.shape for x in owners([a, a.T, np.ones(1)])]
+    [(2, 3), (1,)]
+    """
+    ids = {id(a) for a in arrs}
+    return [a for a in arrs if a.base is None or id(a.base) not in ids]
+
+
 def written_bytes(a: np.ndarray) -> int:
     """Bytes in the 4 KiB pages of ``a``'s buffer that hold a non-zero byte (whole ``nbytes`` when small or
     not contiguous).
@@ -77,8 +91,17 @@ def families(store: Any) -> dict[str, Any]:
     return fam
 
 
-def measure(n_channels: int, per_channel: int) -> dict[str, Any]:
-    """The figures described in the module docstring."""
+def busy_times() -> list[int]:
+    """Event times of a busy channel (``--busy``): one event per 10 min over 24 h (every hourly slot of
+    the baselines written), then one per 10 s over the last 10 min (every 10 s and 30 s slot of the short
+    windows written): 204 events, every window slot a channel has written. Its windows hold what any
+    busier channel's hold (a ring's memory depends on the slots written, not on the events in them)."""
+    day = [T0 + k * 600_000 for k in range(144)]
+    return day + [day[-1] + 600_000 + k * 10_000 for k in range(60)]
+
+
+def measure(n_channels: int, per_channel: int, busy: bool = False) -> dict[str, Any]:
+    """The figures described in the module docstring (``busy``: :func:`busy_times` for every channel)."""
     import psutil
 
     from pipeline.contracts import RequestEvent
@@ -88,22 +111,32 @@ def measure(n_channels: int, per_channel: int) -> dict[str, Any]:
     engine = Engine()
     gc.collect()
     rss0 = proc.memory_info().rss
-    events = [RequestEvent(event_id=f"e{k}-{i}", ts_ms=T0 + (k * DAY_MS // per_channel if per_channel > 1 else 0) + i,
-                           channel=f"p{i % 7}/m-{i:05d}", route=f"r{i // 5}", status="ok",
-                           latency_ms=100.0 + (i % 50) * 7)
-              for k in range(per_channel) for i in range(n_channels)]
-    events.sort(key=lambda e: e.ts_ms)
-    for j in range(0, len(events), 5_000):
-        batch = events[j:j + 5_000]
-        engine.process(batch, low_watermark_ms=batch[-1].ts_ms, fields=engine.read_fields(batch))
-    del events, batch
+    if busy:
+        times = busy_times()
+        per_channel = len(times)
+        for j in range(0, len(times), max(5_000 // n_channels, 1)):  # batches of whole time steps, as generated
+            batch = [RequestEvent(event_id=f"e{k}-{i}", ts_ms=ts + i, channel=f"p{i % 7}/m-{i:05d}", route=f"r{i // 5}",
+                                  status="ok", latency_ms=100.0 + (i + k) % 50 * 7)
+                     for k, ts in enumerate(times[j:j + max(5_000 // n_channels, 1)], j) for i in range(n_channels)]
+            engine.process(batch, low_watermark_ms=batch[-1].ts_ms, fields=engine.read_fields(batch))
+    else:
+        events = [RequestEvent(event_id=f"e{k}-{i}", ts_ms=T0 + (k * DAY_MS // per_channel if per_channel > 1 else 0)
+                               + i, channel=f"p{i % 7}/m-{i:05d}", route=f"r{i // 5}", status="ok",
+                               latency_ms=100.0 + (i % 50) * 7)
+                  for k in range(per_channel) for i in range(n_channels)]
+        events.sort(key=lambda e: e.ts_ms)
+        for j in range(0, len(events), 5_000):
+            batch = events[j:j + 5_000]
+            engine.process(batch, low_watermark_ms=batch[-1].ts_ms, fields=engine.read_fields(batch))
+        del events
+    del batch
     gc.collect()
     grown = proc.memory_info().rss - rss0
     out: dict[str, Any] = {"channels": n_channels, "events_per_channel": per_channel,
                            "engine_rss_growth_mb": round(grown / 2**20, 1),
                            "rss_per_channel_kb": round(grown / n_channels / 1024, 1), "families": {}}
     for name, obj in families(engine.store).items():
-        arrs = arrays(obj)
+        arrs = owners(arrays(obj))
         out["families"][name] = {"allocated": round(sum(a.nbytes for a in arrs) / n_channels),
                                  "written_pages": round(sum(written_bytes(a) for a in arrs) / n_channels)}
     return out
@@ -150,7 +183,9 @@ def measure_worker(n_channels: int, per_channel: int, partitions: int = 8) -> di
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
+    if sys.argv[1:2] == ["--busy"]:
+        print(json.dumps(measure(int(sys.argv[2]), 0, busy=True), indent=1))
+    elif sys.argv[1:2] == ["--worker"]:
         print(json.dumps(measure_worker(int(sys.argv[2]), int(sys.argv[3])), indent=1))
     else:
         print(json.dumps(measure(int(sys.argv[1]), int(sys.argv[2])), indent=1))

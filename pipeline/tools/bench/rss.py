@@ -27,15 +27,20 @@ def rss_mb() -> float:
 def peak_rss_mb(pid: int | None = None) -> float:
     """Peak resident set size so far, MiB (kernel high-water mark) of this process, or of process ``pid``.
 
-    Another process's peak is its ``VmHWM`` in ``/proc/PID/status`` (Linux);
-    raises ``OSError`` where that file cannot be read (another OS, process gone).
+    On Linux the peak is ``VmHWM`` in ``/proc/PID/status`` (``/proc/self`` for this process: the memory of
+    this program since its exec, not its parent's); elsewhere this process's ``ru_maxrss``. Raises
+    ``OSError`` where that file cannot be read (another OS for ``pid``, process gone).
     """
-    if pid is not None:
-        with open(f"/proc/{pid}/status") as fh:
+    if pid is not None or sys.platform.startswith("linux"):
+        # This process's own high-water mark too: ``ru_maxrss`` keeps the larger of it and the pre-exec
+        # memory's (Linux ``exec_mmap`` → ``setmax_mm_hiwater_rss``), so a stage spawned by a bench
+        # parent holding a large pre-built feed reported the parent's peak as its own.
+        where = f"/proc/{pid if pid is not None else 'self'}/status"
+        with open(where) as fh:
             for line in fh:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024
-        raise OSError(f"no VmHWM in /proc/{pid}/status")
+        raise OSError(f"no VmHWM in {where}")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (_MB if sys.platform == "darwin" else 1024)
 

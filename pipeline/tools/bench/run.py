@@ -59,6 +59,7 @@ import numpy as np
 from pipeline.tools.bench import report
 from pipeline.tools.bench import workload as W
 from pipeline.tools.bench.fill import PartitionBatcher, Publisher, seed_state, single_messages
+from pipeline.tools.bench.schedule import paced_schedule
 from pipeline.tools.bench.stage import StageFailed, log_tail, run_stage, spawn, wait_result
 
 HOUR_MS = 3_600_000
@@ -233,6 +234,9 @@ async def paced_run(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms
     topics = Topics.with_prefix(prefix)
     await ensure_topics(bootstrap, [topics.requests, topics.health, topics.dlq, topics.state], opts.partitions)
     await seed_state(bootstrap, topics.state, snapshots, opts.partitions)
+    # the whole feed is built before the worker starts: the clock only sends bytes (tools/bench/schedule.py)
+    ticks = paced_schedule(ch, start_ms, rate, opts.paced_seconds, opts.paced_speed, opts.partitions,
+                           opts.batch_size)
     out = workdir / f"{name}.json"
     log_path = workdir / f"{name}.log"
     ready, stop = out.with_suffix(".ready"), out.with_suffix(".stop")
@@ -278,27 +282,15 @@ async def paced_run(bootstrap: str, opts: BenchOptions, ch: W.Channels, start_ms
                 await asyncio.sleep(0.5)
             await asyncio.sleep(1.0)
             wall0 = time.monotonic()
-            ev_prev = start_ms
-            last_flush = wall0
-            while (elapsed := time.monotonic() - wall0) < opts.paced_seconds:
-                n = int(rate * elapsed) - n_sent
-                ev_now = start_ms + int(elapsed * opts.paced_speed * 1000)
-                if n > 0:
-                    ts = np.sort(rng.integers(ev_prev, max(ev_now, ev_prev + 1), n))
-                    evs = W.events(ch, ts, rng.integers(0, len(ch), n), 1000 + n_sent, "paced", id_start=n_sent)
-                    msgs = batcher.add(evs)
-                    for (p, v), mts in zip(msgs, batcher.last_max_ts):
-                        await pub.send(topics.requests, v, partition=p)
-                        sent.append((mts, time.time()))
-                    n_sent += n
-                    ev_prev = ev_now
-                if time.monotonic() - last_flush >= 0.1:  # a gateway's 100 ms flush deadline
-                    msgs = batcher.flush()
-                    for (p, v), mts in zip(msgs, batcher.last_max_ts):
-                        await pub.send(topics.requests, v, partition=p)
-                        sent.append((mts, time.time()))
-                    last_flush = time.monotonic()
-                await asyncio.sleep(0.02)
+            for tick in ticks:
+                if (wait := wall0 + tick.offset_s - time.monotonic()) > 0:
+                    await asyncio.sleep(wait)
+                for p, v, mts in tick.messages:
+                    await pub.send(topics.requests, v, partition=p)
+                    sent.append((mts, time.time()))
+                n_sent += tick.events
+            if (wait := wall0 + opts.paced_seconds - time.monotonic()) > 0:
+                await asyncio.sleep(wait)
             sent_rate = n_sent / (time.monotonic() - wall0)
             await asyncio.sleep(4.0)  # the last rounds' verdicts
         stop.write_text("stop")
