@@ -47,7 +47,7 @@ from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
 from pipeline.policy.capacity import OVER_CAPACITY
 from pipeline.policy.route_wide import PEER_LATENCY, ROUTE_WIDE
-from pipeline.policy.state_machine import HALF_OPEN, HEALTHY, NO_DATA, OPEN, ChannelMachine
+from pipeline.policy.state_machine import HALF_OPEN, HEALTHY, LEARNING_STATES, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
 from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
 from pipeline.engine.error_classes import ErrorClasses
@@ -59,8 +59,6 @@ from pipeline.signals.consecutive_failures import FailureRuns
 from pipeline.windows.store import EventColumns, WindowStore
 
 _STATE = attrgetter("state")
-#: States whose channels' events enter the 24 h baselines (SPEC §4.2; no_data: new or idle channels).
-LEARNING_STATES = frozenset((HEALTHY, NO_DATA))
 #: A chunk with at least one event per this many registered channels finds its channels and counts its
 #: failures with ``np.bincount`` over all channels (O(C)); a smaller one sorts its own (O(n log n)).
 DENSE_EVENTS_PER_CHANNEL = 8
@@ -132,6 +130,11 @@ class Engine:
         #: ``fail_since_eval`` what :meth:`ChannelMachine.learn` adds to the pre-incident
         #: baseline rate of the half-open probe (issue #18 item 4). In snapshots with it.
         self.judged_since_eval = np.zeros(0, np.float64)
+        #: Per channel: its events enter the 24 h baselines (SPEC §4.2): its state at its last round was
+        #: healthy or no_data (True for a new channel). Set at rounds only, so that which events learn does
+        #: not depend on where batches are cut (a trip between rounds stops learning at the next round).
+        #: In snapshots with it (:class:`~pipeline.state.channel_state.RoundState`).
+        self.learns = np.ones(0, bool)
         self.late_count = 0
         #: The engine's named parts (see the module docstring).
         self.routes = RouteShares(self.store, self.machines, self.policy, self.mark_changed)
@@ -221,6 +224,8 @@ class Engine:
                                                      np.zeros(n - self.judged_since_eval.shape[0])])
         if self.next_eval.shape[0] < n:
             self.next_eval = np.concatenate([self.next_eval, np.zeros(n - self.next_eval.shape[0], np.int64)])
+        if self.learns.shape[0] < n:  # SPEC §4.2: new channels learn
+            self.learns = np.concatenate([self.learns, np.ones(n - self.learns.shape[0], bool)])
         if self.arrived_at_wm.shape[0] < n:
             grow = np.zeros(n - self.arrived_at_wm.shape[0], np.int64)
             self.arrived_at_wm = np.concatenate([self.arrived_at_wm, grow])
@@ -365,9 +370,10 @@ class Engine:
             th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
         if self.runs is not None:
             self.runs.threshold = th
-        # SPEC §4.2: the baselines learn from healthy (and no_data, i.e. new) channels' events only
-        learning = [st in LEARNING_STATES for st in states]
-        learn = None if all(learning) else np.array(learning, bool)[np.searchsorted(rows, cols.channel)]
+        # SPEC §4.2: the baselines learn from the events of channels healthy (or no_data, i.e. new) at their
+        # last round: a trip between rounds stops them at the next round, wherever the batches are cut
+        learning = self.learns[rows]
+        learn = None if learning.all() else learning[np.searchsorted(rows, cols.channel)]
         late = self.store.add(cols, learn)
         if late.any():  # too old for the ring although within lateness: count as late too
             flags = late.tolist()
@@ -541,6 +547,7 @@ class Engine:
             # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
             m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
             capacity.learn(i, not fired, m.state == HEALTHY, float(view.judged_1m[j]), float(view.failures_1m[j]))
+            self.learns[i] = m.state in LEARNING_STATES
         self.changed[rows[stepped]] = True
         self.fail_since_eval[rows] = 0.0
         self.judged_since_eval[rows] = 0.0

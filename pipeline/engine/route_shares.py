@@ -198,8 +198,13 @@ class RouteShares:
         return any(j != i and self.capacity.over_cap(j) for j in self.store.route_members()[self.store.routes[i]])
 
     def last_share(self, i: int) -> float | None:
-        """Channel ``i``'s share after its route's last round (None before one)."""
-        return self.shares_by_route.get(self.store.routes[i], {}).get(self.store.names[i])
+        """Channel ``i``'s share after its route's last round (None before one); after a restore and before
+        the route's next round here, the share its restored record holds (the capacity model reads it)."""
+        r = self.store.routes[i]
+        shares = self.shares_by_route.get(r)
+        if shares is None and (record := self._restored_routes.get(r)) is not None:
+            shares = record.shares
+        return None if shares is None else shares.get(self.store.names[i])
 
     def note_outcomes(self, rows: np.ndarray, requests: np.ndarray, failures: np.ndarray) -> None:
         """The recent (1 min) judged ``requests`` and ``failures`` of channels ``rows`` this round: the

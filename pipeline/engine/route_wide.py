@@ -16,9 +16,11 @@ length check per round and is never touched):
   out of the route until the next round decides.
 
 Peers are read as of their own last round (at most :data:`PEER_MAX_AGE_MS` old): channels of a route
-reach a round boundary with their own events, not necessarily in one call. Nothing here is in the
-snapshots: after a restart a finding is re-established at the next round (its trip rule needs no
-history), and route-wide membership is decided every round afresh.
+reach a round boundary with their own events, not necessarily in one call. A channel's finding in force
+(:attr:`RouteWide.peer_active`: the rule has hysteresis) and its route-wide weight (:attr:`RouteWide.weight`,
+read by :meth:`RouteWide.keep_on_trip` between rounds) are in its snapshot
+(:class:`~pipeline.state.channel_state.RoundState`), so a restart changes no verdict; route-wide membership
+is decided every round afresh, and the peers' P95s are those of the round in progress.
 """
 
 from __future__ import annotations

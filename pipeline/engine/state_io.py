@@ -27,8 +27,10 @@ from typing import Any, Mapping, Protocol
 import msgspec
 import numpy as np
 
-from pipeline.policy.state_machine import CLASS_REASON, NO_DATA, ChannelMachine
-from pipeline.state.channel_state import ChannelState, HeldChannel
+from pipeline.policy.capacity import LOAD_ROUNDS, OVER_CAPACITY
+from pipeline.policy.route_wide import PEER_LATENCY
+from pipeline.policy.state_machine import CLASS_REASON, LEARNING_STATES, NO_DATA, ChannelMachine
+from pipeline.state.channel_state import CapacityRecord, ChannelState, HeldChannel, RoundState
 from pipeline.state.wire import MAX_SEQ, MachineWire
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
@@ -60,6 +62,7 @@ class EngineParts(Protocol):
     next_eval: np.ndarray
     fail_since_eval: np.ndarray
     judged_since_eval: np.ndarray
+    learns: np.ndarray
     hard: tuple
     soft: tuple
     advisory: tuple
@@ -95,7 +98,21 @@ class StateIO:
                             seq=int(e.seq[i]), active={k: bool(v[i]) for k, v in e.active.items()},
                             machine=machine_dict(e.machines[i]),
                             judged_since_eval=float(e.judged_since_eval[i]),
-                            route_shares=e.routes.export_route_shares(i))
+                            route_shares=e.routes.export_route_shares(i), round_state=self._round_state(i))
+
+    def _round_state(self, i: int) -> RoundState:
+        """Channel ``i``'s :class:`RoundState`: its baselines' learning flag, its part of the capacity model and
+        of the route-wide rules (SPEC §4.2)."""
+        e = self.engine
+        cap, wide = e.routes.capacity, e.routes.wide
+        record = None
+        if i in cap.usual or i in cap.held or i in cap.max_share or i in cap.judged_since_ms or i in cap.usual_counts:
+            counts = cap.usual_counts.get(i)
+            record = CapacityRecord(usual=cap.usual.get(i), held=tuple(cap.held.get(i, ())),
+                                    max_share=cap.max_share.get(i), judged_since_ms=cap.judged_since_ms.get(i),
+                                    usual_counts=None if counts is None else (float(counts[0]), float(counts[1])))
+        return RoundState(learns=bool(e.learns[i]), capacity=record, peer_active=i in wide.peer_active,
+                          wide_weight=wide.weight.get(i))
 
     def import_state(self, state: ChannelState) -> int:
         """Load ``state`` (registering its channel); returns the channel's row.
@@ -162,13 +179,14 @@ class StateIO:
                         ("watermark_ms", head.watermark_ms or 0)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v <= MAX_SEQ:
                 raise ValueError(f"state {what} {v!r} is not an integer in 0 .. 2**53")
+        check_round_state(head.round_state)
         try:
             wire = msgspec.convert(dict(head.machine), MachineWire)
         except (msgspec.ValidationError, TypeError) as exc:
             raise ValueError(f"state machine: {exc}") from None
         e = self.engine
         known = ({d.reason for d in (*e.hard, *e.soft)} | {d.reason for d, _ in e.advisory} | {NO_DATA}
-                 | set(CLASS_REASON.values()))
+                 | set(CLASS_REASON.values()) | {OVER_CAPACITY, PEER_LATENCY})  # SPEC §4.2's soft reasons
         unknown = [f"reason {r}" for r in wire.reasons if r not in known]
         fields = msgspec.structs.asdict(wire)
         fields["reasons"] = [r for r in wire.reasons if r in known]
@@ -193,7 +211,63 @@ class StateIO:
         e.seq[i] = max(e.seq[i], head.seq)
         e.machines[i] = machine
         e.routes.restore_route_shares(head.route, head.route_shares)
+        self._load_round_state(i, head.round_state, machine)
         e.mark_changed(i)
+
+    def _load_round_state(self, i: int, rs: RoundState, machine: ChannelMachine) -> None:
+        """Row ``i``'s :class:`RoundState` (checked: :func:`check_round_state`); ``learns`` None: from ``machine``'s
+        state (a record written before the flag was saved)."""
+        e = self.engine
+        e.learns[i] = machine.state in LEARNING_STATES if rs.learns is None else rs.learns
+        cap, wide = e.routes.capacity, e.routes.wide
+        for part in (cap.usual, cap.held, cap.max_share, cap.judged_since_ms, cap.usual_counts):
+            part.pop(i, None)  # type: ignore[attr-defined]
+        c = rs.capacity
+        if c is not None:
+            if c.usual is not None:
+                cap.usual[i] = c.usual
+            if c.held:
+                cap.held[i] = list(c.held)
+            if c.max_share is not None:
+                cap.max_share[i] = c.max_share
+            if c.judged_since_ms is not None:
+                cap.judged_since_ms[i] = c.judged_since_ms
+            if c.usual_counts is not None:
+                cap.usual_counts[i] = c.usual_counts
+        if rs.peer_active:
+            wide.peer_active.add(i)
+        else:
+            wide.peer_active.discard(i)
+        if rs.wide_weight is None:
+            wide.weight.pop(i, None)
+        else:
+            wide.weight[i] = rs.wide_weight
+
+
+def check_round_state(rs: RoundState) -> None:
+    """Raise ``ValueError`` when a field of ``rs`` is out of range: shares and weights in 0..1, at most
+    :data:`~pipeline.policy.capacity.LOAD_ROUNDS` held shares, counts finite >= 0, a time in 0..2**53."""
+    def share(what: str, v: object) -> None:
+        if not (isinstance(v, float) and 0.0 <= v <= 1.0):
+            raise ValueError(f"state {what} {v!r} is not a share in 0..1")
+
+    if rs.learns is not None and not isinstance(rs.learns, (bool, np.bool_)):
+        raise ValueError(f"state learns {rs.learns!r} is not a bool")
+    if rs.wide_weight is not None:
+        share("route-wide weight", rs.wide_weight)
+    c = rs.capacity
+    if c is None:
+        return
+    if len(c.held) > LOAD_ROUNDS:
+        raise ValueError(f"state capacity holds {len(c.held)} shares, at most {LOAD_ROUNDS}")
+    for what, v in (("usual share", c.usual), ("max_share", c.max_share), *(("held share", x) for x in c.held)):
+        if v is not None:
+            share(f"capacity {what}", v)
+    if c.judged_since_ms is not None and not (isinstance(c.judged_since_ms, int) and 0 <= c.judged_since_ms <= MAX_SEQ):
+        raise ValueError(f"state capacity judged_since_ms {c.judged_since_ms!r} is not in 0 .. 2**53")
+    if c.usual_counts is not None and not (len(c.usual_counts) == 2 and all(
+            isinstance(x, float) and math.isfinite(x) and x >= 0 for x in c.usual_counts)):
+        raise ValueError(f"state capacity usual_counts {c.usual_counts!r} are not two finite counts >= 0")
 
 
 def _machine(fields: Mapping[str, object]) -> ChannelMachine:

@@ -44,6 +44,8 @@ from pipeline.policy.probe import baseline_upper, learn_baseline, probe_passes
 
 HEALTHY, DEGRADED, OPEN, HALF_OPEN, RECOVERING, NO_DATA = (
     "healthy", "degraded", "open", "half_open", "recovering", "no_data")
+#: States whose channels' events enter the 24 h baselines (SPEC §4.2; no_data: new or idle channels).
+LEARNING_STATES = frozenset((HEALTHY, NO_DATA))
 
 _EPS = 1e-9
 #: Causes whose probe failures keep their cause (and schedule) when the channel re-opens.

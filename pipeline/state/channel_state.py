@@ -36,6 +36,43 @@ class RouteShareRecord:
     round_start: dict[str, float] | None
 
 
+@dataclass(frozen=True)
+class CapacityRecord:
+    """A channel's part of the route capacity model (:class:`pipeline.policy.capacity.CapacityModel`,
+    SPEC §4.2 "capacity, not breakage"), as saved with it.
+
+    ``usual``: its usual share (0..1; None before a clean healthy round); ``held``: the shares it held
+    over its last rounds (each 0..1, at most :data:`~pipeline.policy.capacity.LOAD_ROUNDS`, newest last);
+    ``max_share``: its learned cap (0..1; None: uncapped); ``judged_since_ms``: event time (ms) it is
+    judged since while capped (None: not set); ``usual_counts``: (requests, failures) of its clean
+    healthy minutes, decayed (each >= 0; None before one).
+    """
+
+    usual: float | None = None
+    held: tuple[float, ...] = ()
+    max_share: float | None = None
+    judged_since_ms: int | None = None
+    usual_counts: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class RoundState:
+    """What a channel's verdicts depend on besides its windows, machine and route shares (SPEC §4.2), as
+    of its last round; every field at its default is what a record written before it restores to.
+
+    ``learns``: whether its events enter the 24 h baselines until its next round (its state at its
+    last round was ``healthy`` or ``no_data``; None: take it from the machine's state);
+    ``capacity``: its part of the capacity model (None: untracked); ``peer_active``: its
+    ``peer_latency`` finding is in force (the rule's hysteresis, :mod:`pipeline.policy.route_wide`);
+    ``wide_weight``: the weight a route-wide event holds it at (None: not a member).
+    """
+
+    learns: bool | None = None
+    capacity: CapacityRecord | None = None
+    peer_active: bool = False
+    wide_weight: float | None = None
+
+
 @dataclass
 class ChannelState:
     """One channel's complete detector state.
@@ -52,8 +89,9 @@ class ChannelState:
     its last round, which the round adds with ``fail_since_eval`` to the
     probe's pre-incident baseline (:meth:`ChannelMachine.learn`);
     ``route_shares``: its route's traffic shares as the engine held them
-    (None: no round of the route yet). States written before the last two
-    existed restore with 0.0 and None.
+    (None: no round of the route yet); ``round_state``: :class:`RoundState`.
+    States written before the last three existed restore with 0.0, None and
+    ``RoundState()``.
     """
 
     channel: str
@@ -68,6 +106,7 @@ class ChannelState:
     machine: dict[str, object]
     judged_since_eval: float = 0.0
     route_shares: RouteShareRecord | None = None
+    round_state: RoundState = RoundState()
 
 
 @dataclass(frozen=True)
@@ -87,3 +126,4 @@ class HeldChannel:
     seq: int
     machine: dict[str, object]
     route_shares: RouteShareRecord | None = None
+    round_state: RoundState = RoundState()

@@ -27,6 +27,12 @@ Snapshots written before the quality rings existed load with empty ones;
 those written with 30 × 10 s latency histograms (no ``short_lat_slot_id``)
 load with them summed into the 30 s slots.
 
+What a channel's next rounds depend on besides those (SPEC §4.2: whether its baselines learn and since
+when they are held, its part of the capacity model, its route-wide finding and weight) is in the
+``extensions`` entry :data:`ROUND_STATE`, each value only when set: a record without any is the record
+written before it existed, byte for byte (no version change: readers of either version read each
+other's records during a rolling upgrade; an older reader counts the entry as a dropped window).
+
 Decoding is typed and bounded (SPEC §8): :func:`decode_snapshot` checks every field against the
 contract of :mod:`pipeline.state.wire` (types, ranges, sizes) and a compressed record's stated size
 against :data:`MAX_RECORD_BYTES` before allocating; :func:`to_state` checks each packed array's size
@@ -52,7 +58,7 @@ import lz4.block
 import msgspec
 import numpy as np
 
-from pipeline.state.channel_state import ChannelState, HeldChannel, RouteShareRecord
+from pipeline.state.channel_state import CapacityRecord, ChannelState, HeldChannel, RoundState, RouteShareRecord
 from pipeline.state.wire import ChannelSnapshot, ExtensionDtype, MachineWire, RouteSharesWire
 from pipeline.windows.features import V1_COUNTER_NAMES
 from pipeline.windows.histogram import LatencyBuckets
@@ -85,6 +91,21 @@ WIRE_FIELDS = {
     QUALITY: {"short.slot_id": "quality_short_slot_id", "short.counts": "quality_short_counts",
               "base.slot_id": "quality_base_slot_id", "base.counts": "quality_base_counts", "model": "quality_model"},
 }
+#: The ``extensions`` entry (not a signal: signal names hold no ``:``) that carries the channel's
+#: :class:`~pipeline.state.channel_state.RoundState` and its baselines' hold clock
+#: (``ChannelWindows.held_since_ms``), SPEC §4.2. Each array is written only when its value is not the
+#: default (``learns``: when it differs from the machine's state; the others: when set), so a record of a
+#: channel without any is the record written before they were saved, byte for byte, and older records
+#: restore them at their defaults; a reader without it counts the entry as a dropped signal window.
+#: Arrays: ``learns`` and ``peer_active`` bool (1,); ``held_since_ms`` and ``judged_since_ms`` int64 (1,);
+#: ``usual``, ``max_share``, ``wide_weight`` float64 (1,); ``held`` float64 (k,), k <= 64;
+#: ``usual_counts`` float64 (2,).
+ROUND_STATE = "engine:round"
+#: Shapes of the fixed-size arrays of :data:`ROUND_STATE` (``held`` is checked on its own).
+_ROUND_LAYOUT = {"learns": (1,), "peer_active": (1,), "held_since_ms": (1,), "judged_since_ms": (1,),
+                 "usual": (1,), "max_share": (1,), "wide_weight": (1,), "usual_counts": (2,)}
+_LEARNING = ("healthy", "no_data")  # pipeline.policy.state_machine.LEARNING_STATES (not imported here)
+
 #: ``n_buckets`` of a record whose engine keeps no latency windows (the default bucket mapping's).
 DEFAULT_N_BUCKETS = LatencyBuckets().n_buckets
 
@@ -184,11 +205,68 @@ def encode_state(state: "ChannelState | FrozenState") -> bytes:
         quality_base_counts=b"" if q is None else _pack(q["base.counts"]),
         quality_model=model,
         extensions={name: {key: (cast(ExtensionDtype, a.dtype.str), list(a.shape), _pack(a)) for key, a in arrays.items()}
-                    for name, arrays in ext.items()},
+                    for name, arrays in _with_round_state(ext, state).items()},
         judged_since_eval=state.judged_since_eval,
         route_shares=None if state.route_shares is None else RouteSharesWire(**dataclasses.asdict(state.route_shares)),
     )
     return COMPRESSED_MARK + lz4.block.compress(msgspec.msgpack.encode(snap), store_size=True)
+
+
+def _with_round_state(ext: dict[str, dict[str, np.ndarray]], state: ChannelState) -> dict[str, dict[str, np.ndarray]]:
+    """``ext`` with the :data:`ROUND_STATE` entry of ``state`` added when any of its values is set."""
+    rs, out = state.round_state, {}
+    if rs.learns is not None and rs.learns != (state.machine.get("state") in _LEARNING):
+        out["learns"] = np.array([rs.learns], bool)
+    if state.windows.held_since_ms >= 0:
+        out["held_since_ms"] = np.array([state.windows.held_since_ms], np.int64)
+    c = rs.capacity
+    if c is not None:
+        for key, v in (("usual", c.usual), ("max_share", c.max_share)):
+            if v is not None:
+                out[key] = np.array([v], np.float64)
+        if c.held:
+            out["held"] = np.array(c.held, np.float64)
+        if c.judged_since_ms is not None:
+            out["judged_since_ms"] = np.array([c.judged_since_ms], np.int64)
+        if c.usual_counts is not None:
+            out["usual_counts"] = np.array(c.usual_counts, np.float64)
+    if rs.peer_active:
+        out["peer_active"] = np.array([True])
+    if rs.wide_weight is not None:
+        out["wide_weight"] = np.array([rs.wide_weight], np.float64)
+    return {**ext, ROUND_STATE: out} if out else ext
+
+
+def _round_state(snap: ChannelSnapshot) -> tuple[RoundState, int]:
+    """The :class:`RoundState` and baselines' hold start (ms, -1: none) of ``snap``'s :data:`ROUND_STATE`
+    entry (defaults without one). Values are range-checked on import
+    (:func:`pipeline.engine.state_io.check_round_state`); raises :class:`SnapshotError` for an array of
+    the wrong dtype or shape."""
+    packed = snap.extensions.get(ROUND_STATE)
+    if not packed:
+        return RoundState(), -1
+    z = snap.version in ZLIB_ARRAY_VERSIONS
+    want = {"learns": "|b1", "peer_active": "|b1", "held_since_ms": "<i8", "judged_since_ms": "<i8"}
+    a: dict[str, np.ndarray] = {}
+    for key, (dtype, shape, b) in packed.items():
+        if dtype != want.get(key, "<f8") or (key != "held" and tuple(shape) != _ROUND_LAYOUT.get(key)) or (
+                key == "held" and (len(shape) != 1 or shape[0] > 64)):
+            raise SnapshotError(f"snapshot {ROUND_STATE}.{key}: dtype {dtype!r} shape {shape} refused")
+        a[key] = _unpack(b, np.dtype(dtype), tuple(shape), z)
+
+    def one(key: str, kind: type) -> Any:
+        return None if key not in a else kind(a[key][0])
+
+    capacity = None
+    if {"usual", "held", "max_share", "judged_since_ms", "usual_counts"} & a.keys():
+        counts = a.get("usual_counts")
+        capacity = CapacityRecord(usual=one("usual", float), held=tuple(float(x) for x in a.get("held", ())),
+                                  max_share=one("max_share", float), judged_since_ms=one("judged_since_ms", int),
+                                  usual_counts=None if counts is None else (float(counts[0]), float(counts[1])))
+    rs = RoundState(learns=one("learns", bool), capacity=capacity, peer_active=bool(one("peer_active", bool)),
+                    wide_weight=one("wide_weight", float))
+    held = one("held_since_ms", int)
+    return rs, -1 if held is None else held
 
 
 #: A signal window's array of one channel of at least this many bytes is kept compact in a capture
@@ -398,7 +476,8 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
         counters = {name: unpack(b, np.float32, (ns,)) for name, b in snap.counters.items()}
     extensions = {name: {key: _unpack_extension(name, key, *packed, z, windows_layout)
                          for key, packed in arrays.items()}
-                  for name, arrays in snap.extensions.items()}
+                  for name, arrays in snap.extensions.items() if name != ROUND_STATE}
+    round_state, held_since_ms = _round_state(snap)
     short_slot_id = unpack(snap.short_slot_id, np.int64, (ns,))
     if snap.base_hist:  # the latency windows (a record of an engine without them has none)
         if snap.short_lat_slot_id:
@@ -420,12 +499,12 @@ def to_state(snap: ChannelSnapshot, short_slots: int = 30, base_slots: int = 25,
         if snap.quality_model is not None:
             extensions[QUALITY]["model"] = np.array(snap.quality_model)
     windows = ChannelWindows(short_slot_id=short_slot_id, counters=counters, last_ts_ms=snap.last_ts_ms,
-                             extensions=extensions)
+                             extensions=extensions, held_since_ms=held_since_ms)
     return ChannelState(channel=snap.channel, route=snap.route, tier=snap.tier, windows=windows,
                         watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms,
                         fail_since_eval=snap.fail_since_eval, seq=snap.seq, active=dict(snap.active),
                         machine=_machine_fields(snap.machine), judged_since_eval=snap.judged_since_eval,
-                        route_shares=_route_shares(snap))
+                        route_shares=_route_shares(snap), round_state=round_state)
 
 
 def _machine_fields(m: MachineWire | dict) -> dict[str, object]:
@@ -478,7 +557,8 @@ def hold_channel(engine, snap: ChannelSnapshot, raw: bytes) -> int:
         return engine.state.hold_channel(HeldChannel(
             channel=snap.channel, route=snap.route, tier=snap.tier, last_ts_ms=snap.last_ts_ms,
             watermark_ms=snap.watermark_ms, next_eval_ms=snap.next_eval_ms, seq=snap.seq,
-            machine=_machine_fields(snap.machine), route_shares=_route_shares(snap)), raw)
+            machine=_machine_fields(snap.machine), route_shares=_route_shares(snap),
+            round_state=_round_state(snap)[0]), raw)
     except ValueError as exc:
         raise SnapshotError(str(exc)) from None
 

@@ -94,7 +94,7 @@ class WindowStore:
         #: Longest event time a channel's baselines skip its events (:data:`LEARN_HOLD_MS`, :meth:`add`).
         self.learn_hold_ms = int(learn_hold_ms)
         #: Per channel: event time of the first event its baselines skipped in the current hold, -1 while it
-        #: learns (not in snapshots: a restart restarts the hold's clock, the hold itself follows ``learn``).
+        #: learns (in its snapshot: :attr:`ChannelWindows.held_since_ms <pipeline.windows.view.ChannelWindows>`).
         self.held_since_ms = np.full(16, -1, dtype=np.int64)
         self._holding = False  # some channel is in a hold (held_since_ms >= 0 somewhere)
         #: Channel rows every array holds (see :meth:`reserve`); 0 after :meth:`load` replaced them.
@@ -345,6 +345,7 @@ class WindowStore:
             counters={c.name: self.short.counts[i, :, j].copy() for j, c in enumerate(self.counters)},
             last_ts_ms=int(self.last_ts_ms[i]),
             extensions={name: ext.export_row(i) for name, ext in self.extensions.items()},
+            held_since_ms=int(self.held_since_ms[i]),
         )
 
     def windows_layout(self) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -373,6 +374,8 @@ class WindowStore:
                 shapes.update({f"windows {name}.{key}": (got.get(key), shape) for key, shape in layout.items()})
         if not 0 <= w.last_ts_ms <= 1 << 53:
             raise ValueError(f"state last_ts_ms {w.last_ts_ms} out of range")
+        if not -1 <= w.held_since_ms <= 1 << 53:
+            raise ValueError(f"state held_since_ms {w.held_since_ms} out of range")
         for what, (arr, shape) in shapes.items():
             if arr is None or np.shape(arr) != shape:
                 raise ValueError(f"state {what} has shape {None if arr is None else np.shape(arr)}, store {shape}")
@@ -396,5 +399,7 @@ class WindowStore:
         for name, ext in self.extensions.items():
             ext.import_row(i, w.extensions.get(name))
         self.last_ts_ms[i] = max(int(self.last_ts_ms[i]), w.last_ts_ms)
+        self.held_since_ms[i] = w.held_since_ms
+        self._holding = self._holding or w.held_since_ms >= 0
         return sorted(set(w.counters) - set(self.counter_column)) + sorted(
             f"windows {n}" for n in set(w.extensions) - set(self.extensions))

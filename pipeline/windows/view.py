@@ -67,10 +67,14 @@ class ChannelWindows:
     store's 10 s ring; ``last_ts_ms``: the channel's newest event time;
     ``extensions``: signal name → its windows' arrays
     (:meth:`SignalWindows.export_row`), every signal's the same way (the
-    latency histograms, failure run and quality rings too).
+    latency histograms, failure run and quality rings too);
+    ``held_since_ms``: event time (ms) its baselines' current hold started
+    (:attr:`WindowStore.held_since_ms <pipeline.windows.store.WindowStore.held_since_ms>`,
+    SPEC §4.2), -1 while they learn.
     """
 
     short_slot_id: np.ndarray
     counters: dict[str, np.ndarray]
     last_ts_ms: int
     extensions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    held_since_ms: int = -1
