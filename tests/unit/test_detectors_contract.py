@@ -197,19 +197,31 @@ H = 3_600_000
 T0 = 1_750_000_000_000 - 1_750_000_000_000 % H
 
 
+#: Status mix of the healthy hours (0.1 % failures: under every tier's error line) and of the last 30 min.
+HEALTHY_MIX, FAULT_MIX = [0.998, 0.001, 0.0005, 0.0005], [0.95, 0.02, 0.01, 0.02]
+
+
 def _traffic(t_from: int, t_to: int, seed: int) -> list[RequestEvent]:
-    """Two channels at ~2 req/s: some failures, structured answers, a slow and 50 % dearer last 15 min on "b"."""
+    """Two channels at ~2 req/s: healthy until the last 30 min, then a fault: failures on both, missing fields
+    on "b", and a slow and 50 % dearer last 15 min on "b".
+
+    The healthy hours come first, as in real traffic: the 24 h baselines learn from healthy time only (SPEC
+    §4.2, issue #33 part 5), so a stream failing from its first minute (as this one did before) leaves them
+    thin (channel "b", open or half_open throughout, had 51 baseline latency samples) and the latency and
+    cost signals nothing to compare with."""
     rng = np.random.default_rng(seed)
     ts = np.sort(rng.integers(t_from, t_to, (t_to - t_from) // 250))
     tokens = np.random.default_rng(seed + 1).integers(20, 600, ts.shape[0])  # own stream: the rest is unchanged
+    fault_ms = t_to - 30 * 60_000
     out = []
     for i, t in enumerate(ts.tolist()):
         ch = "a" if i % 2 else "b"
-        st = str(rng.choice(["ok", "error", "timeout", "cancelled"], p=[0.95, 0.02, 0.01, 0.02]))
+        st = str(rng.choice(["ok", "error", "timeout", "cancelled"], p=FAULT_MIX if t >= fault_ms else HEALTHY_MIX))
         slow = 3.0 if ch == "b" and t >= t_to - 15 * 60_000 else 1.0
         out.append(RequestEvent(event_id=f"t{seed}-{i}", ts_ms=t, channel=ch, route="chat", status=st,
                                 latency_ms=float(rng.lognormal(5.3, 0.3)) * slow, tier="free" if ch == "b" else "paid",
-                                missing_fields=(["x"] if i % 9 == 0 else []) if st == "ok" and i % 2 == 0 else None,
+                                missing_fields=(["x"] if i % 9 == 0 and t >= fault_ms else [])
+                                if st == "ok" and i % 2 == 0 else None,
                                 output_tokens=int(tokens[i]) if st == "ok" else None,
                                 cost_usd=(1e-4 + 2e-6 * float(tokens[i])) * (1.5 if slow > 1 else 1.0)
                                 if st == "ok" else None))
