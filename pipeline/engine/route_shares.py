@@ -70,7 +70,7 @@ class RouteShares:
         #: route -> the newest record restored for it, until the route's next round in this engine.
         self._restored_routes: dict[str, RouteShareRecord] = {}
         #: channel index -> its recent failure ratio (failures + 1) / (requests + 2) as of its last round.
-        self._fail_ratio: dict[int, float] = {}
+        self.fail_ratio: dict[int, float] = {}
         #: channel index -> the weight the panic floor keeps it at (reason ``route_panic``), this round.
         self.panic_weight: dict[int, float] = {}
         #: routes whose every channel has a hard fault (reason ``route_down``), as of their last round.
@@ -148,7 +148,7 @@ class RouteShares:
         if left >= threshold * len(w) - 1e-12:
             return w, probing
         eligible = np.array([not h and s != NO_DATA for h, s in zip(hard, states)])
-        ratio = np.array([self._fail_ratio.get(i, 0.5) for i in idx])
+        ratio = np.array([self.fail_ratio.get(i, 0.5) for i in idx])
         weights, panicked = panic_floor(np.array(w), ratio, eligible,
                                         probing if probing is not None else np.zeros(len(w), bool),
                                         threshold, self.policy.route_panic_weight, full)
@@ -167,7 +167,7 @@ class RouteShares:
         if not learned or not any(i in learned for i in idx):
             return None
         caps = np.array([learned.get(i, 1.0) for i in idx])
-        ratio = np.array([self._fail_ratio.get(i, 0.5) for i in idx])
+        ratio = np.array([self.fail_ratio.get(i, 0.5) for i in idx])
         line = float(ratio[caps < 1.0].min())
         receivers = (caps >= 1.0) & (np.array(w) > 0) & (ratio <= line + RECEIVER_MARGIN)
         return caps, receivers
@@ -210,7 +210,7 @@ class RouteShares:
         """The recent (1 min) judged ``requests`` and ``failures`` of channels ``rows`` this round: the
         panic floor ranks channels by ``(failures + 1) / (requests + 2)`` (Laplace's rule: 0.5 without data)."""
         ratio = (np.asarray(failures, np.float64) + 1.0) / (np.asarray(requests, np.float64) + 2.0)
-        self._fail_ratio.update(zip(rows.tolist(), ratio.tolist()))
+        self.fail_ratio.update(zip(rows.tolist(), ratio.tolist()))
         self.wide.note(rows, requests, failures)
 
     def after_round(self, rows: np.ndarray, now_ms: int) -> dict[int, float]:

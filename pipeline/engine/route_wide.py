@@ -19,8 +19,8 @@ Peers are read as of their own last round (at most :data:`PEER_MAX_AGE_MS` old):
 reach a round boundary with their own events, not necessarily in one call. A channel's finding in force
 (:attr:`RouteWide.peer_active`: the rule has hysteresis) and its route-wide weight (:attr:`RouteWide.weight`,
 read by :meth:`RouteWide.keep_on_trip` between rounds) are in its snapshot
-(:class:`~pipeline.state.channel_state.RoundState`), so a restart changes no verdict; route-wide membership
-is decided every round afresh, and the peers' P95s are those of the round in progress.
+(:class:`~pipeline.state.channel_state.RoundState`), with what its peers read of it (:attr:`RouteWide.p95`,
+:attr:`RouteWide.recent`), so a restart changes no verdict; route-wide membership is decided every round.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ class RouteWide:
         self.store = store
         self.machines = machines
         #: channel index -> (round ms, 5 min P95 ms, its 99 % lower bound ms) as of its last round.
-        self._p95: dict[int, tuple[int, float, float]] = {}
+        self.p95: dict[int, tuple[int, float, float]] = {}
         #: channel index -> (judged requests, failures) of the last minute, as of its last round.
-        self._recent: dict[int, tuple[float, float]] = {}
+        self.recent: dict[int, tuple[float, float]] = {}
         #: channel indices whose ``peer_latency`` finding is in force.
         self.peer_active: set[int] = set()
         #: channel index -> the weight a route-wide event holds it at (reason ``route_wide``).
@@ -78,13 +78,13 @@ class RouteWide:
         for j, i in enumerate(rows.tolist()):
             if len(members[routes[i]]) < ROUTE_WIDE_MIN_CHANNELS:
                 continue
-            self._p95[i] = (now_ms, float(p95[j]), float(lower[j]))
+            self.p95[i] = (now_ms, float(p95[j]), float(lower[j]))
             todo.append((j, i))
         live: dict[str, tuple[np.ndarray, dict[int, int]]] = {}  # route -> sorted live P95s, channel -> its place
         for j, i in todo:
             route = routes[i]
             if route not in live:  # once per route and call: linear in the route's size, not quadratic
-                got = sorted((v[1], k) for k in members[route] if (v := self._p95.get(k)) is not None
+                got = sorted((v[1], k) for k in members[route] if (v := self.p95.get(k)) is not None
                              and now_ms - v[0] <= PEER_MAX_AGE_MS and self.machines[k].state != NO_DATA
                              and np.isfinite(v[1]))
                 live[route] = (np.array([x for x, _ in got], np.float64), {k: at for at, (_, k) in enumerate(got)})
@@ -95,7 +95,7 @@ class RouteWide:
                 on = i in self.peer_active  # no evidence either way: keep the finding
             else:
                 med = _median_without(values, at)
-                _, p, lo = self._p95[i]
+                _, p, lo = self.p95[i]
                 on = bool(peer_latency_fired(np.array([lo]), np.array([p]), np.array([med]),
                                              np.array([i in self.peer_active]))[0])
                 ratio[j] = p / med if med > 0 else float("nan")
@@ -108,7 +108,7 @@ class RouteWide:
 
     def note(self, rows: np.ndarray, requests: np.ndarray, failures: np.ndarray) -> None:
         """The last minute's judged ``requests`` and ``failures`` of channels ``rows`` at their round."""
-        self._recent.update(zip(rows.tolist(), zip(np.asarray(requests, np.float64).tolist(),
+        self.recent.update(zip(rows.tolist(), zip(np.asarray(requests, np.float64).tolist(),
                                                    np.asarray(failures, np.float64).tolist())))
 
     def apply(self, idx: list[int], w: tuple[float, ...], probing: np.ndarray | None,
@@ -131,7 +131,7 @@ class RouteWide:
                              and "rate_limited" not in m.reasons and i not in self.peer_active
                              for i, m in zip(idx, ms)])
         with_data = np.array([m.state != NO_DATA for m in ms])
-        recent = [self._recent.get(i, (0.0, 0.0)) for i in idx]
+        recent = [self.recent.get(i, (0.0, 0.0)) for i in idx]
         members = route_wide_members(affected, with_data, np.array([r[0] for r in recent]),
                                      np.array([r[1] for r in recent]))
         if not members.any():

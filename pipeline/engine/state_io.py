@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -111,8 +111,12 @@ class StateIO:
             record = CapacityRecord(usual=cap.usual.get(i), held=tuple(cap.held.get(i, ())),
                                     max_share=cap.max_share.get(i), judged_since_ms=cap.judged_since_ms.get(i),
                                     usual_counts=None if counts is None else (float(counts[0]), float(counts[1])))
+        recent, p95 = wide.recent.get(i), wide.p95.get(i)
         return RoundState(learns=bool(e.learns[i]), capacity=record, peer_active=i in wide.peer_active,
-                          wide_weight=wide.weight.get(i))
+                          wide_weight=wide.weight.get(i), panic_weight=e.routes.panic_weight.get(i),
+                          fail_ratio=e.routes.fail_ratio.get(i),
+                          recent=None if recent is None else (float(recent[0]), float(recent[1])),
+                          p95=None if p95 is None else (int(p95[0]), float(p95[1]), float(p95[2])))
 
     def import_state(self, state: ChannelState) -> int:
         """Load ``state`` (registering its channel); returns the channel's row.
@@ -219,29 +223,32 @@ class StateIO:
         state (a record written before the flag was saved)."""
         e = self.engine
         e.learns[i] = machine.state in LEARNING_STATES if rs.learns is None else rs.learns
-        cap, wide = e.routes.capacity, e.routes.wide
-        for part in (cap.usual, cap.held, cap.max_share, cap.judged_since_ms, cap.usual_counts):
-            part.pop(i, None)  # type: ignore[attr-defined]
-        c = rs.capacity
-        if c is not None:
-            if c.usual is not None:
-                cap.usual[i] = c.usual
-            if c.held:
-                cap.held[i] = list(c.held)
-            if c.max_share is not None:
-                cap.max_share[i] = c.max_share
-            if c.judged_since_ms is not None:
-                cap.judged_since_ms[i] = c.judged_since_ms
-            if c.usual_counts is not None:
-                cap.usual_counts[i] = c.usual_counts
+        cap, wide, c = e.routes.capacity, e.routes.wide, rs.capacity
+        _put(cap.usual, i, None if c is None else c.usual)
+        _put(cap.held, i, None if c is None or not c.held else list(c.held))
+        _put(cap.max_share, i, None if c is None else c.max_share)
+        _put(cap.judged_since_ms, i, None if c is None else c.judged_since_ms)
+        _put(cap.usual_counts, i, None if c is None else c.usual_counts)
         if rs.peer_active:
             wide.peer_active.add(i)
         else:
             wide.peer_active.discard(i)
-        if rs.wide_weight is None:
-            wide.weight.pop(i, None)
-        else:
-            wide.weight[i] = rs.wide_weight
+        _put(wide.weight, i, rs.wide_weight)
+        _put(wide.recent, i, rs.recent)
+        _put(wide.p95, i, rs.p95)
+        _put(e.routes.panic_weight, i, rs.panic_weight)
+        _put(e.routes.fail_ratio, i, rs.fail_ratio)
+
+
+_T = TypeVar("_T")
+
+
+def _put(part: dict[int, _T], i: int, v: _T | None) -> None:
+    """``part[i] = v``, or no entry for ``i`` when ``v`` is None."""
+    if v is None:
+        part.pop(i, None)
+    else:
+        part[i] = v
 
 
 def check_round_state(rs: RoundState) -> None:
@@ -253,8 +260,16 @@ def check_round_state(rs: RoundState) -> None:
 
     if rs.learns is not None and not isinstance(rs.learns, (bool, np.bool_)):
         raise ValueError(f"state learns {rs.learns!r} is not a bool")
-    if rs.wide_weight is not None:
-        share("route-wide weight", rs.wide_weight)
+    for what, w in (("route-wide weight", rs.wide_weight), ("panic weight", rs.panic_weight),
+                    ("failure ratio", rs.fail_ratio)):
+        if w is not None:
+            share(what, w)
+    if rs.recent is not None and not (len(rs.recent) == 2 and all(
+            isinstance(x, float) and math.isfinite(x) and x >= 0 for x in rs.recent)):
+        raise ValueError(f"state recent outcomes {rs.recent!r} are not two finite counts >= 0")
+    if rs.p95 is not None and not (len(rs.p95) == 3 and isinstance(rs.p95[0], int) and 0 <= rs.p95[0] <= MAX_SEQ
+                                   and all(isinstance(x, float) and not x < 0 and x != math.inf for x in rs.p95[1:])):
+        raise ValueError(f"state peer P95 {rs.p95!r} is not (time, P95 ms, lower ms), each >= 0 or NaN")
     c = rs.capacity
     if c is None:
         return

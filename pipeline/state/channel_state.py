@@ -64,13 +64,22 @@ class RoundState:
     last round was ``healthy`` or ``no_data``; None: take it from the machine's state);
     ``capacity``: its part of the capacity model (None: untracked); ``peer_active``: its
     ``peer_latency`` finding is in force (the rule's hysteresis, :mod:`pipeline.policy.route_wide`);
-    ``wide_weight``: the weight a route-wide event holds it at (None: not a member).
+    ``wide_weight``: the weight a route-wide event holds it at (None: not a member); ``panic_weight``:
+    the weight the route's panic floor keeps it at (None: not kept); ``fail_ratio``: its recent failure
+    ratio the panic floor ranks by (0..1; None: no round yet); ``recent``: its last minute's (judged
+    requests, failures) the route-wide rule reads (each >= 0); ``p95``: (round ms, 5 min P95 ms, its
+    lower bound ms) its peers read (NaN: no P95). The last four as of its last round, read by route
+    peers reaching a round boundary in another call than its own, and by a trip before its next round.
     """
 
     learns: bool | None = None
     capacity: CapacityRecord | None = None
     peer_active: bool = False
     wide_weight: float | None = None
+    panic_weight: float | None = None
+    fail_ratio: float | None = None
+    recent: tuple[float, float] | None = None
+    p95: tuple[int, float, float] | None = None
 
 
 @dataclass

@@ -97,13 +97,15 @@ WIRE_FIELDS = {
 #: default (``learns``: when it differs from the machine's state; the others: when set), so a record of a
 #: channel without any is the record written before they were saved, byte for byte, and older records
 #: restore them at their defaults; a reader without it counts the entry as a dropped signal window.
-#: Arrays: ``learns`` and ``peer_active`` bool (1,); ``held_since_ms`` and ``judged_since_ms`` int64 (1,);
-#: ``usual``, ``max_share``, ``wide_weight`` float64 (1,); ``held`` float64 (k,), k <= 64;
-#: ``usual_counts`` float64 (2,).
+#: Arrays: ``learns`` and ``peer_active`` bool (1,); ``held_since_ms``, ``judged_since_ms`` and
+#: ``p95_round_ms`` int64 (1,); ``usual``, ``max_share``, ``wide_weight``, ``panic_weight``, ``fail_ratio``
+#: float64 (1,); ``held`` float64 (k,), k <= 64; ``usual_counts``, ``recent`` float64 (2,); ``p95`` float64
+#: (2,): the P95 and its lower bound in ms, -1 for NaN (no P95).
 ROUND_STATE = "engine:round"
 #: Shapes of the fixed-size arrays of :data:`ROUND_STATE` (``held`` is checked on its own).
 _ROUND_LAYOUT = {"learns": (1,), "peer_active": (1,), "held_since_ms": (1,), "judged_since_ms": (1,),
-                 "usual": (1,), "max_share": (1,), "wide_weight": (1,), "usual_counts": (2,)}
+                 "usual": (1,), "max_share": (1,), "wide_weight": (1,), "usual_counts": (2,),
+                 "panic_weight": (1,), "fail_ratio": (1,), "recent": (2,), "p95_round_ms": (1,), "p95": (2,)}
 _LEARNING = ("healthy", "no_data")  # pipeline.policy.state_machine.LEARNING_STATES (not imported here)
 
 #: ``n_buckets`` of a record whose engine keeps no latency windows (the default bucket mapping's).
@@ -232,8 +234,14 @@ def _with_round_state(ext: dict[str, dict[str, np.ndarray]], state: ChannelState
             out["usual_counts"] = np.array(c.usual_counts, np.float64)
     if rs.peer_active:
         out["peer_active"] = np.array([True])
-    if rs.wide_weight is not None:
-        out["wide_weight"] = np.array([rs.wide_weight], np.float64)
+    for key, v in (("wide_weight", rs.wide_weight), ("panic_weight", rs.panic_weight), ("fail_ratio", rs.fail_ratio)):
+        if v is not None:
+            out[key] = np.array([v], np.float64)
+    if rs.recent is not None:
+        out["recent"] = np.array(rs.recent, np.float64)
+    if rs.p95 is not None:
+        out["p95_round_ms"] = np.array([rs.p95[0]], np.int64)
+        out["p95"] = np.nan_to_num(np.array(rs.p95[1:], np.float64), nan=-1.0)
     return {**ext, ROUND_STATE: out} if out else ext
 
 
@@ -246,7 +254,8 @@ def _round_state(snap: ChannelSnapshot) -> tuple[RoundState, int]:
     if not packed:
         return RoundState(), -1
     z = snap.version in ZLIB_ARRAY_VERSIONS
-    want = {"learns": "|b1", "peer_active": "|b1", "held_since_ms": "<i8", "judged_since_ms": "<i8"}
+    want = {"learns": "|b1", "peer_active": "|b1", "held_since_ms": "<i8", "judged_since_ms": "<i8",
+            "p95_round_ms": "<i8"}
     a: dict[str, np.ndarray] = {}
     for key, (dtype, shape, b) in packed.items():
         if dtype != want.get(key, "<f8") or (key != "held" and tuple(shape) != _ROUND_LAYOUT.get(key)) or (
@@ -263,8 +272,15 @@ def _round_state(snap: ChannelSnapshot) -> tuple[RoundState, int]:
         capacity = CapacityRecord(usual=one("usual", float), held=tuple(float(x) for x in a.get("held", ())),
                                   max_share=one("max_share", float), judged_since_ms=one("judged_since_ms", int),
                                   usual_counts=None if counts is None else (float(counts[0]), float(counts[1])))
+    recent, p95 = a.get("recent"), a.get("p95")
+    if (p95 is None) != ("p95_round_ms" not in a):
+        raise SnapshotError(f"snapshot {ROUND_STATE}: p95 and p95_round_ms come together")
     rs = RoundState(learns=one("learns", bool), capacity=capacity, peer_active=bool(one("peer_active", bool)),
-                    wide_weight=one("wide_weight", float))
+                    wide_weight=one("wide_weight", float), panic_weight=one("panic_weight", float),
+                    fail_ratio=one("fail_ratio", float),
+                    recent=None if recent is None else (float(recent[0]), float(recent[1])),
+                    p95=None if p95 is None else (one("p95_round_ms", int),
+                                                  *(float("nan") if x == -1.0 else float(x) for x in p95.tolist())))
     held = one("held_since_ms", int)
     return rs, -1 if held is None else held
 

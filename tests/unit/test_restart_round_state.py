@@ -154,3 +154,41 @@ def test_records_without_round_state_restore_its_defaults_and_bad_values_are_ref
     wrong = {**snap.extensions, ROUND_STATE: {**packed, "max_share": ("<i8", [1], np.array([1]).tobytes())}}
     with pytest.raises(SnapshotError):
         import_channel(_engine(), msgspec.structs.replace(snap, extensions=wrong))
+
+
+@pytest.fixture(scope="module")
+def per_channel():
+    """The same stream with each channel's events of a span in a call of their own (a, b, c, x, y): each
+    channel reaches a round boundary in its own call, so a round reads its route peers as of their last
+    round (P95s, recent outcomes, failure ratios, the panic floor's weights), and a restart between two
+    calls falls inside a round in progress."""
+    calls = [[e for e in events if e.channel == ch] for events in _calls() for ch in "abcxy"]
+    for events in calls:
+        resolve_onto(events)
+    eng = _engine()
+    out, states = [], []
+    for events in calls:
+        out.extend(_run(eng, [events]))
+        states.append([export_channel(eng, i) for i in range(eng.store.n_channels)])
+    return calls, out, states, _final(eng)
+
+
+@pytest.mark.parametrize("minute,after", [(24, "c"), (31.5, "a"), (36, "x"), (42, "b"), (45, "c")])
+def test_a_restart_inside_a_round_changes_no_verdict(per_channel, minute, after):
+    calls, out, states, final = per_channel
+    cut = next(k for k, c in enumerate(calls) if c[0].ts_ms >= T0 + minute * MIN and c[0].channel == after) + 1
+    records = {decode_snapshot(b).channel: decode_snapshot(b) for b in states[cut - 1]}
+    saved = {ch: r.extensions.get(ROUND_STATE, {}).keys() for ch, r in records.items()}
+    assert all({"fail_ratio", "recent"} <= keys for keys in saved.values())
+    assert all({"p95", "p95_round_ms"} <= saved[ch] for ch in "abc")
+    restored = _engine()
+    for record in records.values():
+        import_channel(restored, record)
+    assert _run(restored, calls[cut:]) == out[cut:], f"restart at minute {minute} after {after}'s call"
+    assert _final(restored) == final
+
+
+def test_the_per_channel_stream_keeps_the_route_in_service_by_the_panic_floor(per_channel):
+    _, out, _, _ = per_channel
+    panic = [v for v in _verdicts(out, "x") + _verdicts(out, "y") if "route_panic" in v["reasons"]]
+    assert panic and T0 + 30 * MIN <= min(v["ts_ms"] for v in panic) <= T0 + 45 * MIN
