@@ -197,6 +197,15 @@ class RouteShares:
             return False
         return any(j != i and self.capacity.over_cap(j) for j in self.store.route_members()[self.store.routes[i]])
 
+    def readmitted(self, i: int, now_ms: int) -> dict[int, float]:
+        """Channel ``i`` went ``half_open`` between rounds at event time ``now_ms`` on a run of successes
+        (SPEC §4.2 re-admission on evidence): its recent failure ratio becomes the run's failure share, 0
+        (until its next round counts its traffic since it left ``open``), and its route's shares are
+        recomputed now (:meth:`after_round`: the probe cap, and a capped peer's excess to the channels
+        that serve as well). Returns channel index -> share for the route's channels."""
+        self._fail_ratio[i] = 0.0
+        return self.after_round(np.array([i], np.int64), now_ms)
+
     def last_share(self, i: int) -> float | None:
         """Channel ``i``'s share after its route's last round (None before one)."""
         return self.shares_by_route.get(self.store.routes[i], {}).get(self.store.names[i])

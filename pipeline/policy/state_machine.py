@@ -163,6 +163,16 @@ class ChannelMachine:
         self.reasons = list(reasons)
         return True
 
+    def readmit(self, now_ms: int, cfg: PolicyConfig) -> bool:
+        """``open`` (cause "": the §4 detectors) -> ``half_open`` now, before the cooldown ends: its own traffic
+        shows it serves again (SPEC §4.2 re-admission on evidence, :mod:`pipeline.policy.readmit`; the caller
+        decides when). The probe then runs as after a cooldown. Returns True when the state changed."""
+        if self.state != OPEN or self.cause:
+            return False
+        self._enter(HALF_OPEN, now_ms, cfg.half_open_weight)
+        self.left_open_ms = int(now_ms)
+        return True
+
     def step(self, now_ms: int, hard: list[str], soft: list[str], probe_requests: float,
              probe_failures: float, last_event_ms: int | None, cfg: PolicyConfig,
              th: Thresholds) -> bool:
