@@ -584,7 +584,8 @@ class Engine:
                 self.runs.reset(i)
             # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
             m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
-            capacity.learn(i, not fired, m.state == HEALTHY, float(view.judged_1m[j]), float(view.failures_1m[j]))
+            capacity.learn(i, not fired, m.state == HEALTHY, float(view.judged_1m[j]), float(view.failures_1m[j]),
+                           i in capacity.max_share and self.routes.peer_returning(i))
         self.changed[rows[stepped]] = True
         self.fail_since_eval[rows] = 0.0
         self.judged_since_eval[rows] = 0.0
