@@ -563,8 +563,11 @@ class Engine:
             h = [f.reason for f in hard if f.fired[j]]
             if m.state == OPEN:
                 h = []  # cooldown runs from the first trip; probes judge it later
-                if not m.cause and m.cooldown_ms > cfg.open_cooldown_ms and self.routes.peer_over_cap(i):
-                    m.cooldown_ms = cfg.open_cooldown_ms  # SPEC §4.2: no backoff while a peer is over its cap
+                if (not m.cause and m.cooldown_ms > cfg.open_cooldown_ms and self.routes.peer_over_cap(i)
+                        and not (cfg.readmit_success_run and now_ms - last_ts[j] < cfg.eval_interval_ms)):
+                    # SPEC §4.2: no backoff while a peer is over its cap, unless the channel's own traffic
+                    # still comes (events in the last round): its answers re-admit it (pipeline.policy.readmit)
+                    m.cooldown_ms = cfg.open_cooldown_ms
             s = [f.reason for f in soft if f.fired[j]] + [f.reason for f, a in zip(advisory, acting) if a[j]]
             if (held := self.routes.last_share(i)) is not None:
                 capacity.note_share(i, held)
