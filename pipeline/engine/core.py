@@ -396,9 +396,11 @@ class Engine:
             result.verdicts.extend(self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th))
         if self.ok_runs or (self.routes.capacity.max_share and self.policy.readmit_success_run
                             and OPEN in states):
-            result.verdicts.extend(self._readmit(cols, rows))
+            machines = self.machines  # the open ones now (a run may have tripped one in this chunk)
+            result.verdicts.extend(self._readmit(cols, [i for i in rows.tolist()
+                                                        if machines[i].state == OPEN or i in self.ok_runs]))
 
-    def _readmit(self, cols: EventColumns, rows: np.ndarray) -> list[Verdict]:
+    def _readmit(self, cols: EventColumns, rows: list[int]) -> list[Verdict]:
         """SPEC §4.2 re-admission on evidence (:mod:`pipeline.policy.readmit`): an ``open`` channel of
         ``rows`` (cause "": the §4 detectors) whose route has a peer over its ``max_share`` goes ``half_open``
         at the event that completed a run of ``readmit_success_run`` successes (its events since it opened,
@@ -406,7 +408,7 @@ class Engine:
         the route whose share moved gets a verdict. Other channels leave :attr:`ok_runs`."""
         k = self.policy.readmit_success_run
         out: list[Verdict] = []
-        for i in rows.tolist():
+        for i in rows:
             m = self.machines[i]
             if not k or m.state != OPEN or m.cause or not self.routes.peer_over_cap(i):
                 self.ok_runs.pop(i, None)
