@@ -8,6 +8,8 @@ States and weights::
     half_open ─probe passes→ recovering (0.10, +0.10 / 120 s to 0.40, then
         +0.20 steps) ─weight 1.0→ healthy
     half_open ─failure run or probe fails→ open
+    open ─its own traffic answers again while a route peer is over its cap→
+        half_open before the cooldown ends (:meth:`ChannelMachine.readmit`, SPEC §4.2)
     recovering ─weight 1.0 and window_ms since leaving open→ healthy
 
 The probe passes when its error rate is below 0.3 % or consistent with the
