@@ -46,6 +46,7 @@ from pipeline.policy.defaults import PolicyConfig, threshold_arrays
 from pipeline.policy.reasons import published_reasons
 from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
 from pipeline.policy.capacity import OVER_CAPACITY
+from pipeline.policy.readmit import success_run_crossing
 from pipeline.policy.route_wide import PEER_LATENCY, ROUTE_WIDE
 from pipeline.policy.state_machine import HALF_OPEN, HEALTHY, LEARNING_STATES, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
@@ -136,6 +137,9 @@ class Engine:
         #: In snapshots with it (:class:`~pipeline.state.channel_state.RoundState`).
         self.learns = np.ones(0, bool)
         self.late_count = 0
+        #: SPEC §4.2 re-admission on evidence: channel row -> its successes in a row while ``open`` with a
+        #: peer over its cap (only such channels; not in snapshots: after a restart the run starts again).
+        self.ok_runs: dict[int, int] = {}
         #: The engine's named parts (see the module docstring).
         self.routes = RouteShares(self.store, self.machines, self.policy, self.mark_changed)
         self.quality = QualityScores(self.store, self.mark_changed)
@@ -396,6 +400,48 @@ class Engine:
                 result.verdicts.append(self._trip_verdict(i, now, {}))
         if self.runs is not None:
             result.verdicts.extend(self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th))
+        if self.ok_runs or (self.routes.capacity.max_share and self.policy.readmit_success_run
+                            and OPEN in states):
+            machines = self.machines  # the open ones now (a run may have tripped one in this chunk)
+            result.verdicts.extend(self._readmit(cols, [i for i in rows.tolist()
+                                                        if machines[i].state == OPEN or i in self.ok_runs]))
+
+    def _readmit(self, cols: EventColumns, rows: list[int]) -> list[Verdict]:
+        """SPEC §4.2 re-admission on evidence (:mod:`pipeline.policy.readmit`): an ``open`` channel of
+        ``rows`` (cause "": the §4 detectors) whose route has a peer over its ``max_share`` goes ``half_open``
+        at the event that completed a run of ``readmit_success_run`` successes (its events since it opened,
+        this chunk's and the earlier ones'); its route's shares are recomputed at once and every channel of
+        the route whose share moved gets a verdict. Other channels leave :attr:`ok_runs`."""
+        k = self.policy.readmit_success_run
+        out: list[Verdict] = []
+        for i in rows:
+            m = self.machines[i]
+            if not k or m.state != OPEN or m.cause or not self.routes.peer_over_cap(i):
+                self.ok_runs.pop(i, None)
+                continue
+            mine = np.flatnonzero((cols.channel == i) & (cols.ts_ms >= m.entered_ms))
+            hit, run = success_run_crossing(cols.outcome[mine], self.ok_runs.get(i, 0), k)
+            if hit < 0:
+                self.ok_runs[i] = run
+                continue
+            del self.ok_runs[i]
+            now = int(cols.ts_ms[mine[hit]])
+            m.readmit(now, self.policy)
+            if self.runs is not None:
+                self.runs.reset(i)  # only the probe's failures count from here (as entering half_open)
+            before = self.routes.shares_by_route.get(self.store.routes[i], {})
+            before = dict(before)
+            shares = self.routes.readmitted(i, now)
+            panic = self.routes.panic_weight
+            for j, share in shares.items():
+                if j != i and before.get(self.store.names[j]) == share:
+                    continue
+                metrics: dict = {"route_share": share}
+                if (cap := self.routes.capacity.max_share.get(j)) is not None:
+                    metrics["max_share"] = round(cap, 4)
+                out.append(self._verdict(j, now, metrics, soft_now=self._soft_active(j), weight=panic.get(j),
+                                         route_reasons=[ROUTE_PANIC] if j in panic else []))
+        return out
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
                  threshold: np.ndarray) -> list[Verdict]:
@@ -525,8 +571,11 @@ class Engine:
             h = [f.reason for f in hard if f.fired[j]]
             if m.state == OPEN:
                 h = []  # cooldown runs from the first trip; probes judge it later
-                if not m.cause and m.cooldown_ms > cfg.open_cooldown_ms and self.routes.peer_over_cap(i):
-                    m.cooldown_ms = cfg.open_cooldown_ms  # SPEC §4.2: no backoff while a peer is over its cap
+                if (not m.cause and m.cooldown_ms > cfg.open_cooldown_ms and self.routes.peer_over_cap(i)
+                        and not (cfg.readmit_success_run and now_ms - last_ts[j] < cfg.eval_interval_ms)):
+                    # SPEC §4.2: no backoff while a peer is over its cap, unless the channel's own traffic
+                    # still comes (events in the last round): its answers re-admit it (pipeline.policy.readmit)
+                    m.cooldown_ms = cfg.open_cooldown_ms
             s = [f.reason for f in soft if f.fired[j]] + [f.reason for f, a in zip(advisory, acting) if a[j]]
             if (held := self.routes.last_share(i)) is not None:
                 capacity.note_share(i, held)
@@ -546,7 +595,8 @@ class Engine:
                 self.runs.reset(i)
             # issue #18 item 4: healthy/degraded rounds feed the probe's pre-incident baseline
             m.learn(now_ms, self.judged_since_eval[i], self.fail_since_eval[i], cfg)
-            capacity.learn(i, not fired, m.state == HEALTHY, float(view.judged_1m[j]), float(view.failures_1m[j]))
+            capacity.learn(i, not fired, m.state == HEALTHY, float(view.judged_1m[j]), float(view.failures_1m[j]),
+                           i in capacity.max_share and self.routes.peer_returning(i))
             self.learns[i] = m.state in LEARNING_STATES
         self.changed[rows[stepped]] = True
         self.fail_since_eval[rows] = 0.0

@@ -33,7 +33,7 @@ from pipeline.engine.route_wide import RouteWide
 from pipeline.policy.capacity import CapacityModel, cap_shares
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.routes import bounded_shares, has_hard_fault, panic_floor, probe_capped
-from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, ChannelMachine
+from pipeline.policy.state_machine import HALF_OPEN, NO_DATA, RECOVERING, ChannelMachine
 from pipeline.state.channel_state import MAX_SAVED_ROUTE, RouteShareRecord
 from pipeline.windows.store import WindowStore
 
@@ -196,6 +196,23 @@ class RouteShares:
         if not self.capacity.max_share:
             return False
         return any(j != i and self.capacity.over_cap(j) for j in self.store.route_members()[self.store.routes[i]])
+
+    def readmitted(self, i: int, now_ms: int) -> dict[int, float]:
+        """Channel ``i`` went ``half_open`` between rounds at event time ``now_ms`` on a run of successes
+        (SPEC §4.2 re-admission on evidence): its recent failure ratio becomes the run's failure share, 0
+        (until its next round counts its traffic since it left ``open``), and its route's shares are
+        recomputed now (:meth:`after_round`: the probe cap, and a capped peer's excess to the channels
+        that serve as well). Returns channel index -> share for the route's channels."""
+        self.fail_ratio[i] = 0.0
+        return self.after_round(np.array([i], np.int64), now_ms)
+
+    def peer_returning(self, i: int) -> bool:
+        """Whether another channel of channel ``i``'s route is ``half_open`` or ``recovering`` (coming back
+        after an ``open``): a capped ``i`` then holds its cap (:meth:`CapacityModel.learn
+        <pipeline.policy.capacity.CapacityModel.learn>`)."""
+        machines = self.machines
+        return any(j != i and machines[j].state in (HALF_OPEN, RECOVERING)
+                   for j in self.store.route_members()[self.store.routes[i]])
 
     def last_share(self, i: int) -> float | None:
         """Channel ``i``'s share after its route's last round (None before one); after a restore and before

@@ -96,9 +96,11 @@ class CapacityModel:
             del h[0]
 
     def learn(self, i: int, clean: bool, healthy: bool, requests_1m: float = 0.0,
-              failures_1m: float = 0.0) -> None:
+              failures_1m: float = 0.0, peer_returning: bool = False) -> None:
         """End of channel ``i``'s round: ``clean`` (no hard failure detector fired this round); a capped
-        channel clean at its cap raises it by :data:`INCREASE`, one ``healthy`` under its cap moves it
+        channel clean at its cap raises it by :data:`INCREASE` (not while ``peer_returning``: another
+        channel of its route is ``half_open`` or ``recovering`` and takes the excess, SPEC §4.2: the route
+        needs that channel's capacity back, not a probe of this one's; the cap holds), one ``healthy`` under its cap moves it
         toward 1 by :data:`RELAX` (dropped at 0.99); an uncapped one clean
         and ``healthy`` (its state) updates its usual share with the share it held, and its usual failure
         counts with ``requests_1m`` / ``failures_1m`` (its last minute)."""
@@ -110,6 +112,8 @@ class CapacityModel:
             if h[-1] > cap + 0.01:
                 return  # it carried more than its cap (nobody to take the excess): no news on the cap
             if h[-1] >= cap - 0.02:
+                if peer_returning:
+                    return  # the excess feeds a returning peer: the cap holds
                 cap += INCREASE  # clean at its cap: additive increase
             elif healthy:
                 cap = 1.0 - (1.0 - cap) * RELAX  # healthy under its cap: the cap relaxes back up

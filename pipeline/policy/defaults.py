@@ -160,6 +160,11 @@ class PolicyConfig:
     #: Most a backed-off cooldown is lengthened by its deterministic jitter (a fraction in [0, 1]; issue #33
     #: "with jitter"; 0.1 as linkerd2-proxy's default backoff jitter ratio is of the same order).
     backoff_jitter: float = 0.1
+    #: SPEC §4.2 re-admission on evidence (:mod:`pipeline.policy.readmit`): an ``open`` channel (§4 detectors)
+    #: whose route has a peer over its ``max_share`` goes ``half_open`` at once when its own traffic shows this
+    #: many successes in a row (Higress re-adds a key on 1 successful check; 10: a channel failing half its
+    #: requests shows such a run at a given request with probability 1e-3); 0 turns it off.
+    readmit_success_run: int = 10
     #: SPEC §4.1 ``credential`` / ``quota_exhausted``: at most one probe per this long (ms; default 5 min),
     #: doubling up to ``hard_fault_probe_max_ms`` (default 30 min; issue #32).
     hard_fault_probe_ms: int = 300_000
@@ -208,6 +213,9 @@ class PolicyConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        k = self.readmit_success_run
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"readmit_success_run must be an integer >= 0, got {k!r}")
         if not 0.0 <= self.backoff_jitter <= 1.0:
             raise ValueError(f"backoff_jitter must be in [0, 1], got {self.backoff_jitter}")
 

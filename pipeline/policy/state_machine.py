@@ -8,6 +8,8 @@ States and weights::
     half_open ─probe passes→ recovering (0.10, +0.10 / 120 s to 0.40, then
         +0.20 steps) ─weight 1.0→ healthy
     half_open ─failure run or probe fails→ open
+    open ─its own traffic answers again while a route peer is over its cap→
+        half_open before the cooldown ends (:meth:`ChannelMachine.readmit`, SPEC §4.2)
     recovering ─weight 1.0 and window_ms since leaving open→ healthy
 
 The probe passes when its error rate is below 0.3 % or consistent with the
@@ -163,6 +165,16 @@ class ChannelMachine:
             self.cooldown_ms = 0
         self._enter(OPEN, now_ms, 0.0)
         self.reasons = list(reasons)
+        return True
+
+    def readmit(self, now_ms: int, cfg: PolicyConfig) -> bool:
+        """``open`` (cause "": the §4 detectors) -> ``half_open`` now, before the cooldown ends: its own traffic
+        shows it serves again (SPEC §4.2 re-admission on evidence, :mod:`pipeline.policy.readmit`; the caller
+        decides when). The probe then runs as after a cooldown. Returns True when the state changed."""
+        if self.state != OPEN or self.cause:
+            return False
+        self._enter(HALF_OPEN, now_ms, cfg.half_open_weight)
+        self.left_open_ms = int(now_ms)
         return True
 
     def step(self, now_ms: int, hard: list[str], soft: list[str], probe_requests: float,

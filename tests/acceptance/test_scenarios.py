@@ -275,6 +275,19 @@ def test_backup_overload_caps_the_backup_instead_of_opening_it(scenario_run, see
     minute = (t >= t0 + 1020) & (t < t0 + 1080)
     assert on_backup[minute].mean() <= 0.6, on_backup[minute].mean()
     assert ok[minute].mean() >= 0.985, ok[minute].mean()
-    # 3. the cap is given back: by the end (25 min after the outage) the backup is healthy and its cap
-    #    relaxed to >= 0.9 (the distance to 1 halves every 10 min while it is healthy under it)
-    assert run.of(backup)[-1].state == "healthy" and run.of(backup)[-1].metrics.get("max_share", 1.0) >= 0.9
+    # 3. the cap holds while the primary comes back (half_open / recovering: it takes the excess; SPEC §4.2,
+    #    CapacityModel.learn ``peer_returning``), then is given back: by the end the backup is healthy and its
+    #    cap relaxed at least as the rule says from the primary's return to healthy (the distance to 1 halves
+    #    every 20 rounds while it is healthy under it; additive increase only adds). Before the hold the cap
+    #    grew +0.05 per round during the primary's 12 min ramp (0.55 -> 0.75 in 4 rounds) and ended >= 0.9;
+    #    with it 0.8601 at the end (seeds 0 / 1), the primary healthy ~9.5 min before the end.
+    primary = [(run.t(v.ts_ms), v.state) for v in run.of("fireworks/llama-70b@paid")]
+    returning = [t for t, st in primary if st in ("half_open", "recovering") and t >= t0 + 900]
+    caps = [(run.t(v.ts_ms), v.metrics["max_share"]) for v in run.of(backup) if "max_share" in v.metrics]
+    held = [c for t, c in caps if returning[0] < t <= returning[-1]]
+    assert held and max(held) == min(held), held
+    healthy_at = min(t for t, st in primary if st == "healthy" and t > returning[-1])
+    c0 = max((c for t, c in caps if t <= healthy_at), default=1.0)
+    rounds = (run.t(run.of(backup)[-1].ts_ms) - healthy_at) / 30
+    want = min(0.99, 1 - (1 - c0) * 0.5 ** (rounds / 20)) - 0.005
+    assert run.of(backup)[-1].state == "healthy" and run.of(backup)[-1].metrics.get("max_share", 1.0) >= want

@@ -135,3 +135,25 @@ def test_over_capacity_is_kept_while_the_channel_carries_more_than_its_cap():
     assert m.over_cap(0)
     m.note_share(0, 0.5)
     assert not m.over_cap(0) and not m.over_cap(1)
+
+
+def test_a_capped_channel_holds_its_cap_while_a_peer_comes_back():
+    # SPEC §4.2 (issue #33 goodput): clean at its cap, a capped channel's cap grows +0.05 per round
+    # (additive increase), except while another channel of its route is half_open / recovering and takes
+    # the excess: then it holds (on backup-overload the cap grew 0.55 -> 0.75 in 4 rounds of the primary's
+    # ramp and the backup went over its real capacity: ~10 requests lost per seed). On the code before
+    # ``learn`` had no ``peer_returning`` and the cap grew.
+    from pipeline.policy.capacity import INCREASE, CapacityModel
+
+    m = CapacityModel()
+    for _ in range(20):
+        m.note_share(0, 0.5)
+        m.learn(0, True, True)
+    for _ in range(3):
+        m.note_share(0, 1.0)
+    assert m.overloaded(0, 800.0, 20.0) == 0.5
+    m.note_share(0, 0.5)
+    m.learn(0, True, False, peer_returning=True)
+    assert m.max_share[0] == 0.5
+    m.learn(0, True, False)
+    assert m.max_share[0] == pytest.approx(0.5 + INCREASE)

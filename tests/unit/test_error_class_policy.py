@@ -231,10 +231,20 @@ def test_an_open_channel_whose_peer_is_over_its_cap_is_not_backed_off():
     # at 1140, 1260, 1380 and 1500 s (the outage's end: that one passes) and the primary recovers at 1590 s.
     # On the code before, the re-opens backed off (197 s from 1020 s, then 388 s): probes at 1230 s and
     # 1620 s, the primary out for 120 s after the outage ended.
-    _, verdicts = replay(_overload_429(None))
+    # The rule is for a channel nobody sends to while it is open (a router that follows the weights): this
+    # replay keeps sending to the open primary, so re-admission on its own answers (SPEC §4.2, issue #33
+    # goodput; pipeline.policy.readmit) is turned off to see the rule alone; with it, below.
+    _, verdicts = replay(_overload_429(None), policy=dataclasses.replace(CFG, readmit_success_run=0))
     primary = [v for v in verdicts if v.channel == "p/m@paid"]
     capped_at = min(_t(v) for v in verdicts if v.channel == "b/m@paid" and "over_capacity" in v.reasons)
     assert capped_at == 1080
     probes = [_t(v) for k, v in enumerate(primary) if v.state == "half_open" and primary[k - 1].state == "open"]
     assert [t for t in probes if t >= capped_at] == [1140.0, 1260.0, 1380.0, 1500.0]
     assert min(_t(v) for v in primary if v.state == "recovering") == 1590
+    # With re-admission (the default) the open primary's traffic goes on, so its answers bring it back and
+    # its re-opens keep their backoff (fewer failed probes): probes at 1230 s (backed off), then half_open
+    # at its 10th success after the outage (1500 s + 9 x 0.25 s + its 46 ms offset), not at a round.
+    _, verdicts = replay(_overload_429(None))
+    primary = [v for v in verdicts if v.channel == "p/m@paid"]
+    probes = [_t(v) for k, v in enumerate(primary) if v.state == "half_open" and primary[k - 1].state == "open"]
+    assert [t for t in probes if t >= capped_at] == [1230.0, 1502.296]

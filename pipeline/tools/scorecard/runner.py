@@ -209,10 +209,13 @@ def _engine_shares(truth: Truth, verdicts: list, t_of: Callable[[int], float]) -
 
 
 def run_seed(sc: Scenario, seed: int, policy: PolicyConfig | None = None,
-             truth: Truth | None = None) -> dict[str, PolicyRun]:
+             truth: Truth | None = None,
+             shares_out: dict[str, dict[str, np.ndarray]] | None = None) -> dict[str, PolicyRun]:
     """Replay ``sc`` with ``seed`` through the engine and every baseline; one :class:`PolicyRun` each,
     and an :data:`ORACLE` run (goodput and blackout only). ``truth``: the scenario's
-    :class:`~.goodput.Truth` when the caller has it (it does not depend on the seed)."""
+    :class:`~.goodput.Truth` when the caller has it (it does not depend on the seed). ``shares_out``:
+    when given, filled with policy -> route -> the shares (k, n) on the grid its goodput was computed
+    from (:mod:`.timeline` reads them)."""
     cfg = policy or PolicyConfig()
     truth = truth or Truth(sc)
     events = list(sc.events(start_ms=START_MS, seed=seed))
@@ -233,8 +236,10 @@ def run_seed(sc: Scenario, seed: int, policy: PolicyConfig | None = None,
         prev[v.channel] = v.state
     out = {CHANNEL_HEALTH: _score(entries, tg)}
     ordered = sorted(verdicts, key=lambda v: (v.ts_ms, v.seq))
-    out[CHANNEL_HEALTH].goodput, out[CHANNEL_HEALTH].route_blackout_s = _route_outcome(
-        truth, _engine_shares(truth, ordered, t_of))
+    engine_shares = _engine_shares(truth, ordered, t_of)
+    out[CHANNEL_HEALTH].goodput, out[CHANNEL_HEALTH].route_blackout_s = _route_outcome(truth, engine_shares)
+    if shares_out is not None:
+        shares_out[CHANNEL_HEALTH] = engine_shares
     if tg:
         ends = [f.end_s for f in sc.faults if f.channel == tg[0].channel]
         out[CHANNEL_HEALTH].recovery = recovery_timeline(states.get(tg[0].channel, []),
@@ -267,11 +272,15 @@ def run_seed(sc: Scenario, seed: int, policy: PolicyConfig | None = None,
             for pr, j, pch in probes:
                 serving[pr][j, rest] = pools[pr].in_service(pch, grid_ms[rest])
         out[name] = _score(opens, tg)
-        out[name].goodput, out[name].route_blackout_s = _route_outcome(
-            truth, {r: peer_shares(rt, serving[r]) for r, rt in truth.routes.items()})
+        peer = {r: peer_shares(rt, serving[r]) for r, rt in truth.routes.items()}
+        out[name].goodput, out[name].route_blackout_s = _route_outcome(truth, peer)
+        if shares_out is not None:
+            shares_out[name] = peer
     out[ORACLE] = PolicyRun()
-    out[ORACLE].goodput, out[ORACLE].route_blackout_s = _route_outcome(
-        truth, {r: oracle_shares(truth, r) for r in truth.routes})
+    oracle = {r: oracle_shares(truth, r) for r in truth.routes}
+    out[ORACLE].goodput, out[ORACLE].route_blackout_s = _route_outcome(truth, oracle)
+    if shares_out is not None:
+        shares_out[ORACLE] = oracle
     for run in out.values():
         if tg and run.detect_s.get(tg[0].channel) is not None:
             run.injected = injected_at(sc, tg[0], run.detect_s[tg[0].channel])
