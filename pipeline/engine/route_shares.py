@@ -71,7 +71,7 @@ class RouteShares:
         #: routes whose every channel has a hard fault (reason ``route_down``), as of their last round.
         self.down_routes: set[str] = set()
         #: route-wide events and peer-relative latency (SPEC §4.2; :mod:`pipeline.engine.route_wide`).
-        self.wide = RouteWide(store, machines)
+        self.wide = RouteWide(store, machines, policy)
 
     def export_route_shares(self, i: int) -> RouteShareRecord | None:
         """The shares of channel ``i``'s route, for its snapshot: None before the route's first round,

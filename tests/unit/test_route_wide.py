@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.policy.route_wide import (ROUTE_WIDE_WEIGHT, peer_latency_fired, peer_median,
+from pipeline.policy.route_wide import (DEFAULTS, peer_latency_fired, peer_median,
                                         route_wide_members)
 from pipeline.windows.histogram import LatencyBuckets
 
@@ -110,7 +110,7 @@ def test_a_channel_clearly_worse_than_the_rest_is_not_equally_bad():
     assert got.tolist() == [True, True, True, False]
     same = route_wide_members(aff, aff, req, np.array([7.0, 8.0, 6.0, 13.0]))  # 11 % vs 6 %: z 1.9
     assert same.tolist() == [True, True, True, True]
-    assert ROUTE_WIDE_WEIGHT == 0.5
+    assert DEFAULTS.weight == 0.5
 
 
 # --------------------------------------------------------------------------- the engine's part
