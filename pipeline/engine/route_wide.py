@@ -61,7 +61,9 @@ class RouteWide:
         """The ``peer_latency`` finding of channels ``rows`` (int (n,)) at their round ``now_ms``, from the
         round's ``view`` (features ``p95_ms`` / ``p95_lower_ms``; without them nothing fires). Returns
         ``(fired, ratio)``, lists of n: ``ratio`` is the channel's point P95 / its peers' median (NaN
-        where there is no median: a route of fewer than 3 channels, or peers without a P95)."""
+        where there is no median: a route of fewer than 3 channels, or peers without a P95). A finding is
+        kept while its peers' evidence is thin, and cleared when the route has fewer than ``min_channels``
+        channels, or fewer with data (not ``no_data``): peers moved away or gone idle are no peers."""
         n = len(rows)
         fired, ratio = [False] * n, [float("nan")] * n
         extra = view.extra
@@ -80,18 +82,24 @@ class RouteWide:
             thin = n_5m is not None and n_5m[j] < cfg.peer_min_samples  # SPEC §4.3: thin window, no P95
             self._p95[i] = (now_ms, nan if thin else float(p95_all[j]), nan if thin else float(lower_all[j]))
             todo.append((j, i, cfg))
-        live: dict[str, tuple[np.ndarray, dict[int, int]]] = {}  # route -> sorted live P95s, channel -> its place
+        # route -> (sorted live P95s, channel -> its place, channels with data): once per route and call,
+        # linear in the route's size, not quadratic
+        live: dict[str, tuple[np.ndarray, dict[int, int], int]] = {}
         for j, i, cfg in todo:
             route = routes[i]
-            if route not in live:  # once per route and call: linear in the route's size, not quadratic
+            if route not in live:
                 got = sorted((v[1], k) for k in members[route] if (v := self._p95.get(k)) is not None
                              and now_ms - v[0] <= cfg.peer_max_age_ms and self.machines[k].state != NO_DATA
                              and np.isfinite(v[1]))
-                live[route] = (np.array([x for x, _ in got], np.float64), {k: at for at, (_, k) in enumerate(got)})
-            values, place = live[route]
+                with_data = sum(self.machines[k].state != NO_DATA for k in members[route])
+                live[route] = (np.array([x for x, _ in got], np.float64), {k: at for at, (_, k) in enumerate(got)},
+                               with_data)
+            values, place, with_data = live[route]
             at = place.get(i)
             n_peers = len(values) - (at is not None)
-            if n_peers < cfg.peer_min_peers:
+            if with_data < cfg.min_channels:
+                on = False  # peers gone idle (no_data): fewer channels in service than the rule needs, no peers
+            elif n_peers < cfg.peer_min_peers:
                 on = i in self.peer_active  # no evidence either way: keep the finding
             else:
                 med = _median_without(values, at)

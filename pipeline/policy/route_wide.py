@@ -205,18 +205,19 @@ def route_wide_members(affected: np.ndarray, with_data: np.ndarray, requests: np
         return np.zeros(k, bool)
     n = np.asarray(requests, np.float64)
     f = np.asarray(failures, np.float64)
+    # each affected channel against the pooled rest: the rest's totals are the affected totals minus its
+    # own (one pass, linear in the route's size: a route of 2,000 channels is 2,000 tests, not 4 million sums)
+    at = np.flatnonzero(aff)
+    ni, fi = n[at], f[at]
+    n_all, f_all = float(ni.sum()), float(fi.sum())
+    n2, f2 = n_all - ni, f_all - fi
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p1, p2 = fi / ni, f2 / n2
+        pooled = (fi + f2) / (ni + n2)
+        se = np.sqrt(pooled * (1.0 - pooled) * (1.0 / ni + 1.0 / n2))
+        worse = (ni > 0) & (n2 > 0) & (se > 0) & ((p1 - p2) / se >= worse_z) & (p1 >= worse_ratio * p2)
     members: np.ndarray = aff.copy()
-    for i in np.flatnonzero(aff).tolist():
-        rest = aff.copy()
-        rest[i] = False
-        n2, f2 = float(n[rest].sum()), float(f[rest].sum())
-        if n[i] <= 0 or n2 <= 0:
-            continue
-        p1, p2 = f[i] / n[i], f2 / n2
-        pooled = (f[i] + f2) / (n[i] + n2)
-        se = np.sqrt(pooled * (1.0 - pooled) * (1.0 / n[i] + 1.0 / n2))
-        if se > 0 and (p1 - p2) / se >= worse_z and p1 >= worse_ratio * p2:
-            members[i] = False
+    members[at[worse]] = False
     if int(members.sum()) * 2 <= n_data:  # what is left is no longer most of the route
         return np.zeros(k, bool)
     return members
