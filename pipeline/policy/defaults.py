@@ -274,6 +274,10 @@ def _thresholds_from(base: Any, table: Mapping[str, Any], where: str) -> Any:
         raise ValueError(f"{where}: {exc}") from None
 
 
+#: The top-level tables of a policy file (:func:`load_policy`); any other is refused.
+TABLES: tuple[str, ...] = ("policy", "tier", "channel", "route", TABLE, "error_classes")
+
+
 def load_policy(path: str | Path | None = None) -> PolicyConfig:
     """Load :class:`PolicyConfig` with overrides from a TOML file.
 
@@ -303,7 +307,7 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     ``route_wide.<key>`` (per route ``route."name".route_wide.<key>``) and its rule. A cooldown above 120 s needs ``allow_long_cooldown = true`` in ``[policy]``;
     the policy rules (:mod:`pipeline.policy.rules`) are checked last.
 
-    Raises ``ValueError`` (unknown key, bad value, a broken rule:
+    Raises ``ValueError`` (unknown table or key, bad value, a broken rule:
     :class:`~pipeline.policy.rules.PolicyRuleError`) or ``OSError``.
     """
     from pipeline.policy.rules import check_policy
@@ -312,6 +316,9 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     if path is None:
         return base
     data = tomllib.loads(Path(path).read_text())
+    unknown_t = set(data) - set(TABLES)
+    if unknown_t:  # a misspelt table ([route-wide]) would otherwise be dropped without a word
+        raise ValueError(f"unknown tables {sorted(unknown_t)}; valid tables: {list(TABLES)}")
     tiers = dict(base.tiers)
     for tier, table in data.get("tier", {}).items():
         tiers[tier] = _thresholds_from(tiers.get(tier, PAID_TIER), table, f"[tier.{tier}]")

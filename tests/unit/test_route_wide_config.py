@@ -143,3 +143,14 @@ def test_scorecard_refuses_a_bad_route_wide_table_in_one_line(tmp_path: Path) ->
     res = CliRunner().invoke(app, ["scorecard", "--seeds", "1", "--scenarios", "route-wide", "--policy", str(bad)])
     assert res.exit_code == 2 and "route_wide.peer_trip_ratio must be > route_wide.peer_clear_ratio" in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("toml", ['[route-wide]\npeer_trip_ratio = 4.0\n', '[routes."r"]\npanic_threshold = 0.3\n',
+                                  'open_cooldown_ms = 60000\n'])
+def test_an_unknown_table_is_refused_not_dropped(tmp_path: Path, toml: str) -> None:
+    """A misspelt table name was read as nothing (the file loaded with the built-in numbers, silently):
+    now refused, listing the valid tables (fails on main: loads)."""
+    with pytest.raises(ValueError) as exc:
+        _load(tmp_path, toml)
+    assert "valid tables: ['policy', 'tier', 'channel', 'route', 'route_wide', 'error_classes']" in str(exc.value)
+    assert str(exc.value).startswith("unknown tables [")
