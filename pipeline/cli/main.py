@@ -402,8 +402,8 @@ def bench(
 
 from pipeline.cli.topics import topics_app  # noqa: E402  (the topics ensure|check group)
 app.add_typer(topics_app, name="topics")
-from pipeline.cli.scorecard import scorecard as _scorecard  # noqa: E402  (issue #19: its own module)
-app.command("scorecard")(_scorecard)
+from pipeline.cli.scorecard import ScorecardHelpCommand, scorecard as _scorecard  # noqa: E402  (issue #19)
+app.command("scorecard", cls=ScorecardHelpCommand)(_scorecard)
 from pipeline.cli.alert import alert as _alert  # noqa: E402  (issue #20: the alert process)
 app.command("alert")(_alert)
 from pipeline.cli.override import override_app as _override_app  # noqa: E402  (issue #20: manual switches)

@@ -9,15 +9,42 @@ from typing import Optional
 
 import typer
 
+from pipeline.cli.help import PlainHelpCommand
+
+
+def scenario_epilog() -> str:
+    """The ``scorecard --help`` scenario lists (markdown), read from :mod:`pipeline.tools.scorecard.scenarios`
+    when help shows (the CLI module imports no tools): the default list, the ones run by name only
+    (``LONG_SCENARIOS``) and the unsupported ones with their reason."""
+    from pipeline.tools.scorecard.scenarios import DEFAULT_SCENARIOS, LONG_SCENARIOS, UNSUPPORTED
+
+    lines = ["**Scenarios** (`--scenarios A,B`): by default " + ", ".join(f"`{n}`" for n in DEFAULT_SCENARIOS) + "."]
+    if LONG_SCENARIOS:
+        lines.append("By name only (long replays): " + ", ".join(f"`{n}`" for n in LONG_SCENARIOS) + ".")
+    lines += [f"Not supported: `{n}` ({why})." for n, why in UNSUPPORTED.items()]
+    return "\n\n".join(lines)
+
+
+class ScorecardHelpCommand(PlainHelpCommand):
+    """``scorecard``: its scenario lists (the epilog) come from the scorecard's own tuples when help shows."""
+
+    @property
+    def epilog(self):  # noqa: D102 (click API)
+        return scenario_epilog()
+
+    @epilog.setter
+    def epilog(self, value) -> None:  # click's __init__ assigns None
+        pass
+
 
 def scorecard(
     seeds: int = typer.Option(5, min=1, help="Seeds per scenario (0..N-1); the median is reported."),
     scenarios: Optional[str] = typer.Option(
-        None, help="Comma-separated scenario names (default: every SPEC §5 scenario but quality-drift, "
-                   "plus error-creep, hollow-3pct, latency-swap, thin-clean)."),
+        None, help="Comma-separated scenario names (default: the list below)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the full figures as JSON here."),
-    policy: Optional[Path] = typer.Option(None, "--policy", help="policy.toml for channel-health (thresholds and "
-                                          "[error_classes.<provider>] patterns; default: the built-in policy)."),
+    policy: Optional[Path] = typer.Option(None, "--policy", help="policy.toml for channel-health (thresholds, "
+                                          "error-class patterns, [route_wide] numbers; default: the built-in "
+                                          "policy)."),
 ) -> None:
     """Replay the scenarios offline through the engine and score channel-health against the
     default rules of LiteLLM's router cooldown, Envoy outlier detection, resilience4j and pybreaker

@@ -78,7 +78,7 @@ class RouteShares:
         #: SPEC §4.2 capacity, not breakage: usual shares and learned ``max_share`` per channel index.
         self.capacity = CapacityModel()
         #: route-wide events and peer-relative latency (SPEC §4.2; :mod:`pipeline.engine.route_wide`).
-        self.wide = RouteWide(store, machines)
+        self.wide = RouteWide(store, machines, policy)
 
     def export_route_shares(self, i: int) -> RouteShareRecord | None:
         """The shares of channel ``i``'s route, for its snapshot: None before the route's first round,

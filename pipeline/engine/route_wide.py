@@ -1,21 +1,22 @@
 """The engine's route-wide and peer-relative part (SPEC §4.2 "Route-wide events", issue #33 part 4).
 
 :class:`RouteWide` (``engine.routes.wide``) keeps, per channel, its last round's 5 min P95 and its
-recent outcomes, and applies the rules of :mod:`pipeline.policy.route_wide` on routes of at least
-:data:`~pipeline.policy.route_wide.ROUTE_WIDE_MIN_CHANNELS` channels (a smaller route costs one
-length check per round and is never touched):
+recent outcomes, and applies the rules of :mod:`pipeline.policy.route_wide` with each route's numbers
+(:meth:`~pipeline.policy.defaults.PolicyConfig.route_wide_for`: ``[route_wide]`` of policy.toml, per route
+``[route."name".route_wide]``) on routes of at least ``min_channels`` (3) channels (a smaller route costs
+one length check per round and is never touched):
 
 * :meth:`RouteWide.peer_findings`, called in each round before the state machines step: the
   ``peer_latency`` soft finding (a channel far slower than its route peers, which its own drifting
   baseline cannot see), with the metric ``peer_p95_ratio`` while it holds;
 * :meth:`RouteWide.apply`, called by :class:`~pipeline.engine.route_shares.RouteShares` after the
   panic floor: when most of a route is degraded together, its equally bad channels share one weight
-  (:data:`~pipeline.policy.route_wide.ROUTE_WIDE_WEIGHT`) and their verdicts say ``route_wide``, so
+  (``weight``, 0.5) and their verdicts say ``route_wide``, so
   the shares do not churn among them as each channel's own state flips;
 * :meth:`RouteWide.keep_on_trip`: a failure run between rounds does not take a route-wide channel
   out of the route until the next round decides.
 
-Peers are read as of their own last round (at most :data:`PEER_MAX_AGE_MS` old): channels of a route
+Peers are read as of their own last round (at most ``peer_max_age_ms``, 60 s by default, old): channels of a route
 reach a round boundary with their own events, not necessarily in one call. A channel's finding in force
 (:attr:`RouteWide.peer_active`: the rule has hysteresis) and its route-wide weight (:attr:`RouteWide.weight`,
 read by :meth:`RouteWide.keep_on_trip` between rounds) are in its snapshot
@@ -25,32 +26,30 @@ read by :meth:`RouteWide.keep_on_trip` between rounds) are in its snapshot
 
 from __future__ import annotations
 
+from math import nan
+
 import numpy as np
 
-from pipeline.policy.route_wide import (PEER_LATENCY, ROUTE_WIDE_MIN_CHANNELS, ROUTE_WIDE_WEIGHT,
-                                        peer_latency_fired, route_wide_members)
+from pipeline.policy.defaults import PolicyConfig
+from pipeline.policy.route_wide import PEER_LATENCY, peer_latency_fired, route_wide_members
 from pipeline.policy.routes import has_hard_fault
 from pipeline.policy.state_machine import HEALTHY, NO_DATA, ChannelMachine
 from pipeline.windows.store import WindowStore
 from pipeline.windows.view import WindowView
 
-#: A peer's P95 older than this (two rounds of SPEC §4's 30 s) is not used.
-PEER_MAX_AGE_MS = 60_000
-#: Answers a 5 min P95 needs to count here (SPEC §4.3 ``latency_min_requests`` default).
-PEER_MIN_SAMPLES = 50
-
-
 class RouteWide:
     """Per-channel state of the route-wide and peer-relative rules (see the module docstring).
 
     ``store``: channel registry and route members; ``machines``: the engine's state machines (shared
-    list). Attributes read by the engine: :attr:`weight` (channel index -> the route-wide weight it is
+    list); ``policy``: whose :meth:`~pipeline.policy.defaults.PolicyConfig.route_wide_for` gives each
+    route's numbers (None: the built-in policy). Attributes read by the engine: :attr:`weight` (channel index -> the route-wide weight it is
     published at, this round) and :attr:`peer_active` (channel indices flagged ``peer_latency``).
     """
 
-    def __init__(self, store: WindowStore, machines: list[ChannelMachine]):
+    def __init__(self, store: WindowStore, machines: list[ChannelMachine], policy: PolicyConfig | None = None):
         self.store = store
         self.machines = machines
+        self.policy = policy if policy is not None else PolicyConfig()
         #: channel index -> (round ms, 5 min P95 ms, its 99 % lower bound ms) as of its last round.
         self.p95: dict[int, tuple[int, float, float]] = {}
         #: channel index -> (judged requests, failures) of the last minute, as of its last round.
@@ -64,41 +63,53 @@ class RouteWide:
         """The ``peer_latency`` finding of channels ``rows`` (int (n,)) at their round ``now_ms``, from the
         round's ``view`` (features ``p95_ms`` / ``p95_lower_ms``; without them nothing fires). Returns
         ``(fired, ratio)``, lists of n: ``ratio`` is the channel's point P95 / its peers' median (NaN
-        where there is no median: a route of fewer than 3 channels, or peers without a P95)."""
+        where there is no median: a route of fewer than 3 channels, or peers without a P95). A finding is
+        kept while its peers' evidence is thin, and cleared when the route has fewer than ``min_channels``
+        channels, or fewer with data (not ``no_data``): peers moved away or gone idle are no peers."""
         n = len(rows)
         fired, ratio = [False] * n, [float("nan")] * n
         extra = view.extra
         if "p95_ms" not in extra or "p95_lower_ms" not in extra:
             return fired, ratio
         members, routes = self.store.route_members(), self.store.routes
-        thin = extra["n_latency_5m"] < PEER_MIN_SAMPLES if "n_latency_5m" in extra else np.zeros(n, bool)
-        p95 = np.where(thin, np.nan, extra["p95_ms"])
-        lower = np.where(thin, np.nan, extra["p95_lower_ms"])
+        cfg_for = self.policy.route_wide_for
+        n_5m = extra["n_latency_5m"] if "n_latency_5m" in extra else None
+        p95_all, lower_all = extra["p95_ms"], extra["p95_lower_ms"]
         todo = []
         for j, i in enumerate(rows.tolist()):
-            if len(members[routes[i]]) < ROUTE_WIDE_MIN_CHANNELS:
+            cfg = cfg_for(routes[i])
+            if len(members[routes[i]]) < cfg.min_channels:
+                self.peer_active.discard(i)  # a route shrunk under the rule's size: no peers, no finding
                 continue
-            self.p95[i] = (now_ms, float(p95[j]), float(lower[j]))
-            todo.append((j, i))
-        live: dict[str, tuple[np.ndarray, dict[int, int]]] = {}  # route -> sorted live P95s, channel -> its place
-        for j, i in todo:
+            thin = n_5m is not None and n_5m[j] < cfg.peer_min_samples  # SPEC §4.3: thin window, no P95
+            self.p95[i] = (now_ms, nan if thin else float(p95_all[j]), nan if thin else float(lower_all[j]))
+            todo.append((j, i, cfg))
+        # route -> (sorted live P95s, channel -> its place, channels with data): once per route and call,
+        # linear in the route's size, not quadratic
+        live: dict[str, tuple[np.ndarray, dict[int, int], int]] = {}
+        for j, i, cfg in todo:
             route = routes[i]
-            if route not in live:  # once per route and call: linear in the route's size, not quadratic
+            if route not in live:
                 got = sorted((v[1], k) for k in members[route] if (v := self.p95.get(k)) is not None
-                             and now_ms - v[0] <= PEER_MAX_AGE_MS and self.machines[k].state != NO_DATA
+                             and now_ms - v[0] <= cfg.peer_max_age_ms and self.machines[k].state != NO_DATA
                              and np.isfinite(v[1]))
-                live[route] = (np.array([x for x, _ in got], np.float64), {k: at for at, (_, k) in enumerate(got)})
-            values, place = live[route]
+                with_data = sum(self.machines[k].state != NO_DATA for k in members[route])
+                live[route] = (np.array([x for x, _ in got], np.float64), {k: at for at, (_, k) in enumerate(got)},
+                               with_data)
+            values, place, with_data = live[route]
             at = place.get(i)
             n_peers = len(values) - (at is not None)
-            if n_peers < 2:
+            if with_data < cfg.min_channels:
+                on = False  # peers gone idle (no_data): fewer channels in service than the rule needs, no peers
+            elif n_peers < cfg.peer_min_peers:
                 on = i in self.peer_active  # no evidence either way: keep the finding
             else:
                 med = _median_without(values, at)
                 _, p, lo = self.p95[i]
                 on = bool(peer_latency_fired(np.array([lo]), np.array([p]), np.array([med]),
-                                             np.array([i in self.peer_active]))[0])
-                ratio[j] = p / med if med > 0 else float("nan")
+                                             np.array([i in self.peer_active]), cfg.peer_trip_ratio,
+                                             cfg.peer_clear_ratio)[0])
+                ratio[j] = p / med if med > 0 else nan
             fired[j] = on
             if on:
                 self.peer_active.add(i)
@@ -114,13 +125,14 @@ class RouteWide:
     def apply(self, idx: list[int], w: tuple[float, ...], probing: np.ndarray | None,
               panic_weight: dict[int, float]) -> tuple[tuple[float, ...], np.ndarray | None]:
         """Route ``idx``'s weights ``w`` (after the panic floor) and ``half_open`` mask after the route-wide
-        rule: members (:func:`~pipeline.policy.route_wide.route_wide_members`) get
-        :data:`~pipeline.policy.route_wide.ROUTE_WIDE_WEIGHT`, are not held to a probe share and leave
+        rule with the route's numbers: members (:func:`~pipeline.policy.route_wide.route_wide_members`) get
+        its ``weight`` (0.5), are not held to a probe share and leave
         ``panic_weight`` (updated in place); :attr:`weight` is updated for the route."""
         if self.weight:
             for i in idx:
                 self.weight.pop(i, None)
-        if len(idx) < ROUTE_WIDE_MIN_CHANNELS:
+        cfg = self.policy.route_wide_for(self.store.routes[idx[0]]) if idx else None
+        if cfg is None or len(idx) < cfg.min_channels:
             return w, probing
         ms = [self.machines[i] for i in idx]
         if all(m.state == HEALTHY for m in ms):
@@ -133,13 +145,14 @@ class RouteWide:
         with_data = np.array([m.state != NO_DATA for m in ms])
         recent = [self.recent.get(i, (0.0, 0.0)) for i in idx]
         members = route_wide_members(affected, with_data, np.array([r[0] for r in recent]),
-                                     np.array([r[1] for r in recent]))
+                                     np.array([r[1] for r in recent]), cfg.min_channels, cfg.worse_z,
+                                     cfg.worse_ratio)
         if not members.any():
             return w, probing
         out = list(w)
         for j in np.flatnonzero(members).tolist():
-            out[j] = ROUTE_WIDE_WEIGHT
-            self.weight[idx[j]] = ROUTE_WIDE_WEIGHT
+            out[j] = cfg.weight
+            self.weight[idx[j]] = cfg.weight
             panic_weight.pop(idx[j], None)
         if probing is not None:
             probing = probing & ~members

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from pipeline.ingest.error_class import Classifier, default_classifier
 from pipeline.policy.backoff import Backoff
+from pipeline.policy.route_wide import TABLE, RouteWideConfig
 from pipeline.signals.base import ThresholdArrays
 from pipeline.signals.registry import SIGNALS
 
@@ -154,6 +155,11 @@ class PolicyConfig:
     route_panic_weight: float = 0.5
     #: route -> its own panic threshold (``[route."name"] panic_threshold`` in policy.toml).
     route_panic_thresholds: Mapping[str, float] = field(default_factory=dict)
+    #: SPEC §4.2 route-wide events and peer-relative latency (``[route_wide]`` in policy.toml; its fields,
+    #: ranges and sources: :class:`~pipeline.policy.route_wide.RouteWideConfig`).
+    route_wide: RouteWideConfig = RouteWideConfig()
+    #: route -> its own route-wide numbers (``[route."name".route_wide]``, over ``[route_wide]``).
+    route_wide_routes: Mapping[str, RouteWideConfig] = field(default_factory=dict)
     #: SPEC §4.2 / issue #33 part 3: each re-open after a failed probe lengthens the cooldown,
     #: ``open_cooldown_ms × 2^k`` up to this (ms; SPEC: "90 s doubling to 15 min"), reset after a full recovery.
     reopen_backoff_max_ms: int = 900_000
@@ -223,6 +229,10 @@ class PolicyConfig:
         """The panic threshold of ``route`` (its own, else :attr:`route_panic_threshold`), in [0, 1]."""
         return float(self.route_panic_thresholds.get(route, self.route_panic_threshold))
 
+    def route_wide_for(self, route: str) -> RouteWideConfig:
+        """The route-wide numbers of ``route`` (its own table, else :attr:`route_wide`)."""
+        return self.route_wide_routes.get(route, self.route_wide)
+
     def backoff(self, cause: str) -> Backoff:
         """The cooldown schedule of an ``open`` caused by ``cause`` (:mod:`pipeline.policy.backoff`):
         ``credential`` / ``quota_exhausted`` the probe schedule, ``rate_limited`` the 429 schedule, anything
@@ -272,6 +282,10 @@ def _thresholds_from(base: Any, table: Mapping[str, Any], where: str) -> Any:
         raise ValueError(f"{where}: {exc}") from None
 
 
+#: The top-level tables of a policy file (:func:`load_policy`); any other is refused.
+TABLES: tuple[str, ...] = ("policy", "tier", "channel", "route", TABLE, "error_classes")
+
+
 def load_policy(path: str | Path | None = None) -> PolicyConfig:
     """Load :class:`PolicyConfig` with overrides from a TOML file.
 
@@ -287,16 +301,21 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
         consecutive_failures = 3
         [route."chat-70b"]       # SPEC §4.2 route protection
         panic_threshold = 0.3    # in [0, 1]; 0: no panic floor on this route
+        [route_wide]             # SPEC §4.2 route-wide / peer_latency numbers (RouteWideConfig)
+        peer_trip_ratio = 3.0
+        [route."chat-8b".route_wide]   # ... per route, over [route_wide]
+        peer_trip_ratio = 4.0
         [error_classes.openai]   # SPEC §4.1 patterns of one provider (provider_of the channel)
         credential = ["key (is )?deactivated"]   # class → regexes, before the built-in phrases
 
     An ``[error_classes.<provider>]`` key other than the five classes, a pattern that is
     not a non-empty string or does not compile (or nests quantifiers) raises
     :class:`~pipeline.ingest.error_class.ErrorTableError` (a ``ValueError``) naming
-    ``error_classes.<provider>.<class>[i]``. A cooldown above 120 s needs ``allow_long_cooldown = true`` in ``[policy]``;
+    ``error_classes.<provider>.<class>[i]``. A bad ``[route_wide]`` key or value raises ``ValueError`` naming
+    ``route_wide.<key>`` (per route ``route."name".route_wide.<key>``) and its rule. A cooldown above 120 s needs ``allow_long_cooldown = true`` in ``[policy]``;
     the policy rules (:mod:`pipeline.policy.rules`) are checked last.
 
-    Raises ``ValueError`` (unknown key, bad value, a broken rule:
+    Raises ``ValueError`` (unknown table or key, bad value, a broken rule:
     :class:`~pipeline.policy.rules.PolicyRuleError`) or ``OSError``.
     """
     from pipeline.policy.rules import check_policy
@@ -305,6 +324,9 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     if path is None:
         return base
     data = tomllib.loads(Path(path).read_text())
+    unknown_t = set(data) - set(TABLES)
+    if unknown_t:  # a misspelt table ([route-wide]) would otherwise be dropped without a word
+        raise ValueError(f"unknown tables {sorted(unknown_t)}; valid tables: {list(TABLES)}")
     tiers = dict(base.tiers)
     for tier, table in data.get("tier", {}).items():
         tiers[tier] = _thresholds_from(tiers.get(tier, PAID_TIER), table, f"[tier.{tier}]")
@@ -317,22 +339,29 @@ def load_policy(path: str | Path | None = None) -> PolicyConfig:
     if not isinstance(allow_long, bool):
         raise ValueError(f"[policy]: allow_long_cooldown must be true or false, got {allow_long!r}")
     panic: dict[str, float] = {}
+    wide = base.route_wide.with_table(data.get(TABLE, {}), TABLE)
+    wide_routes: dict[str, RouteWideConfig] = {}
     for route, table in data.get("route", {}).items():
         if not isinstance(table, Mapping):
             raise ValueError(f'[route."{route}"] must be a table, got {table!r}')
-        unknown_r = set(table) - {"panic_threshold"}
+        unknown_r = set(table) - {"panic_threshold", TABLE}
         if unknown_r:
-            raise ValueError(f'[route."{route}"]: unknown keys {sorted(unknown_r)}; valid keys: ["panic_threshold"]')
+            raise ValueError(f'[route."{route}"]: unknown keys {sorted(unknown_r)}; valid keys: '
+                             f'["panic_threshold", "{TABLE}"]')
         if "panic_threshold" in table:
             panic[route] = table["panic_threshold"]
+        if TABLE in table:
+            wide_routes[route] = wide.with_table(table[TABLE], f'route."{route}".{TABLE}')
     if panic:
         top["route_panic_thresholds"] = panic
-    known = {f.name for f in dataclasses.fields(PolicyConfig) if f.init} - {"tiers", "channels", "error_patterns"}
+    known = {f.name for f in dataclasses.fields(PolicyConfig) if f.init} - {"tiers", "channels", "error_patterns",
+                                                                          "route_wide", "route_wide_routes"}
     unknown = set(top) - known
     if unknown:
         raise ValueError(f"[policy]: unknown keys {sorted(unknown)}")
     # [error_classes.<provider>]: validated by PolicyConfig (Classifier.from_table names the key)
     patterns = data.get("error_classes", {})
-    out = dataclasses.replace(base, tiers=tiers, channels=channels, error_patterns=patterns, **top)
+    out = dataclasses.replace(base, tiers=tiers, channels=channels, error_patterns=patterns, route_wide=wide,
+                              route_wide_routes=wide_routes, **top)
     check_policy(out, allow_long_cooldown=allow_long)
     return out

@@ -58,3 +58,18 @@ def test_help_shows_no_bool_type_for_flags(path):
 def test_query_usage_names_its_argument_in_capitals():
     r = runner.invoke(app, ["query", "--help"], env=ENV)
     assert "query [OPTIONS] SQL" in r.output and "{sql}" not in r.output
+
+
+def test_scorecard_help_lists_its_scenarios_from_the_scorecard_tuples():
+    """The default list, the by-name-only ones and the unsupported one come from
+    ``pipeline.tools.scorecard.scenarios`` (the help said "every SPEC §5 scenario but quality-drift": stale
+    once peer-creep ran by name only, and it never named route-wide)."""
+    from pipeline.tools.scorecard.scenarios import DEFAULT_SCENARIOS, LONG_SCENARIOS, UNSUPPORTED
+
+    r = runner.invoke(app, ["scorecard", "--help"], env={**ENV, "COLUMNS": "2000"})
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "by default " + ", ".join(DEFAULT_SCENARIOS) + "." in text
+    assert "By name only (long replays): peer-creep." in text and LONG_SCENARIOS == ("peer-creep",)
+    assert "Not supported: quality-drift (needs the quality scorer" in text and list(UNSUPPORTED) == ["quality-drift"]
+    assert "route-wide" in DEFAULT_SCENARIOS and "peer-creep" not in DEFAULT_SCENARIOS

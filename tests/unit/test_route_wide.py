@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.policy.route_wide import (ROUTE_WIDE_WEIGHT, peer_latency_fired, peer_median,
+from pipeline.policy.route_wide import (DEFAULTS, peer_latency_fired, peer_median,
                                         route_wide_members)
 from pipeline.windows.histogram import LatencyBuckets
 
@@ -110,7 +110,7 @@ def test_a_channel_clearly_worse_than_the_rest_is_not_equally_bad():
     assert got.tolist() == [True, True, True, False]
     same = route_wide_members(aff, aff, req, np.array([7.0, 8.0, 6.0, 13.0]))  # 11 % vs 6 %: z 1.9
     assert same.tolist() == [True, True, True, True]
-    assert ROUTE_WIDE_WEIGHT == 0.5
+    assert DEFAULTS.weight == 0.5
 
 
 # --------------------------------------------------------------------------- the engine's part
@@ -207,3 +207,87 @@ def test_a_zero_ms_peer_median_is_no_evidence_either_way():
     fired = peer_latency_fired(np.array([5.0, 900.0, 0.0]), np.array([5.0, 950.0, 0.0]), np.zeros(3),
                                np.array([False, True, False]))
     assert fired.tolist() == [False, True, False]
+
+
+# --------------------------------------------------------------------------- hostile inputs
+
+
+def _pairwise_members(aff, n, f, n_data):
+    """The rule as first written: each affected channel against the summed rest, one sum per channel."""
+    from pipeline.policy.route_wide import DEFAULTS
+
+    members = aff.copy()
+    for i in np.flatnonzero(aff).tolist():
+        rest = aff.copy()
+        rest[i] = False
+        n2, f2 = float(n[rest].sum()), float(f[rest].sum())
+        if n[i] <= 0 or n2 <= 0:
+            continue
+        p1, p2 = f[i] / n[i], f2 / n2
+        pooled = (f[i] + f2) / (n[i] + n2)
+        se = np.sqrt(pooled * (1.0 - pooled) * (1.0 / n[i] + 1.0 / n2))
+        if se > 0 and (p1 - p2) / se >= DEFAULTS.worse_z and p1 >= DEFAULTS.worse_ratio * p2:
+            members[i] = False
+    return members if int(members.sum()) * 2 > n_data else np.zeros(len(aff), bool)
+
+
+def test_members_of_a_2000_channel_route_equal_the_pairwise_rule():
+    """The one-pass form (each channel against the affected totals minus its own: linear in the route's
+    size; the pairwise form summed the rest per channel, 4 million additions a round for 2,000 channels,
+    test_channel_flood's size) decides exactly as the pairwise one, idle channels and zero counts included."""
+    rng = np.random.default_rng(7)
+    for k in (3, 4, 7, 50, 2000):
+        for _ in range(40 if k < 2000 else 3):
+            aff = rng.random(k) < 0.8
+            data = aff | (rng.random(k) < 0.5)
+            n = rng.integers(0, 200, k).astype(float) * (rng.random(k) < 0.95)
+            f = np.minimum(n, rng.binomial(n.astype(int), rng.choice([0.02, 0.06, 0.5], k)).astype(float))
+            got = route_wide_members(aff, data, n, f)
+            assert got.tolist() == _pairwise_members(aff & data, n, f, int(data.sum())).tolist()
+    flood = np.ones(2000, bool)
+    f = np.full(2000, 7.0)
+    f[1234] = 60.0  # one channel down among 1,999 equally bad ones
+    got = route_wide_members(flood, flood, np.full(2000, 120.0), f)
+    assert int(got.sum()) == 1999 and not got[1234]
+
+
+def _round(wide, p95: list[float], n_5m: list[float], now_ms: int) -> list[bool]:
+    from pipeline.windows.view import WindowView
+
+    k = len(p95)
+    z = np.zeros(k)
+    view = WindowView(0, z, z, z, z, z, z, z, z, extra={
+        "p95_ms": np.array(p95), "p95_lower_ms": np.array(p95) * 0.95, "n_latency_5m": np.array(n_5m)})
+    return wide.peer_findings(np.arange(k), view, now_ms)[0]
+
+
+def test_a_peer_finding_clears_when_the_route_shrinks_under_three_and_stays_cleared():
+    """A channel moving to another route (its events name a new route) leaves a route of 2: no peers, so the
+    finding clears, and it does not come back from memory when the route grows again while the flagged
+    channel's own window is thin (before: kept in ``peer_active`` and published again at 90 s)."""
+    from pipeline.engine.route_wide import RouteWide
+
+    store = _Store(["r", "r", "r"])
+    wide = RouteWide(store, _machines(*[("healthy", 1.0, [], "")] * 3))  # type: ignore[arg-type]
+    assert _round(wide, [3500.0, 1000.0, 1100.0], [300.0] * 3, 30_000) == [True, False, False]
+    store.routes[2] = "s"  # the third channel's events now say route s
+    assert _round(wide, [3500.0, 1000.0, 1100.0], [300.0] * 3, 60_000) == [False, False, False]
+    assert wide.peer_active == set()
+    store.routes[2] = "r"  # back: the flagged channel's window is thin, no evidence either way
+    assert _round(wide, [3500.0, 1000.0, 1100.0], [30.0, 300.0, 300.0], 90_000) == [False, False, False]
+
+
+def test_a_peer_finding_clears_when_its_peers_go_idle():
+    """Peers in ``no_data`` (no events for 5 min) are not in service: a route of 3 with two idle has one
+    channel with data, fewer than the rule's 3, so the finding clears (before: "no evidence, kept" for as
+    long as the peers stayed away, a channel degraded against nobody). Thin peers that are still in service
+    keep it (no evidence either way)."""
+    from pipeline.engine.route_wide import RouteWide
+
+    ms = _machines(*[("healthy", 1.0, [], "")] * 3)
+    wide = RouteWide(_Store(["r", "r", "r"]), ms)  # type: ignore[arg-type]
+    assert _round(wide, [3500.0, 1000.0, 1100.0], [300.0] * 3, 30_000)[0] is True
+    assert _round(wide, [3500.0, 1000.0, 1100.0], [300.0, 30.0, 30.0], 60_000)[0] is True  # thin peers: kept
+    ms[1].state = ms[2].state = "no_data"
+    assert _round(wide, [3500.0, float("nan"), float("nan")], [300.0, 0.0, 0.0], 90_000)[0] is False
+    assert wide.peer_active == set()

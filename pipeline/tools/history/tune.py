@@ -198,13 +198,18 @@ def _dump(doc: Mapping[str, Any]) -> str:
     for name, table in doc.items():
         if not isinstance(table, dict):
             raise TuneError(f"policy file: top-level key {name!r} is not a table")
-        scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        if scalars:
-            lines += [f"[{name}]", *(f"{k} = {_scalar(v)}" for k, v in scalars.items()), ""]
-        for sub, inner in table.items():
-            if isinstance(inner, dict):
-                lines += [f"[{name}.{_key(sub)}]", *(f"{k} = {_scalar(v)}" for k, v in inner.items()), ""]
+        _dump_table(lines, name, table)
     return "\n".join(lines)
+
+
+def _dump_table(lines: list[str], name: str, table: Mapping[str, Any]) -> None:
+    """Append table ``name`` (its scalars, then its sub-tables, at any depth: ``[route."r".route_wide]``)."""
+    scalars = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    if scalars:
+        lines += [f"[{name}]", *(f"{k} = {_scalar(v)}" for k, v in scalars.items()), ""]
+    for sub, inner in table.items():
+        if isinstance(inner, dict):
+            _dump_table(lines, f"{name}.{_key(sub)}", inner)
 
 
 def _key(k: str) -> str:

@@ -125,4 +125,4 @@ def scorecard_scenario(name: str) -> Scenario:
         return _EXTRA[name]()
     if name in SCENARIOS:
         return get_scenario(name)
-    raise ValueError(f"unknown scenario {name!r}; valid: {', '.join(DEFAULT_SCENARIOS)}")
+    raise ValueError(f"unknown scenario {name!r}; valid: {', '.join((*DEFAULT_SCENARIOS, *LONG_SCENARIOS))}")
