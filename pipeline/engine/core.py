@@ -424,7 +424,7 @@ class Engine:
             if hit < 0:
                 self.ok_runs[i] = run
                 continue
-            del self.ok_runs[i]
+            self.ok_runs.pop(i, None)
             now = int(cols.ts_ms[mine[hit]])
             m.readmit(now, self.policy)
             if self.runs is not None:
