@@ -117,3 +117,18 @@ def test_the_2_worker_scaling_is_reported_beside_what_the_machine_allows():
     stages["workers_2"]["events_per_s"] = 180_000.0
     w = report.build(stages, {}, {"cpus": 8})["workers"]
     assert (w["scaling"], w["scaling_limit"], w["scaling_of_limit"]) == (1.5, 2.0, 0.75)
+
+
+def test_replay_growth_is_not_moved_by_the_sinks_merge_cycle() -> None:
+    """The replay's growth figure compares the floors of six hourly samples 12 h apart: the chDB sink's
+    merges (RSS up by ~100 MB for a few hours, then back, docs/THROUGHPUT.md) no longer decide it by where
+    one sample falls (the last less the middle sample read +85 and +80 MB on the first two series); a
+    lifted floor (a leak) still shows."""
+    from pipeline.tools.bench.report import replay_growth_mb
+
+    saw = [520.0, 600.0, 590.0, 570.0, 545.0, 525.0]  # one cycle, as replay_memory read on day 2
+    assert replay_growth_mb([500.0] * 36 + [505.0] * 11 + [585.0]) == 5.0
+    assert replay_growth_mb(saw * 8) == 0.0
+    assert replay_growth_mb((saw[3:] + saw[:3]) * 8) == 0.0  # another phase, the same figure
+    assert replay_growth_mb(saw * 6 + [x + 30.0 for x in saw * 2]) == 30.0  # the floor lifted by 30 MB
+    assert replay_growth_mb([1.0, 2.0, 3.0]) is None and replay_growth_mb([1.0, 2.0, 3.0, 5.0]) == 2.0

@@ -13,7 +13,7 @@ JSON layout (``channel-health bench --json PATH``), nested objects::
     sink_process_peak_rss_mb      largest peak RSS of its ClickHouse sink process (None: sink in-process)
 
 plus every stage's raw figures (``stages``), the per-event CPU breakdown
-(``profile``), 1 vs 2 workers (``workers``), the 24 h replay RSS
+(``profile``), 1 vs 2 workers (``workers``), the 48 h replay RSS
 (``replay_24h``) and the target checks (``targets``).
 """
 
@@ -160,7 +160,7 @@ def build(stages: Mapping[str, Any], config: Mapping[str, Any], machine: Mapping
     sink_peak = max(sink_peaks) if sink_peaks else None
     replay = stages.get("warm") or {}
     hours = [h["rss_mb"] for h in replay.get("hours", [])]
-    growth = round(hours[-1] - hours[len(hours) // 2], 1) if len(hours) >= 4 else None
+    growth = replay_growth_mb(hours)
     w1 = pa_b
     w2 = _get(stages, "workers_2", "events_per_s")
     prof = _get(stages, "profile", "us_per_event", "batched") or {}
@@ -253,6 +253,25 @@ def _by_round(runs: Mapping[str, list[float]], base: str) -> list[float] | None:
     return [ratio(a, b) for a, b in zip(num, den)]
 
 
+def replay_growth_mb(hours: list[float]) -> float | None:
+    """RSS growth over the last 12 h of a replay, MiB: the floor (least sample) of the last six hourly
+    samples less the floor of the six 12 h before them (with 48 samples: hours 43-48 less hours 31-36,
+    both on the second day, when windows and sink have filled). The chDB sink's part merges lift the RSS
+    by up to ~100 MB for a few replayed hours and hand it back (docs/THROUGHPUT.md); one sample each end
+    let where they fell move the figure by tens of MB, and so did medians of six. A leak lifts the floor,
+    a merge in flight does not. None under 4 samples; under 18, the last less the middle sample.
+
+    >>> replay_growth_mb([500.0] * 36 + [505.0] * 11 + [585.0])  # the last sample alone: 85 MB
+    5.0
+    """
+    n = len(hours)
+    if n < 4:
+        return None
+    if n < 18:
+        return round(hours[-1] - hours[n // 2], 1)
+    return round(min(hours[-6:]) - min(hours[-18:-12]), 1)
+
+
 def _stage_peaks(stage: Any, key: str = "peak_rss_mb") -> list[float]:
     """Every peak RSS (``key``: the worker's ``peak_rss_mb`` or ``sink_process_peak_rss_mb``) of a stage's runs."""
     if not isinstance(stage, Mapping):
@@ -329,8 +348,9 @@ def table(doc: Mapping[str, Any]) -> str:
     rep = doc["replay_24h"]
     hours = rep["rss_mb_by_hour"]
     if hours:
-        lines.append(f"24 h event-time replay RSS: hour 1 {hours[0]:.0f} MB, hour 12 {hours[len(hours) // 2]:.0f} MB, "
-                     f"hour 24 {hours[-1]:.0f} MB (growth over the second 12 h: {_fmt(rep['rss_growth_second_12h_mb'])} MB)")
+        lines.append(f"{len(hours)} h event-time replay RSS: hour 1 {hours[0]:.0f} MB, hour {len(hours) // 2} "
+                     f"{hours[len(hours) // 2 - 1]:.0f} MB, hour {len(hours)} {hours[-1]:.0f} MB (growth over the last "
+                     f"12 h, floors of 6 hours: {_fmt(rep['rss_growth_second_12h_mb'])} MB)")
     w = doc["workers"]
     lines.append(f"workers (aiokafka driver, batched): 1 → {_fmt(w['1'])} ev/s, 2 → {_fmt(w['2'])} ev/s "
                  f"(×{_fmt(w['scaling'])}; at most ×{_fmt(w.get('scaling_limit'))} on these {_fmt(w.get('cpus'))} "

@@ -9,6 +9,7 @@ spikes between samples.
 
 from __future__ import annotations
 
+import ctypes
 import resource
 import sys
 import threading
@@ -22,6 +23,17 @@ _MB = 1024 * 1024
 def rss_mb() -> float:
     """Current resident set size of this process, MiB."""
     return psutil.Process().memory_info().rss / _MB
+
+
+def malloc_trim() -> bool:
+    """glibc ``malloc_trim(0)``: hand the heap's free pages back to the OS (malloc_trim(3)), so that an RSS
+    read next holds what the process uses, not what the allocator keeps cached after temporaries were
+    freed. False where there is no glibc (the RSS is then read untrimmed)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    return bool(libc.malloc_trim(0))
 
 
 def peak_rss_mb(pid: int | None = None) -> float:

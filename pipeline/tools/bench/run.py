@@ -370,7 +370,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
     bootstrap = broker.bootstrap
     try:
         snap_path = workdir / "snapshots.msgpack"
-        echo(f"[{time.monotonic() - started:5.0f} s] pre-filling topics; replaying 24 h for "
+        echo(f"[{time.monotonic() - started:5.0f} s] pre-filling topics; replaying 48 h for "
              f"{opts.channels:,} channels in parallel ...")
         warm_proc = spawn("warm", {"channels": opts.channels, "end_ms": start_ms, "per_hour": opts.warm_per_hour,
                                    "partitions": opts.partitions, "batch_size": opts.batch_size,
@@ -383,7 +383,7 @@ def run_bench(opts: BenchOptions, echo: Callable[[str], None] = print) -> dict[s
              f"{fill['bytes'] / 1e6:,.0f} MB in {fill['seconds']} s")
         stages["warm"] = wait_result(warm_proc, workdir / "warm.json", workdir / "warm.log", STAGE_TIMEOUT_S, "warm")
         snapshots = msgspec.msgpack.decode(snap_path.read_bytes())
-        echo(f"    24 h replay: {stages['warm']['events']:,} events; RSS hour 1 / 24: "
+        echo(f"    {len(stages['warm']['hours'])} h replay: {stages['warm']['events']:,} events; RSS first / last hour: "
              f"{stages['warm']['rss_after_hour_1_mb']:.0f} / {stages['warm']['rss_after_hour_24_mb']:.0f} MB")
         kinds = {k: fill[k] for k in ("batched", "single")}
 

@@ -1,9 +1,13 @@
-"""Stage: replay a compact 24 h of event time through the pipeline, in-process.
+"""Stage: replay a compact 48 h of event time through the pipeline, in-process.
 
 Fills every channel's 24 h latency baseline (and short windows) the way a
 worker would after a day of traffic, and shows that memory stays flat while
-event time advances a whole day: the RSS is sampled after every replayed
-hour. Events go through the real hot path -- :class:`BatchProcessor`
+event time advances: ``days`` (default 2) days are replayed, the first to fill
+the windows and the sink (their memory grows with it), the last to show the
+steady state (docs/THROUGHPUT.md). The RSS is sampled after every replayed
+hour, after a garbage collection and glibc's ``malloc_trim(0)`` (free heap
+pages handed back: the figure is what the process holds, not the
+allocator's cache of freed temporaries; docs/THROUGHPUT.md). Events go through the real hot path -- :class:`BatchProcessor`
 (decode, validate, engine with its evaluation rounds) and the ClickHouse
 sink (chDB) -- in 500-event envelopes. Each hour holds ``per_hour`` events
 per channel packed into the hour's first 20 s (enough ``ok`` samples for the
@@ -18,6 +22,7 @@ pipeline stage's state topic with them.
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,7 @@ import msgspec
 
 from pipeline.tools.bench import workload as W
 from pipeline.tools.bench.fill import PartitionBatcher
-from pipeline.tools.bench.rss import RssSampler, peak_rss_mb
+from pipeline.tools.bench.rss import RssSampler, malloc_trim, peak_rss_mb
 from pipeline.tools.bench.stage import scratch_dir, stage_main
 
 
@@ -47,7 +52,12 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
     hours: list[dict[str, Any]] = []
     events = verdicts = 0
     busy = 0.0
-    for h, batch in enumerate(W.warmup_day(ch, int(args["end_ms"]), per_hour=int(args.get("per_hour", 25)))):
+    end_ms, days = int(args["end_ms"]), int(args.get("days", 2))
+    replay = ((d, h, b) for d in range(days)
+              for h, b in enumerate(W.warmup_day(ch, end_ms - (days - 1 - d) * 86_400_000,
+                                                 per_hour=int(args.get("per_hour", 25)), seed=2 + 100 * d))
+              if h < 24 or d == days - 1)  # the lead-in minute only before the measured traffic
+    for d, h, batch in replay:
         batcher = PartitionBatcher(int(args.get("partitions", 4)), int(args.get("batch_size", 500)))
         msgs = batcher.add(batch) + batcher.flush()
         t = time.perf_counter()
@@ -59,9 +69,13 @@ def run(args: dict[str, Any]) -> dict[str, Any]:
         busy += time.perf_counter() - t
         events += len(batch)
         verdicts += len(out.verdicts)
-        if h < 24:  # the 25th batch is the lead-in minute before the measured traffic
-            hours.append({"hour": h + 1, "rss_mb": round(sampler.mark(f"hour {h + 1}"), 1), "events": events,
-                          "dead_letters": len(out.dead_letters)})
+        if h < 24:  # the last day's 25th batch is the lead-in minute before the measured traffic
+            dead = len(out.dead_letters)
+            del out
+            gc.collect()
+            malloc_trim()
+            hours.append({"hour": 24 * d + h + 1, "rss_mb": round(sampler.mark(f"hour {24 * d + h + 1}"), 1), "events": events,
+                          "dead_letters": dead})
     engine = processor.engine
     snaps = [(name, export_channel(engine, i)) for i, name in enumerate(engine.store.names)]
     Path(args["snapshots"]).write_bytes(msgspec.msgpack.encode(snaps))
