@@ -226,7 +226,9 @@ def test_new_signal_with_new_feature_restores_baselines_and_changes_nothing():
             assert b.metrics["route_share"] == pytest.approx(a.metrics["route_share"], rel=1e-12)
         else:
             assert "route_share" not in b.metrics
-        if "route_share" in b.metrics:  # a round's verdict (not a pre-trip) carries the new signal's numbers
+        # a round's verdict carries the new signal's numbers; a pre-trip or a re-admission between rounds
+        # (SPEC §4.2: a share move only, metrics route_share/max_share) does not
+        if "route_share" in b.metrics and set(b.metrics) - {"route_share", "max_share"}:
             assert b.metrics["slow_share_5m"] is not None
     # the new counter fills from events after the restart, exactly
     end = after[-1].ts_ms + 1
