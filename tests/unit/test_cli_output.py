@@ -6,11 +6,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import subprocess
+import sys
 from datetime import datetime, timezone
 
-from typer.testing import CliRunner
 
-from pipeline.cli.main import app
 from pipeline.cli.output import format_rows
 
 COLS = ["channel", "requests", "error_rate", "ts", "note"]
@@ -47,5 +48,11 @@ def test_table_right_aligns_numbers_and_names_the_columns_it_cannot_show() -> No
 
 
 def test_an_unknown_format_is_refused_before_any_connection() -> None:
-    r = CliRunner().invoke(app, ["query", "SELECT 1", "--format", "xml"], env={"COLUMNS": "200"})
-    assert r.exit_code == 2 and "--format must be one of table, csv, tsv, json, got 'xml'" in r.output
+    # A real process, not CliRunner: once in a full suite run the runner's swapped stderr was gone by the time
+    # the command wrote to it ("I/O operation on closed file"); the command's own streams are what a user sees.
+    # CLICKHOUSE_URL points at a port nothing listens on: a refusal after a connect attempt would say so.
+    env = {**os.environ, "COLUMNS": "200", "CHANNEL_HEALTH_CLICKHOUSE_URL": "http://127.0.0.1:9/"}
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "query", "SELECT 1", "--format", "xml"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--format must be one of table, csv, tsv, json, got 'xml'" in r.stderr, r.stderr
+    assert "127.0.0.1" not in r.stderr + r.stdout
