@@ -86,15 +86,20 @@ def _final(eng: Engine) -> dict:
     return {name: (machine_dict(eng.machines[i]), eng.seq[i], bool(eng.learns[i])) for name, i in eng.channel_rows.items()}
 
 
-@pytest.fixture(scope="module")
-def reference():
-    calls = _calls()
+def _replay_with_states(calls: list[list[RequestEvent]]) -> tuple:
+    """One engine fed ``calls`` in order: the calls, the verdict bytes of each, every channel's snapshot record
+    after each call, and the engine's final state."""
     eng = _engine()
     out, states = [], []
     for events in calls:
         out.extend(_run(eng, [events]))
         states.append([export_channel(eng, i) for i in range(eng.store.n_channels)])
     return calls, out, states, _final(eng)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return _replay_with_states(_calls())
 
 
 def _verdicts(out: list[list[bytes]], channel: str) -> list[dict]:
@@ -165,12 +170,7 @@ def per_channel():
     calls = [[e for e in events if e.channel == ch] for events in _calls() for ch in "abcxy"]
     for events in calls:
         resolve_onto(events)
-    eng = _engine()
-    out, states = [], []
-    for events in calls:
-        out.extend(_run(eng, [events]))
-        states.append([export_channel(eng, i) for i in range(eng.store.n_channels)])
-    return calls, out, states, _final(eng)
+    return _replay_with_states(calls)
 
 
 @pytest.mark.parametrize("minute,after", [(24, "c"), (31.5, "a"), (36, "x"), (42, "b"), (45, "c")])
