@@ -171,6 +171,11 @@ class PolicyConfig:
     #: many successes in a row (Higress re-adds a key on 1 successful check; 10: a channel failing half its
     #: requests shows such a run at a given request with probability 1e-3); 0 turns it off.
     readmit_success_run: int = 10
+    #: Suspicion (:mod:`pipeline.engine.suspects`): a run of this many failures moves a channel's route share
+    #: to its peers (``route_share`` 0, state and weight kept) until a success sent after it; 0 turns it
+    #: off. Higress ai-proxy removes a key after 3 consecutive failures (``failureThreshold``); below the
+    #: tier's ``consecutive_failures`` to have an effect.
+    suspect_run: int = 3
     #: SPEC §4.1 ``credential`` / ``quota_exhausted``: at most one probe per this long (ms; default 5 min),
     #: doubling up to ``hard_fault_probe_max_ms`` (default 30 min; issue #32).
     hard_fault_probe_ms: int = 300_000
@@ -219,9 +224,10 @@ class PolicyConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        k = self.readmit_success_run
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"readmit_success_run must be an integer >= 0, got {k!r}")
+        for name in ("readmit_success_run", "suspect_run"):
+            k = getattr(self, name)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {k!r}")
         if not 0.0 <= self.backoff_jitter <= 1.0:
             raise ValueError(f"backoff_jitter must be in [0, 1], got {self.backoff_jitter}")
 
