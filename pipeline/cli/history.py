@@ -172,7 +172,8 @@ def tune(
     from_: str = typer.Option(..., "--from", help=TIME_HELP),
     to: str = typer.Option(..., "--to", help=TIME_HELP),
     bounds: Path = typer.Option(..., "--bounds", help='TOML: [bounds] "latency.trip_ratio" = [1.3, 2.0, 0.1] '
-                                "(low, high, step); see pipeline/tools/history/tune.py."),
+                                "(low, high, step); keys: aliases, policy.KEY, tier.NAME.KEY, tier.*.KEY, route_wide.KEY "
+                                "(the global [route_wide] table only); see pipeline/tools/history/tune.py."),
     policy: Optional[Path] = typer.Option(None, "--policy", help="Current policy.toml the proposal starts from."),
     warmup: Optional[str] = typer.Option(None, "--warmup", help="Replayed before --from (default 24 h)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object on the last line."),

@@ -104,7 +104,7 @@ def demo(
     scenario: str = typer.Option("gradual-degradation", help="Scenario to replay (listed below)."),
     data_dir: Optional[Path] = typer.Option(
         None, help="Where chDB keeps the ClickHouse tables and the worker log (kept across runs). "
-                   "Default: a new data/demo-<UTC time> per run."),
+                   "Default: a new `data/demo-<UTC time>` per run."),
     seed: int = typer.Option(0, help="Simulator seed (same seed, same events)."),
     timeout_s: float = typer.Option(600.0, help="Give up waiting for the worker after this many seconds."),
     speed: float = typer.Option(200.0, help="Event-time speed-up of the replay (200: 2.4 h in ~45 s); 0 = as fast as possible."),

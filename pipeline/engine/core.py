@@ -140,7 +140,7 @@ class Engine:
         self.learns = np.ones(0, bool)
         self.late_count = 0
         #: SPEC §4.2 re-admission on evidence: channel row -> its successes in a row while ``open`` with a
-        #: peer over its cap (only such channels; not in snapshots: after a restart the run starts again).
+        #: peer over its cap (only such channels; in snapshots with it, ``RoundState.ok_run``).
         self.ok_runs: dict[int, int] = {}
         #: The engine's named parts (see the module docstring).
         self.routes = RouteShares(self.store, self.machines, self.policy, self.mark_changed)

@@ -63,6 +63,7 @@ class EngineParts(Protocol):
     fail_since_eval: np.ndarray
     judged_since_eval: np.ndarray
     learns: np.ndarray
+    ok_runs: dict[int, int]
     hard: tuple
     soft: tuple
     advisory: tuple
@@ -116,7 +117,8 @@ class StateIO:
                           wide_weight=wide.weight.get(i), panic_weight=e.routes.panic_weight.get(i),
                           fail_ratio=e.routes.fail_ratio.get(i),
                           recent=None if recent is None else (float(recent[0]), float(recent[1])),
-                          p95=None if p95 is None else (int(p95[0]), float(p95[1]), float(p95[2])))
+                          p95=None if p95 is None else (int(p95[0]), float(p95[1]), float(p95[2])),
+                          ok_run=e.ok_runs.get(i, 0))
 
     def import_state(self, state: ChannelState) -> int:
         """Load ``state`` (registering its channel); returns the channel's row.
@@ -238,6 +240,7 @@ class StateIO:
         _put(wide.p95, i, rs.p95)
         _put(e.routes.panic_weight, i, rs.panic_weight)
         _put(e.routes.fail_ratio, i, rs.fail_ratio)
+        _put(e.ok_runs, i, rs.ok_run or None)  # a run of 0 acts as no entry (Engine._readmit)
 
 
 _T = TypeVar("_T")
@@ -253,13 +256,16 @@ def _put(part: dict[int, _T], i: int, v: _T | None) -> None:
 
 def check_round_state(rs: RoundState) -> None:
     """Raise ``ValueError`` when a field of ``rs`` is out of range: shares and weights in 0..1, at most
-    :data:`~pipeline.policy.capacity.LOAD_ROUNDS` held shares, counts finite >= 0, a time in 0..2**53."""
+    :data:`~pipeline.policy.capacity.LOAD_ROUNDS` held shares, counts finite >= 0, a time and the
+    re-admission success run integers in 0..2**53."""
     def share(what: str, v: object) -> None:
         if not (isinstance(v, float) and 0.0 <= v <= 1.0):
             raise ValueError(f"state {what} {v!r} is not a share in 0..1")
 
     if rs.learns is not None and not isinstance(rs.learns, (bool, np.bool_)):
         raise ValueError(f"state learns {rs.learns!r} is not a bool")
+    if not (isinstance(rs.ok_run, int) and not isinstance(rs.ok_run, bool) and 0 <= rs.ok_run <= MAX_SEQ):
+        raise ValueError(f"state re-admission success run {rs.ok_run!r} is not an integer in 0 .. 2**53")
     for what, w in (("route-wide weight", rs.wide_weight), ("panic weight", rs.panic_weight),
                     ("failure ratio", rs.fail_ratio)):
         if w is not None:

@@ -70,6 +70,8 @@ class RoundState:
     requests, failures) the route-wide rule reads (each >= 0); ``p95``: (round ms, 5 min P95 ms, its
     lower bound ms) its peers read (NaN: no P95). The last four as of its last round, read by route
     peers reaching a round boundary in another call than its own, and by a trip before its next round.
+    ``ok_run``: the successes in a row its own traffic showed while ``open``, as of its last event (``Engine.ok_runs``, the
+    re-admission run of :mod:`pipeline.policy.readmit`; 0 .. 2**53, 0: none).
     """
 
     learns: bool | None = None
@@ -80,6 +82,7 @@ class RoundState:
     fail_ratio: float | None = None
     recent: tuple[float, float] | None = None
     p95: tuple[int, float, float] | None = None
+    ok_run: int = 0
 
 
 @dataclass

@@ -28,7 +28,8 @@ those written with 30 × 10 s latency histograms (no ``short_lat_slot_id``)
 load with them summed into the 30 s slots.
 
 What a channel's next rounds depend on besides those (SPEC §4.2: whether its baselines learn and since
-when they are held, its part of the capacity model, its route-wide finding and weight) is in the
+when they are held, its part of the capacity model, its route-wide finding and weight, its re-admission
+success run) is in the
 ``extensions`` entry :data:`ROUND_STATE`, each value only when set: a record without any is the record
 written before it existed, byte for byte (no version change: readers of either version read each
 other's records during a rolling upgrade; an older reader counts the entry as a dropped window).
@@ -97,15 +98,16 @@ WIRE_FIELDS = {
 #: default (``learns``: when it differs from the machine's state; the others: when set), so a record of a
 #: channel without any is the record written before they were saved, byte for byte, and older records
 #: restore them at their defaults; a reader without it counts the entry as a dropped signal window.
-#: Arrays: ``learns`` and ``peer_active`` bool (1,); ``held_since_ms``, ``judged_since_ms`` and
-#: ``p95_round_ms`` int64 (1,); ``usual``, ``max_share``, ``wide_weight``, ``panic_weight``, ``fail_ratio``
+#: Arrays: ``learns`` and ``peer_active`` bool (1,); ``held_since_ms``, ``judged_since_ms``,
+#: ``p95_round_ms`` and ``ok_run`` (the re-admission success run, when > 0) int64 (1,); ``usual``, ``max_share``, ``wide_weight``, ``panic_weight``, ``fail_ratio``
 #: float64 (1,); ``held`` float64 (k,), k <= 64; ``usual_counts``, ``recent`` float64 (2,); ``p95`` float64
 #: (2,): the P95 and its lower bound in ms, -1 for NaN (no P95).
 ROUND_STATE = "engine:round"
 #: Shapes of the fixed-size arrays of :data:`ROUND_STATE` (``held`` is checked on its own).
 _ROUND_LAYOUT = {"learns": (1,), "peer_active": (1,), "held_since_ms": (1,), "judged_since_ms": (1,),
                  "usual": (1,), "max_share": (1,), "wide_weight": (1,), "usual_counts": (2,),
-                 "panic_weight": (1,), "fail_ratio": (1,), "recent": (2,), "p95_round_ms": (1,), "p95": (2,)}
+                 "panic_weight": (1,), "fail_ratio": (1,), "recent": (2,), "p95_round_ms": (1,), "p95": (2,),
+                 "ok_run": (1,)}
 _LEARNING = ("healthy", "no_data")  # pipeline.policy.state_machine.LEARNING_STATES (not imported here)
 
 #: ``n_buckets`` of a record whose engine keeps no latency windows (the default bucket mapping's).
@@ -242,6 +244,8 @@ def _with_round_state(ext: dict[str, dict[str, np.ndarray]], state: ChannelState
     if rs.p95 is not None:
         out["p95_round_ms"] = np.array([rs.p95[0]], np.int64)
         out["p95"] = np.nan_to_num(np.array(rs.p95[1:], np.float64), nan=-1.0)
+    if rs.ok_run:
+        out["ok_run"] = np.array([rs.ok_run], np.int64)
     return {**ext, ROUND_STATE: out} if out else ext
 
 
@@ -255,7 +259,7 @@ def _round_state(snap: ChannelSnapshot) -> tuple[RoundState, int]:
         return RoundState(), -1
     z = snap.version in ZLIB_ARRAY_VERSIONS
     want = {"learns": "|b1", "peer_active": "|b1", "held_since_ms": "<i8", "judged_since_ms": "<i8",
-            "p95_round_ms": "<i8"}
+            "p95_round_ms": "<i8", "ok_run": "<i8"}
     a: dict[str, np.ndarray] = {}
     for key, (dtype, shape, b) in packed.items():
         if dtype != want.get(key, "<f8") or (key != "held" and tuple(shape) != _ROUND_LAYOUT.get(key)) or (
@@ -280,7 +284,8 @@ def _round_state(snap: ChannelSnapshot) -> tuple[RoundState, int]:
                     fail_ratio=one("fail_ratio", float),
                     recent=None if recent is None else (float(recent[0]), float(recent[1])),
                     p95=None if p95 is None else (one("p95_round_ms", int),
-                                                  *(float("nan") if x == -1.0 else float(x) for x in p95.tolist())))
+                                                  *(float("nan") if x == -1.0 else float(x) for x in p95.tolist())),
+                    ok_run=one("ok_run", int) or 0)
     held = one("held_since_ms", int)
     return rs, -1 if held is None else held
 

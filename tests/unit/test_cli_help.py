@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -73,3 +75,31 @@ def test_scorecard_help_lists_its_scenarios_from_the_scorecard_tuples():
     assert "By name only (long replays): peer-creep." in text and LONG_SCENARIOS == ("peer-creep",)
     assert "Not supported: quality-drift (needs the quality scorer" in text and list(UNSUPPORTED) == ["quality-drift"]
     assert "route-wide" in DEFAULT_SCENARIOS and "peer-creep" not in DEFAULT_SCENARIOS
+
+
+#: A bracketed part of a help text: ``[route_wide]``, ``[error_classes.<provider>]``, ``<UTC time>``.
+_BRACKETED = re.compile(r"\[[^\[\]\n]*\]|<[^<>\n]*>")
+
+
+def _plain(text: str) -> str:
+    """``text`` as words: panel borders dropped, whitespace collapsed, markdown's code and emphasis marks
+    (which the help renders away) removed."""
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).replace("`", "").replace("*", "").split())
+
+
+@pytest.mark.parametrize("path", _command_paths(), ids=lambda p: " ".join(p) or "root")
+def test_help_keeps_every_bracketed_part_of_its_source(path):
+    """Every ``[...]`` and ``<...>`` of a command's docstring, epilog and option/argument help strings is in
+    its rendered ``--help``: the help is rendered as markdown (rich), which drops a ``<...>`` as an HTML
+    tag, and rich markup would eat a ``[...]`` as a style. An earlier review saw ``--policy`` render
+    ``[error_classes.]`` for ``[error_classes.<provider>]``; demo's ``--data-dir`` said ``data/demo- per
+    run`` for ``data/demo-<UTC time>`` (this test failed there)."""
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+    r = runner.invoke(app, [*path, "--help"], env=ENV)
+    assert r.exit_code == 0, r.output
+    shown = _plain(r.output)
+    sources = [cmd.help or "", cmd.epilog or "", *(getattr(p, "help", None) or "" for p in cmd.params)]
+    lost = [part for text in sources for part in _BRACKETED.findall(text) if _plain(part) not in shown]
+    assert lost == [], f"{' '.join(path) or 'root'} --help lost {lost}"

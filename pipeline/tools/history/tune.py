@@ -14,13 +14,19 @@ Bounds file (TOML)::
     "latency.trip_ratio" = [1.3, 2.0, 0.1]        # an alias (BOUND_ALIASES)
     "tier.paid.error_rate_trip" = [0.002, 0.01, 0.002]
     "policy.open_cooldown_ms" = [60000, 120000, 30000]
+    "route_wide.peer_trip_ratio" = [2.2, 3.4, 0.4]  # SPEC §4.2 route-wide / peer_latency numbers
 
     [search]                 # optional
     max_evaluations = 200    # replays at most (grid when it fits, else coordinate descent)
 
 A key is an alias or a path in the policy file's layout (:func:`~pipeline.policy.defaults.load_policy`):
-``policy.KEY``, ``tier.NAME.KEY`` or ``tier.*.KEY`` (every tier of the base
-policy). Integer bounds give integer values.
+``policy.KEY``, ``tier.NAME.KEY``, ``tier.*.KEY`` (every tier of the base
+policy) or ``route_wide.KEY`` (a key of the global ``[route_wide]`` table,
+:class:`~pipeline.policy.route_wide.RouteWideConfig`; checked when the bounds
+load, and its integer keys need integer bounds). A route's own
+``[route."name".route_wide]`` table is not searched: a base policy's per-route
+tables are copied into the proposal unchanged and keep overriding the global
+one for their routes. Integer bounds give integer values.
 
 Objective (lexicographic, smaller is better): non-healthy verdicts on
 clean periods, incidents missed, sum of detection delays (ms). Feasible:
@@ -39,6 +45,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline.policy.defaults import PolicyConfig, load_policy
+from pipeline.policy.route_wide import TABLE as ROUTE_WIDE, RouteWideConfig
 from pipeline.tools.history.backtest import (
     ChannelEvents, Timeline, clean_violations, first_detection, read_events, replay_chunks,
 )
@@ -144,9 +151,11 @@ def load_bounds(path: str | Path) -> tuple[list[Bound], int]:
 def _bound(name: str, spec: Any) -> Bound:
     path = BOUND_ALIASES.get(name, name)
     parts = path.split(".")
-    if not ((len(parts) == 2 and parts[0] == "policy") or (len(parts) == 3 and parts[0] == "tier")):
+    if parts[0] == ROUTE_WIDE:
+        _check_route_wide(name, parts, spec)
+    elif not ((len(parts) == 2 and parts[0] == "policy") or (len(parts) == 3 and parts[0] == "tier")):
         raise TuneError(f"bound {name!r}: not an alias ({', '.join(sorted(BOUND_ALIASES))}) nor a policy path "
-                        "policy.KEY / tier.NAME.KEY / tier.*.KEY")
+                        f"policy.KEY / tier.NAME.KEY / tier.*.KEY / {ROUTE_WIDE}.KEY")
     ok = isinstance(spec, list) and len(spec) == 3 and all(
         isinstance(x, (int, float)) and not isinstance(x, bool) for x in spec)
     if not ok:
@@ -162,12 +171,28 @@ def _bound(name: str, spec: Any) -> Bound:
     return Bound(name, path, values)
 
 
+def _check_route_wide(name: str, parts: list[str], spec: Any) -> None:
+    """Refuse a ``route_wide.KEY`` bound whose key :class:`RouteWideConfig` does not have (naming the valid
+    ones), a deeper path (per-route tables are not searched) or a non-integer bound on an integer key."""
+    keys = RouteWideConfig.keys()
+    if len(parts) != 2 or parts[1] not in keys:
+        raise TuneError(f"bound {name!r}: {ROUTE_WIDE}.KEY names a key of the global [{ROUTE_WIDE}] table, one of "
+                        f"{', '.join(keys)} (per-route tables are not searched)")
+    if isinstance(getattr(RouteWideConfig(), parts[1]), int) and isinstance(spec, list) and not all(
+            isinstance(x, int) and not isinstance(x, bool) for x in spec):
+        raise TuneError(f"bound {name!r}: {ROUTE_WIDE}.{parts[1]} is an integer; give integer [low, high, step], "
+                        f"got {spec!r}")
+
+
 def current_value(policy: PolicyConfig, path: str) -> float:
-    """The value of a policy path in ``policy`` (``tier.*`` reads the default tier). Raises :class:`TuneError`."""
+    """The value of a policy path in ``policy`` (``tier.*`` reads the default tier, ``route_wide.KEY`` the global
+    ``[route_wide]`` table). Raises :class:`TuneError`."""
     parts = path.split(".")
     try:
         if parts[0] == "policy":
             return getattr(policy, parts[1])
+        if parts[0] == ROUTE_WIDE and parts[1] in RouteWideConfig.keys():
+            return getattr(policy.route_wide, parts[1])
         tier = policy.default_tier if parts[1] == "*" else parts[1]
         return getattr(policy.tiers[tier], parts[2])
     except (AttributeError, KeyError):
@@ -177,14 +202,15 @@ def current_value(policy: PolicyConfig, path: str) -> float:
 def policy_toml(base: Mapping[str, Any], values: Mapping[str, float], tiers: Sequence[str]) -> str:
     """The policy file text: ``base`` (a parsed policy file) with ``values`` (path → number) set.
 
-    ``tier.*`` paths are written into every tier of ``tiers``. Only tables of
-    scalars are supported (the policy file's layout).
+    ``tier.*`` paths are written into every tier of ``tiers``, ``route_wide.KEY``
+    into the global ``[route_wide]`` table. Only tables of scalars are supported
+    (the policy file's layout).
     """
     doc: dict[str, Any] = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for path, value in values.items():
         parts = path.split(".")
-        if parts[0] == "policy":
-            doc.setdefault("policy", {})[parts[1]] = value
+        if parts[0] in ("policy", ROUTE_WIDE):
+            doc.setdefault(parts[0], {})[parts[1]] = value
         else:
             tier_table = doc.setdefault("tier", {})
             for t in (tiers if parts[1] == "*" else [parts[1]]):
