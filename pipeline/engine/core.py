@@ -145,7 +145,7 @@ class Engine:
         #: The engine's named parts (see the module docstring).
         self.routes = RouteShares(self.store, self.machines, self.policy, self.mark_changed)
         self.quality = QualityScores(self.store, self.mark_changed)
-        self.suspects = Suspects(self.store, self.machines, self.routes.capacity)
+        self.suspects = Suspects(self.store, self.machines, self.routes.capacity, self.policy)
         self._early: np.ndarray | None = None  # per channel: policy.suspect_run (FailureRuns.early)
         self.residency = Residency(self.limits, self.store, self._export_channel, self._load_channel,
                                    self.mark_changed)
@@ -470,14 +470,21 @@ class Engine:
         assert runs is not None
         tripped = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_at.tolist()) if idx >= 0}
         first = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_early.tolist()) if idx >= 0}
-        for c in sorted(set(first) | set(sus.since_ms)):
+        cands = sorted(set(first) | set(sus.since_ms))
+        # a channel's events: one scan each for a few channels, one stable sort for many (a fault on many)
+        order = np.argsort(cols.channel, kind="stable") if len(cands) > 8 else None
+        by_channel = None if order is None else cols.channel[order]
+        for c in cands:
             if c in sus.since_ms and not sus.holds(c):  # left service, or its route's last peer left
                 if self.machines[c].state not in (OPEN, HALF_OPEN):
                     out.append(self._verdict(c, int(cols.ts_ms.max()), self._share_metrics(c)))
                 continue
             if c not in sus.since_ms and not sus.may_suspect(c):
                 continue  # its state and route do not change before the trips: none in this chunk
-            mine = np.flatnonzero(cols.channel == c)
+            if order is None or by_channel is None:
+                mine = np.flatnonzero(cols.channel == c)
+            else:
+                mine = order[np.searchsorted(by_channel, c):np.searchsorted(by_channel, c, side="right")]
             mine = mine[mine < tripped.get(c, len(cols))]
             at = first.get(c, len(cols))  # before it the run is shorter than k; from it, at least k
             run = k
@@ -734,7 +741,7 @@ class Engine:
         self.seq[i] += 1
         self.changed[i] = True
         clean = metrics if cleaned else {k: clean_value(v) for k, v in metrics.items()}
-        if self.suspects.since_ms and self.suspects.holds(i):  # its traffic goes to its peers meanwhile
+        if self.suspects.since_ms and self.suspects.holds(i, now_ms):  # its traffic goes to its peers meanwhile
             clean = {**clean, "route_share": 0.0, SUSPECT_METRIC: self.policy.suspect_run}
         if not cleaned:
             extra, caller = self.classes.metrics(i, now_ms)

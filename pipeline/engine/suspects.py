@@ -15,9 +15,12 @@ breakers: a run of ``PolicyConfig.suspect_run`` (3) failures makes the channel *
 its state and weight (no verdict turns non-healthy, no alert); its published ``route_share`` is 0 (metric
 ``suspect_run``), so routers send its traffic to its peers (:func:`pipeline.router.table.route_shares`
 normalises the others). The suspicion ends at the first success **sent after** the request that made
-it (fresh evidence: a success sent before it says nothing about the requests since), or when the
-channel trips (its trip verdict says the rest). On clean traffic it ends one request latency after it
-began; while the channel is failing, stale successes do not end it, and the run of 5 then opens it.
+it (fresh evidence: a success sent before it says nothing about the requests since), when the
+channel trips (its trip verdict says the rest), or at its first verdict (a round at the latest)
+``PolicyConfig.suspect_max_ms`` (10 s) or more after it began: a router that follows the share sends
+the channel nothing, so no fresh success can come; its share back, 2 more failures make the run of 5
+and trip it, a success ends the run. On clean traffic it ends one request latency after it began; while
+the channel is failing, stale successes do not end it, and the run of 5 then opens it.
 
 A channel becomes suspect only while its route keeps another channel in service (weight above 0, not
 ``open`` / ``half_open``, not suspect) and no channel of its route has a learned ``max_share`` (a
@@ -38,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.policy.capacity import CapacityModel
+from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.state_machine import DEGRADED, HALF_OPEN, HEALTHY, OPEN, RECOVERING, ChannelMachine
 from pipeline.windows.store import WindowStore
 
@@ -53,10 +57,12 @@ class Suspects:
     """The engine's suspect channels (``engine.suspects``): channel row -> when the request that made it
     suspect was sent (epoch ms, float)."""
 
-    def __init__(self, store: WindowStore, machines: list[ChannelMachine], capacity: CapacityModel):
+    def __init__(self, store: WindowStore, machines: list[ChannelMachine], capacity: CapacityModel,
+                 policy: PolicyConfig):
         self.store = store
         self.machines = machines
         self.capacity = capacity
+        self.max_ms = policy.suspect_max_ms
         #: channel row -> send time (epoch ms) of the request that completed its suspicion run.
         self.since_ms: dict[int, float] = {}
 
@@ -80,12 +86,14 @@ class Suspects:
             return False
         return self.has_peer(i)
 
-    def holds(self, i: int) -> bool:
-        """Whether channel ``i`` is suspect now; a suspicion whose channel left service (a trip) or whose
-        route has no other channel in service any more ends here (returns False)."""
+    def holds(self, i: int, now_ms: int | None = None) -> bool:
+        """Whether channel ``i`` is suspect now; a suspicion whose channel left service (a trip), whose
+        route has no other channel in service any more, or (with event time ``now_ms``) that began
+        ``max_ms`` or more before ``now_ms`` ends here (returns False)."""
         if i not in self.since_ms:
             return False
-        if self.machines[i].state not in _SUSPECTABLE or not self.has_peer(i):
+        if (self.machines[i].state not in _SUSPECTABLE or not self.has_peer(i)
+                or (now_ms is not None and now_ms - self.since_ms[i] >= self.max_ms)):
             del self.since_ms[i]
             return False
         return True

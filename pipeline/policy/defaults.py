@@ -176,6 +176,10 @@ class PolicyConfig:
     #: off. Higress ai-proxy removes a key after 3 consecutive failures (``failureThreshold``); below the
     #: tier's ``consecutive_failures`` to have an effect.
     suspect_run: int = 3
+    #: A suspicion neither ended by a fresh success nor confirmed by a trip ends at the channel's first verdict
+    #: (a round at the latest) this long after it began (ms, >= 1): routers that follow its share send it
+    #: nothing meanwhile. Higress health-checks a removed key every 5 s; Envoy ejects for 30 s at first.
+    suspect_max_ms: int = 10_000
     #: SPEC §4.1 ``credential`` / ``quota_exhausted``: at most one probe per this long (ms; default 5 min),
     #: doubling up to ``hard_fault_probe_max_ms`` (default 30 min; issue #32).
     hard_fault_probe_ms: int = 300_000
@@ -220,7 +224,7 @@ class PolicyConfig:
         for name in ("reopen_backoff_max_ms", "hard_fault_probe_ms", "hard_fault_probe_max_ms",
                      "rate_limit_cooldown_ms", "rate_limit_max_ms", "rate_limit_trip_events",
                      "rate_limit_trip_window_ms", "rate_limit_half_open_ms", "rate_limit_ramp_interval_ms",
-                     "caller_errors_min"):
+                     "caller_errors_min", "suspect_max_ms"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")

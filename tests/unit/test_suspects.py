@@ -185,3 +185,41 @@ def test_suspicions_match_the_rule_on_noisy_traffic():
         assert got == _reference([e for e in events if e["channel"] == "a"])
         total += len(got)
     assert total == 14
+
+
+def test_a_suspicion_without_traffic_ends_at_a_round_after_suspect_max_ms():
+    """Closed loop: a router following the share sends the suspect nothing, so no fresh success comes. a is
+    suspect from +140 ms (three quick failures, as above) and then gets no requests for a minute: its round
+    verdict at +10 s (9.86 s after the suspicion began, under ``suspect_max_ms`` = 10 s) is still suspect;
+    the one at +40 s ends it with its share published again."""
+    events = [e for e in _stream({}) if not (e["channel"] == "a" and WARM_S * 1000 < e["ts_ms"] - START
+                                             < (WARM_S + 60) * 1000)]
+    for k, sent in enumerate((10, 50, 100)):
+        events.append({"event_id": f"x{k}", "ts_ms": START + WARM_S * 1000 + sent + 40, "channel": "a", "route": "r",
+                       "status": "error", "latency_ms": 40.0, "tier": "paid", "http_status": 503})
+    events.sort(key=lambda e: e["ts_ms"])
+    _, verdicts = replay(events)
+    mine = [(v.ts_ms - START - WARM_S * 1000, SUSPECT_METRIC in v.metrics, v.metrics["route_share"])
+            for v in _of(verdicts, "a") if v.ts_ms < START + (WARM_S + 45) * 1000]
+    assert mine == [(140, True, 0.0), (10_000, True, 0.0), (40_000, False, mine[-1][2])]
+    assert mine[-1][2] > 0.4
+
+
+def test_many_suspects_at_once_are_read_like_a_few():
+    """Twelve routes of two channels, every 'a' channel with three quick failures at the same time: more than
+    8 candidates in a chunk take the sorted path; each is suspect at +140 ms and ends at +2.6 s, as one alone."""
+    events = []
+    for r in range(12):
+        for e in _stream({}):
+            e = {**e, "channel": f"{e['channel']}{r}", "route": f"r{r}", "event_id": f"{e['event_id']}-{r}"}
+            events.append(e)
+        for k, sent in enumerate((10, 50, 100)):
+            events.append({"event_id": f"x{k}-{r}", "ts_ms": START + WARM_S * 1000 + sent + 40, "channel": f"a{r}",
+                           "route": f"r{r}", "status": "error", "latency_ms": 40.0, "tier": "paid",
+                           "http_status": 503})
+    events.sort(key=lambda e: e["ts_ms"])
+    _, verdicts = replay(events)
+    for r in range(12):
+        mine = [(v.ts_ms - START - WARM_S * 1000, SUSPECT_METRIC in v.metrics)
+                for v in _of(verdicts, f"a{r}") if v.ts_ms < START + (WARM_S + 5) * 1000]
+        assert mine == [(140, True), (2600, False)], r
