@@ -488,18 +488,21 @@ class Engine:
             mine = mine[mine < tripped.get(c, len(cols))]
             at = first.get(c, len(cols))  # before it the run is shorter than k; from it, at least k
             run = k
-            sent = (cols.ts_ms[mine] - cols.latency_ms[mine]).tolist()
+            # sent at ts - latency, within [0, ts]: a latency past the event's own time (hostile, or a clock)
+            # must not put a time no snapshot can hold into the suspicion
+            ts_mine = cols.ts_ms[mine]
+            sent = (ts_mine - np.minimum(cols.latency_ms[mine], ts_mine)).tolist()
             for j, o, s_ms in zip(mine.tolist(), cols.outcome[mine].tolist(), sent):
                 if o < 0:
                     continue
                 if o == 0 and c in sus.since_ms and s_ms >= sus.since_ms[c]:
-                    del sus.since_ms[c]
+                    sus.end(c)
                     out.append(self._verdict(c, int(cols.ts_ms[j]), self._share_metrics(c)))
                 if j < at:
                     continue
                 run = run + 1 if (o == 1 and j > at) else k if j == at else 0
                 if run >= k and c not in sus.since_ms and sus.may_suspect(c):
-                    sus.since_ms[c] = s_ms
+                    sus.start(c, s_ms, int(cols.ts_ms[j]))
                     out.append(self._verdict(c, int(cols.ts_ms[j]), {"route_share": 0.0}))
         return out
 

@@ -65,6 +65,18 @@ class Suspects:
         self.max_ms = policy.suspect_max_ms
         #: channel row -> send time (epoch ms) of the request that completed its suspicion run.
         self.since_ms: dict[int, float] = {}
+        #: channel row -> event time (epoch ms) its suspicion began at (that request's ``ts_ms``).
+        self.began_ms: dict[int, int] = {}
+
+    def start(self, i: int, sent_ms: float, at_ms: int) -> None:
+        """Channel ``i`` is suspect from event time ``at_ms`` on, made so by a request sent at ``sent_ms``."""
+        self.since_ms[i] = sent_ms
+        self.began_ms[i] = at_ms
+
+    def end(self, i: int) -> None:
+        """Channel ``i`` is suspect no more (no-op when it was not)."""
+        self.since_ms.pop(i, None)
+        self.began_ms.pop(i, None)
 
     def _in_service(self, j: int) -> bool:
         m = self.machines[j]
@@ -93,8 +105,8 @@ class Suspects:
         if i not in self.since_ms:
             return False
         if (self.machines[i].state not in _SUSPECTABLE or not self.has_peer(i)
-                or (now_ms is not None and now_ms - self.since_ms[i] >= self.max_ms)):
-            del self.since_ms[i]
+                or (now_ms is not None and now_ms - self.began_ms.get(i, now_ms) >= self.max_ms)):
+            self.end(i)
             return False
         return True
 

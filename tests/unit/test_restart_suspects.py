@@ -84,3 +84,22 @@ def test_a_hostile_suspicion_is_refused(cut, dtype, value):
     with pytest.raises(SnapshotError, match="suspect_sent_ms|NaN or infinity"):
         import_channel(eng, msgspec.structs.replace(snap, extensions=bad))
     assert eng.suspects.since_ms == {}
+
+
+def test_a_hostile_latency_cannot_make_an_unsaveable_suspicion():
+    """The third failure claims a latency of 1e300 ms (valid JSON, >= 0): its send time is taken as 0, not
+    -1e300, so the suspicion's record restores (a time of -1e300 would be refused and the channel's state
+    with it); any success after it then counts as fresh and ends it (+200 ms)."""
+    events = _events()
+    third = next(e for e in events if e["event_id"] == "x2")
+    third["latency_ms"] = 1e300
+    at = START + WARM_S * 1000 + 150
+    eng, _ = replay([e for e in events if e["ts_ms"] < at])
+    assert eng.suspects.since_ms == {eng.channel_rows["a"]: 0.0}
+    restored = Engine()
+    for i in range(eng.store.n_channels):
+        import_channel(restored, decode_snapshot(export_channel(eng, i)))
+    assert restored.suspects.since_ms == {restored.channel_rows["a"]: 0.0}
+    _, rest = replay([e for e in events if e["ts_ms"] >= at], engine=restored)
+    end = next(v for v in rest if v.channel == "a")
+    assert (end.ts_ms, SUSPECT_METRIC in end.metrics) == (START + WARM_S * 1000 + 200, False)

@@ -223,3 +223,19 @@ def test_many_suspects_at_once_are_read_like_a_few():
         mine = [(v.ts_ms - START - WARM_S * 1000, SUSPECT_METRIC in v.metrics)
                 for v in _of(verdicts, f"a{r}") if v.ts_ms < START + (WARM_S + 5) * 1000]
         assert mine == [(140, True), (2600, False)], r
+
+
+def test_a_run_of_timeouts_is_suspect_until_a_success_sent_after_them():
+    """Three requests to a, sent at WARM_S + 10, 50 and 100 ms, time out after 30 s: they complete in a row
+    at +30.01, +30.05, +30.1 s (between two of a's regular successes): a is suspect at +30.1 s (its
+    suspect_max_ms counts from there, not from the send 30 s earlier), and the regular success completing at
+    +30.2 s was sent at +27.8 s, after the timeouts were sent: it ends the suspicion at once."""
+    events = _stream({}, until_s=WARM_S + 60)
+    for k, sent in enumerate((10, 50, 100)):
+        events.append({"event_id": f"t{k}", "ts_ms": START + WARM_S * 1000 + sent + 30_000, "channel": "a",
+                       "route": "r", "status": "timeout", "latency_ms": 30_000.0, "tier": "paid"})
+    events.sort(key=lambda e: e["ts_ms"])
+    _, verdicts = replay(events)
+    mine = [(v.ts_ms - START - WARM_S * 1000, SUSPECT_METRIC in v.metrics)
+            for v in _of(verdicts, "a") if START + (WARM_S + 30) * 1000 < v.ts_ms < START + (WARM_S + 35) * 1000]
+    assert mine == [(30_100, True), (30_200, False)]
