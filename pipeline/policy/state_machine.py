@@ -10,6 +10,9 @@ States and weights::
     half_open ─failure run or probe fails→ open
     open ─its own traffic answers again while a route peer is over its cap→
         half_open before the cooldown ends (:meth:`ChannelMachine.readmit`, SPEC §4.2)
+    open ─cooldown ends while its own traffic still fails→ open, the next
+        backed-off cooldown: a failed probe without half_open
+        (:meth:`ChannelMachine.probe_answered`, SPEC §4.2 probe on evidence)
     recovering ─weight 1.0 and window_ms since leaving open→ healthy
 
 The probe passes when its error rate is below 0.3 % or consistent with the
