@@ -171,6 +171,11 @@ class PolicyConfig:
     #: many successes in a row (Higress re-adds a key on 1 successful check; 10: a channel failing half its
     #: requests shows such a run at a given request with probability 1e-3); 0 turns it off.
     readmit_success_run: int = 10
+    #: SPEC §4.2 probe on evidence (:meth:`~pipeline.policy.state_machine.ChannelMachine.probe_answered`): an
+    #: ``open`` channel (§4 detectors) whose own traffic still fails when its cooldown ends (a run of its
+    #: ``consecutive_failures`` threshold, failures in the last round, no 429 among them) counts a failed probe
+    #: without going ``half_open`` (the probe's answer is known; its requests would only fail); false: it probes.
+    probe_on_evidence: bool = True
     #: SPEC §4.1 ``credential`` / ``quota_exhausted``: at most one probe per this long (ms; default 5 min),
     #: doubling up to ``hard_fault_probe_max_ms`` (default 30 min; issue #32).
     hard_fault_probe_ms: int = 300_000
@@ -222,6 +227,8 @@ class PolicyConfig:
         k = self.readmit_success_run
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise ValueError(f"readmit_success_run must be an integer >= 0, got {k!r}")
+        if not isinstance(self.probe_on_evidence, bool):
+            raise ValueError(f"probe_on_evidence must be true or false, got {self.probe_on_evidence!r}")
         if not 0.0 <= self.backoff_jitter <= 1.0:
             raise ValueError(f"backoff_jitter must be in [0, 1], got {self.backoff_jitter}")
 
