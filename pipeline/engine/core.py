@@ -661,6 +661,14 @@ class Engine:
                     # SPEC §4.2: no backoff while a peer is over its cap, unless the channel's own traffic
                     # still comes (events in the last round): its answers re-admit it (pipeline.policy.readmit)
                     m.cooldown_ms = cfg.open_cooldown_ms
+                if (cfg.probe_on_evidence and self.runs is not None and self.fail_since_eval[i] > 0
+                        and view.run[j] >= th.consecutive_failures[j]
+                        and not self.classes.rate_limited_since(i, now_ms - cfg.eval_interval_ms)):
+                    # SPEC §4.2 probe on evidence (pipeline.policy.readmit): its own traffic still fails, a
+                    # trailing run of a trip's length with failures in the last round (no 429 among them: the
+                    # probe and SPEC §4.1 judge a rate limit), so a half_open probe would only fail users'
+                    # requests: if its cooldown ended, a failed probe (stays open, next cooldown published)
+                    m.probe_answered(now_ms, cfg)
             s = [f.reason for f in soft if f.fired[j]] + [f.reason for f, a in zip(advisory, acting) if a[j]]
             if (held := self.routes.last_share(i)) is not None:
                 capacity.note_share(i, held)

@@ -88,6 +88,9 @@ class ErrorClasses:
         self.caller: dict[int, deque[int]] = {}
         #: row → event times of its last rate-limited failures without ``retry_after_s``.
         self.recent_429: dict[int, deque[int]] = {}
+        #: row → event time of its latest ``rate_limited`` failure, whatever its state (SPEC §4.2 probe on
+        #: evidence leaves a channel whose traffic is rate limited to its probe: :meth:`rate_limited_since`).
+        self.last_429: dict[int, int] = {}
         #: row → the published details of the fault that opened it (class, message, account, ...).
         self.fault: dict[int, dict[str, Any]] = {}
 
@@ -147,6 +150,7 @@ class ErrorClasses:
                 self._set_account(row, e.account)
             m = self.machines[row]
             if cls == "rate_limited":
+                self.last_429[row] = max(now, self.last_429.get(row, now))
                 if m.state == OPEN:
                     continue  # never shortens nor overrides an open circuit
                 if e.retry_after_s is not None:
@@ -173,6 +177,11 @@ class ErrorClasses:
                     self.fault[r] = details
                     out.append((r, now))
         return out
+
+    def rate_limited_since(self, row: int, since_ms: int) -> bool:
+        """Whether channel ``row`` had a ``rate_limited`` failure at or after event time ``since_ms`` (ms).
+        Not in snapshots, like the other per-row state here: after a restart, from the next events on."""
+        return self.last_429.get(row, since_ms - 1) >= since_ms
 
     @staticmethod
     def _details(e: RequestEvent, cls: str, channels: int) -> dict[str, Any]:

@@ -11,7 +11,12 @@ round (the detector's own test says the failures rose; its guarantee is the dete
 * **the share rose**: the largest share the channel held over the last :data:`LOAD_ROUNDS` rounds (the
   detector's longest window) is at least ``RISE_FACTOR x`` its usual share and ``RISE_MIN_ABS`` above it. The usual share is an EWMA
   (``USUAL_ALPHA`` per round) of the shares it held in rounds where it was healthy and no failure
-  detector fired: the largest share at which its failure rate stayed under the detector's line.
+  detector fired: the largest share at which its failure rate stayed under the detector's line. Each
+  such round adds the smallest share it held over the last :data:`LOAD_ROUNDS` rounds, the share the
+  detector's whole window has judged: a share it took only just now (a peer opened a round ago) is not
+  yet one its failures were judged at (issue #33: the backup of backup-overload learned 0.55 / 0.57
+  from the 2-3 clean rounds at share 1.0 before its detector fired, and its cap, the usual share, was
+  above its capacity at the route's peak demand).
 * **the failures are partial**: the Clopper-Pearson upper bound (Clopper & Pearson 1934, Biometrika
   26; :func:`pipeline.stats.exact_upper`, one-sided level ``1 - ALPHA``) of its last minute's failure
   rate is under :data:`BREAKAGE_RATE`. An overloaded upstream sheds a part of its requests (429, 503
@@ -102,8 +107,9 @@ class CapacityModel:
         channel of its route is ``half_open`` or ``recovering`` and takes the excess, SPEC §4.2: the route
         needs that channel's capacity back, not a probe of this one's; the cap holds), one ``healthy`` under its cap moves it
         toward 1 by :data:`RELAX` (dropped at 0.99); an uncapped one clean
-        and ``healthy`` (its state) updates its usual share with the share it held, and its usual failure
-        counts with ``requests_1m`` / ``failures_1m`` (its last minute)."""
+        and ``healthy`` (its state) updates its usual share with the smallest share it held over the last
+        :data:`LOAD_ROUNDS` rounds (module text), and its usual failure counts with ``requests_1m`` /
+        ``failures_1m`` (its last minute)."""
         h = self.held.get(i)
         if not clean or not h:
             return
@@ -128,7 +134,8 @@ class CapacityModel:
         if not healthy:
             return
         u = self.usual.get(i)
-        self.usual[i] = h[-1] if u is None else u + USUAL_ALPHA * (h[-1] - u)
+        judged = min(h)  # the share its detector's whole window has seen
+        self.usual[i] = judged if u is None else u + USUAL_ALPHA * (judged - u)
         n, f = self.usual_counts.get(i, (0.0, 0.0))
         keep = 1.0 - USUAL_ALPHA
         self.usual_counts[i] = (keep * n + requests_1m, keep * f + failures_1m)

@@ -180,6 +180,11 @@ class PolicyConfig:
     #: (a round at the latest) this long after it began (ms, >= 1): routers that follow its share send it
     #: nothing meanwhile. Higress health-checks a removed key every 5 s; Envoy ejects for 30 s at first.
     suspect_max_ms: int = 10_000
+    #: SPEC §4.2 probe on evidence (:meth:`~pipeline.policy.state_machine.ChannelMachine.probe_answered`): an
+    #: ``open`` channel (§4 detectors) whose own traffic still fails when its cooldown ends (a run of its
+    #: ``consecutive_failures`` threshold, failures in the last round, no 429 among them) counts a failed probe
+    #: without going ``half_open`` (the probe's answer is known; its requests would only fail); false: it probes.
+    probe_on_evidence: bool = True
     #: SPEC §4.1 ``credential`` / ``quota_exhausted``: at most one probe per this long (ms; default 5 min),
     #: doubling up to ``hard_fault_probe_max_ms`` (default 30 min; issue #32).
     hard_fault_probe_ms: int = 300_000
@@ -232,6 +237,8 @@ class PolicyConfig:
             k = getattr(self, name)
             if isinstance(k, bool) or not isinstance(k, int) or k < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {k!r}")
+        if not isinstance(self.probe_on_evidence, bool):
+            raise ValueError(f"probe_on_evidence must be true or false, got {self.probe_on_evidence!r}")
         if not 0.0 <= self.backoff_jitter <= 1.0:
             raise ValueError(f"backoff_jitter must be in [0, 1], got {self.backoff_jitter}")
 

@@ -10,6 +10,9 @@ States and weights::
     half_open ─failure run or probe fails→ open
     open ─its own traffic answers again while a route peer is over its cap→
         half_open before the cooldown ends (:meth:`ChannelMachine.readmit`, SPEC §4.2)
+    open ─cooldown ends while its own traffic still fails→ open, the next
+        backed-off cooldown: a failed probe without half_open
+        (:meth:`ChannelMachine.probe_answered`, SPEC §4.2 probe on evidence)
     recovering ─weight 1.0 and window_ms since leaving open→ healthy
 
 The probe passes when its error rate is below 0.3 % or consistent with the
@@ -175,6 +178,23 @@ class ChannelMachine:
             return False
         self._enter(HALF_OPEN, now_ms, cfg.half_open_weight)
         self.left_open_ms = int(now_ms)
+        return True
+
+    def probe_answered(self, now_ms: int, cfg: PolicyConfig) -> bool:
+        """``open`` (cause "": the §4 detectors) whose cooldown ended at ``now_ms``, and whose own traffic
+        already answers the probe's question "is it back?" with "no" (the caller decides when: SPEC §4.2
+        probe on evidence, :mod:`pipeline.policy.readmit`): count it as a failed probe without going
+        ``half_open``. It stays ``open`` (reason ``consecutive_failures``, the evidence), the re-open
+        attempt :attr:`reopens` grows and the next cooldown is the backoff's next one from ``now_ms``, as
+        after a failed probe. Returns True when it did (False: not open, another cause, or the cooldown
+        still runs)."""
+        due = self.next_probe_ms(cfg)
+        if due is None or self.cause or now_ms < due:
+            return False
+        self.reopens += 1
+        self.cooldown_ms = cfg.backoff("").delay_ms(self.reopens, seed=now_ms)
+        self._enter(OPEN, now_ms, 0.0)
+        self.reasons = ["consecutive_failures"]
         return True
 
     def step(self, now_ms: int, hard: list[str], soft: list[str], probe_requests: float,

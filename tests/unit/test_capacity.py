@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipeline.policy.capacity import (
-    BREAKAGE_RATE, INCREASE, LOAD_ROUNDS, RELAX_HALF_LIFE_ROUNDS, CapacityModel, cap_shares,
+    BREAKAGE_RATE, INCREASE, LOAD_ROUNDS, RELAX_HALF_LIFE_ROUNDS, USUAL_ALPHA, CapacityModel, cap_shares,
 )
 
 SEEDS = range(200)
@@ -68,6 +68,25 @@ def test_failures_without_a_share_rise_are_never_attributed_to_load(seed):
         m.note_share(0, share)
         assert m.overloaded(0, 800.0, float(rng.binomial(800, 0.03))) is None
     assert BREAKAGE_RATE == 0.25
+
+
+def test_a_share_just_taken_enters_the_usual_share_only_once_the_detector_window_has_seen_it():
+    """The usual share learns the smallest share held over the last LOAD_ROUNDS rounds (the error-rate
+    detector's 5 min window): 3 clean rounds at 1.0 right after a peer opened leave it at 0.5 (on the code
+    before: 0.5 + 0.5 x (1 - 0.95**3) = 0.571, the backup-overload backup's cap on seed 1, over its capacity);
+    held for the whole window, 1.0 is its usual share from then on (EWMA, alpha USUAL_ALPHA)."""
+    m = _learned(usual_share=0.5)
+    for _ in range(3):
+        m.note_share(0, 1.0)
+        m.learn(0, True, True)
+    assert m.usual[0] == pytest.approx(0.5)
+    for _ in range(LOAD_ROUNDS - 3):
+        m.note_share(0, 1.0)
+        m.learn(0, True, True)
+    assert m.usual[0] == pytest.approx(0.5 + USUAL_ALPHA * 0.5)  # the 10th round: all 10 held at 1.0
+    m.note_share(0, 0.3)  # a share that fell is judged at once (the smallest)
+    m.learn(0, True, True)
+    assert m.usual[0] == pytest.approx(0.525 + USUAL_ALPHA * (0.3 - 0.525))
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -105,6 +105,30 @@ def test_a_half_open_is_due_in_the_round_after_its_cooldown_ends():
         assert (rows[1].expected_ms, rows[1].diff_ms) == (120_000, diff)
 
 
+def test_an_open_whose_traffic_answers_its_probe_is_due_when_the_half_open_would_have_been():
+    """SPEC §4.2 probe on evidence: at the cooldown's end the channel stays open with a later
+    next_probe_ts_ms (no half_open). transitions() lists that open (an open repeating the same probe time is
+    no transition), and compare() expects it in the round the half_open was due, then the half_open again
+    at the new cooldown's end."""
+    steps = expected_steps(KINDS["errors"], POLICY, 300_000)
+    first, second = T0 + 92_500, T0 + 120_000 + 190_000
+
+    def open_at(t_ms: int, probe_ms: int, seq: int) -> Verdict:
+        return Verdict("drill/a", "drill", "open", 0.0, ["consecutive_failures"], {"next_probe_ts_ms": probe_ms},
+                       t_ms, seq)
+    for answered_ms, status in ((T0 + 120_000, "ok"), (T0 + 180_000, "late")):
+        vs = [open_at(T0 + 2_500, first, 1), open_at(T0 + 90_000, first, 2), open_at(answered_ms, second, 3),
+              open_at(answered_ms + 30_000, second, 4),
+              Verdict("drill/a", "drill", "half_open", 0.05, [], {}, T0 + 330_000, 5)]
+        actual = transitions(vs, "drill/a")
+        assert [(tr.ts_ms - T0, tr.state, tr.next_probe_ms) for tr in actual] == [
+            (2_500, "open", first), (answered_ms - T0, "open", second), (330_000, "half_open", None)]
+        rows = compare(steps[:2], actual, T0, T0 + 300_000)
+        assert [(r.transition, r.expected_ms, r.status) for r in rows] == [
+            ("open", 30_000, "ok"), ("open (probe answered by its traffic, fault on)", 120_000, status),
+            ("half_open", 330_000, "ok")]
+
+
 def test_a_long_fault_plans_room_for_the_backed_off_probes():
     """Issue #33 part 3: a 30 min outage re-opens after each failed probe and waits 90, 180, 360, 720, 900 s
     (x up to 1.1 jitter, capped at 15 min). At their longest, each to the next 30 s round, + a round for
@@ -119,7 +143,10 @@ def test_a_long_fault_plans_room_for_the_backed_off_probes():
     assert plan.end_ms - plan.fault_start_ms == 3_450_000 + 300_000  # + TAIL_S
     result = run_in_process(plan, POLICY)
     assert result.passed, result.table()
-    assert [r.transition for r in result.rows].count("open (probe, fault on)") == 4
+    # SPEC §4.2 probe on evidence: the drill channel's own 503s answer each probe while the fault runs, so it
+    # stays open at each cooldown's end (no half_open; before: a half_open and a re-open within the round)
+    labels = [r.transition for r in result.rows]
+    assert labels.count("open (probe answered by its traffic, fault on)") == 4 and "open (probe, fault on)" not in labels
     assert result.rows[-1].transition == "healthy" and all(r.diff_ms == 0 for r in result.rows[1:]
                                                            if not r.bound), result.table()
 

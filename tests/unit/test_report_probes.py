@@ -10,7 +10,7 @@ from pipeline.contracts import Verdict
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.report.data import VERDICT_METRICS, ReportData
 from pipeline.tools.report.html import render_html
-from pipeline.tools.report.probes import probe_schedule, schedule_text
+from pipeline.tools.report.probes import ANSWERED, probe_schedule, schedule_text
 
 POLICY = PolicyConfig()
 END_MS = 1_750_032_000_000
@@ -30,16 +30,21 @@ def _report(verdicts: list[Verdict]) -> ReportData:
 
 
 def test_a_ten_minute_outage_shows_its_backed_off_cooldowns() -> None:
-    """The engine on a 10 min outage (drill errors): opens at +2.5 s, probes at +90 s into the outage and
-    re-opens (cooldown 90 s x 2 + jitter), again (x 4 + jitter), then recovers. The table's cooldowns are
-    the engine's: 90 s, backoff(1), backoff(2) seeded with each re-open's time (PolicyConfig.backoff)."""
+    """The engine on a 10 min outage (drill errors): opens at +2.5 s; at the round after its 90 s cooldown its
+    own traffic (5 req/s of 503s) still fails, so it stays open without a half_open (SPEC §4.2 probe on
+    evidence: a failed probe, cooldown 90 s x 2 + jitter), again (x 4 + jitter), then its probe after the
+    outage passes. The table's cooldowns are the engine's: 90 s, backoff(1), backoff(2) seeded with the time
+    of each round the traffic answered (PolicyConfig.backoff). Before probe on evidence the two middle
+    rows were half_open probes that re-opened within the round ("re-opened")."""
     from pipeline.engine.replay import replay
     from pipeline.tools.drill.runner import plan_drill
 
     plan = plan_drill("errors", "drill/a", POLICY, duration_s=600, end_ms=END_MS, run_id="r")
     _, verdicts = replay(plan.events(), POLICY)
     got = probe_schedule(_report(verdicts))
-    assert [(r.attempt, r.outcome) for r in got] == [(0, "re-opened"), (1, "re-opened"), (2, "recovering")]
+    assert [(r.attempt, r.outcome) for r in got] == [(0, ANSWERED), (1, ANSWERED), (2, "recovering")]
+    assert ANSWERED == "still failing (its traffic; no half_open)"
+    assert [r.probed == got[k + 1].opened for k, r in enumerate(got[:2])] == [True, True]
     opened_ms = [int(r.opened.timestamp() * 1000) for r in got]
     want = [90.0] + [POLICY.backoff("").delay_ms(k, seed=t) / 1000 for k, t in ((1, opened_ms[1]), (2, opened_ms[2]))]
     assert [r.cooldown_s for r in got] == want

@@ -14,7 +14,13 @@ shift every later difference). How the delays follow from
   while the fault still runs its probe fails and the channel opens again
   within a round, after which ``half_open`` is due once more (how many
   times depends on when the first ``open`` came, so :func:`compare`
-  expands this cycle from the verdicts). Then ``recovering`` at
+  expands this cycle from the verdicts). When the channel's own traffic
+  still fails at the cooldown's end (SPEC §4.2 probe on evidence: a run of
+  its trip threshold with failures in the last round; a drill channel's
+  5 req/s always show it), there is no ``half_open``: the channel stays
+  ``open`` in that round with the next cooldown (a new ``next_probe_ts_ms``,
+  :func:`transitions` lists it), the row ``open (probe answered by its
+  traffic, fault on)``, due when the ``half_open`` would have been. Then ``recovering`` at
   +``half_open_observe_ms`` (weight ``ramp_small_step``), each ramp step at
   +``ramp_interval_ms`` (+``ramp_small_step`` below ``ramp_small_until``,
   then +``ramp_large_step``), ``healthy`` at weight 1. Each ``half_open`` is
@@ -47,6 +53,7 @@ when ``actual - expected <= tolerance``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 from typing import Iterable, Sequence
@@ -159,7 +166,9 @@ def latest_recovery_ms(kind: DrillKind, policy: PolicyConfig, duration_ms: int) 
     each cooldown of the kind's schedule (:meth:`PolicyConfig.backoff
     <pipeline.policy.defaults.PolicyConfig.backoff>` of ``kind.open_cause``: ``base × 2**k`` with the
     full jitter, capped) to the next round; a ``half_open`` before the fault's end fails its probe
-    within a round and opens again (the next attempt). From the first ``half_open`` at or after the
+    within a round and opens again (the next attempt; when the channel's own traffic answers the probe, SPEC
+    §4.2 probe on evidence, it stays open in the probe's round instead: a round sooner, so the round
+    counted here keeps the bound for both). From the first ``half_open`` at or after the
     end: the recovery of :func:`expected_steps` (observation, ramp steps; the route's floor does not
     change their sum). Returns 0 for kinds without an ``open``.
     """
@@ -296,17 +305,24 @@ def _detection_rule(kind: DrillKind) -> str:
 
 
 def transitions(verdicts: Iterable[Verdict], channel: str) -> list[Transition]:
-    """The changes in ``channel``'s verdicts (event-time order): each new state, and each new weight
-    while ``recovering`` (the ramp steps)."""
+    """The changes in ``channel``'s verdicts (event-time order): each new state, each new weight
+    while ``recovering`` (the ramp steps), and each ``open`` that stays ``open`` at or after its published
+    probe time with a later one (SPEC §4.2 probe on evidence: its own traffic answered the probe, a
+    failed probe without ``half_open``: :meth:`~pipeline.policy.state_machine.ChannelMachine.probe_answered`)."""
     out: list[Transition] = []
     last: tuple[str, float] | None = None
+    due: int | None = None  # the published probe time of the open in force
     for v in sorted((v for v in verdicts if v.channel == channel), key=lambda v: (v.ts_ms, v.seq)):
-        if last is None or v.state != last[0] or (v.state == "recovering" and abs(v.weight - last[1]) > _EPS):
+        raw = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
+        probe = int(raw) if isinstance(raw, (int, float)) else None
+        answered = (last is not None and last[0] == v.state == "open" and due is not None and probe is not None
+                    and v.ts_ms >= due and probe > due)
+        if (last is None or v.state != last[0] or answered
+                or (v.state == "recovering" and abs(v.weight - last[1]) > _EPS)):
             if last is not None or v.state != "healthy":
-                probe = v.metrics.get("next_probe_ts_ms") if v.state == "open" else None
-                out.append(Transition(v.ts_ms, v.state, round(v.weight, 4), tuple(v.reasons),
-                                      int(probe) if isinstance(probe, (int, float)) else None))
+                out.append(Transition(v.ts_ms, v.state, round(v.weight, 4), tuple(v.reasons), probe))
         last = (v.state, v.weight)
+        due = probe if v.state == "open" and probe is not None else due if v.state == "open" else None
     return out
 
 
@@ -346,6 +362,19 @@ def compare(steps: Sequence[Step], actual: Sequence[Transition], fault_start_ms:
         due = anchor + step.delay_ms
         if step.cycle and cooldown_end is not None:  # the cooldown the open published (backed off, SPEC §4.1/§4.2)
             due = on_grid(cooldown_end, step.grid_ms)  # in the first round at or after it
+        if (step.cycle and cooldown_end is not None and pos < len(actual) and pos not in used
+                and actual[pos].state == "open" and actual[pos].ts_ms <= fault_end_ms + step.tolerance_ms):
+            # SPEC §4.2 probe on evidence: the channel's own traffic still failed at the cooldown's end, so it
+            # stayed open with the next cooldown instead of probing (no half_open): then this half_open again
+            used.add(pos)
+            rows.append(_row("open (probe answered by its traffic, fault on)", due, actual[pos].ts_ms,
+                             dataclasses.replace(step, state="open", rule="cooldown's end, its traffic still failing"),
+                             fault_start_ms))
+            prev_ms = actual[pos].ts_ms
+            cooldown_end = actual[pos].next_probe_ms
+            pos += 1
+            k -= 1
+            continue
         cooldown_end = None
         hit = next((i for i in range(pos, len(actual)) if i not in used and _matches(step, actual[i])), None)
         if hit is None:

@@ -29,8 +29,9 @@ class ProbeRow:
     attempt: 0 for the first cooldown of a series, ``n`` for the ``n``-th re-open after a failed probe
     (the series restarts after ``healthy``); cooldown_s: ``next_probe_ts_ms`` − the open's time (s; None
     when the verdict did not publish it, e.g. an older worker); next_probe: when the cooldown ends (UTC);
-    probed: the first ``half_open`` after it (UTC; None: none in the window); outcome: what followed the
-    probe: ``re-opened``, ``recovering``, ``healthy`` or ``no probe in the window``.
+    probed: the first ``half_open`` after it (UTC; None: none in the window), or the round its own traffic
+    answered the probe; outcome: what followed the probe: ``re-opened``, ``recovering``, ``healthy``,
+    ``no probe in the window`` or :data:`ANSWERED` (SPEC §4.2 probe on evidence: still ``open``, next attempt).
     """
 
     channel: str
@@ -50,12 +51,36 @@ def _probe_time(v: dict[str, Any]) -> datetime | None:
     return datetime.fromtimestamp(int(x) / 1000, tz=timezone.utc)
 
 
+#: Outcome of an ``open`` whose own traffic still failed when its cooldown ended (SPEC §4.2 probe on evidence).
+ANSWERED = "still failing (its traffic; no half_open)"
+
+
+def _changes(data: ReportData, channel: str) -> list[tuple[dict[str, Any], bool]]:
+    """``channel``'s verdict rows that change its state, and its ``open`` rows that stay ``open`` at or after
+    the published probe time with a later one (SPEC §4.2 probe on evidence: its own traffic answered the
+    probe, :meth:`pipeline.policy.state_machine.ChannelMachine.probe_answered`), each with that flag."""
+    out: list[tuple[dict[str, Any], bool]] = []
+    prev: dict[str, Any] | None = None
+    due: datetime | None = None
+    for v in sorted((v for v in data.verdicts if v["channel"] == channel), key=lambda v: (v["ts"], v["seq"])):
+        nxt = _probe_time(v) if v["state"] == "open" else None
+        answered = (prev is not None and prev["state"] == v["state"] == "open" and due is not None
+                    and nxt is not None and v["ts"] >= due and nxt > due)
+        if prev is None or prev["state"] != v["state"] or answered:
+            out.append((v, answered))
+        due = (nxt or due) if v["state"] == "open" else None
+        prev = v
+    return out
+
+
 def probe_schedule(data: ReportData) -> list[ProbeRow]:
     """Every ``open`` entered in the window, in time order, with its attempt in the series, its published
-    cooldown and what its probe led to (:class:`ProbeRow`)."""
+    cooldown and what its probe led to (:class:`ProbeRow`); an ``open`` whose own traffic answered its
+    probe (SPEC §4.2) is followed by the next attempt's row at that time, with outcome :data:`ANSWERED`."""
     out: list[ProbeRow] = []
     for ch in data.channels:
-        states = [v for p, v in data.transitions() if v["channel"] == ch]
+        changes = _changes(data, ch)
+        states = [v for v, _ in changes]
         attempt = -1
         for i, v in enumerate(states):
             if v["state"] == _RESET:
@@ -65,6 +90,11 @@ def probe_schedule(data: ReportData) -> list[ProbeRow]:
             attempt += 1
             nxt = _probe_time(v)
             rest = states[i + 1:]
+            if rest and changes[i + 1][1]:  # its traffic answered the probe: no half_open
+                out.append(ProbeRow(ch, v["ts"], attempt, tuple(v.get("reasons") or ()),
+                                    None if nxt is None else (nxt - v["ts"]).total_seconds(), nxt,
+                                    rest[0]["ts"], ANSWERED))
+                continue
             at = next((j for j, w in enumerate(rest) if w["state"] == "half_open"), None)
             probed = None if at is None else rest[at]
             after = None if at is None or at + 1 >= len(rest) else rest[at + 1]
@@ -96,4 +126,4 @@ def as_cells(row: ProbeRow) -> list[Any]:
             row.outcome]
 
 
-__all__ = ["ProbeRow", "as_cells", "probe_schedule", "schedule_text"]
+__all__ = ["ANSWERED", "ProbeRow", "as_cells", "probe_schedule", "schedule_text"]
