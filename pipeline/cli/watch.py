@@ -47,6 +47,7 @@ from pipeline.contracts import Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.alert.error_class_text import error_class_line
 from pipeline.alert.reasons import next_probe_ms, override_text
+from pipeline.engine.suspects import SUSPECT_METRIC
 
 #: Live refresh interval (s): at least once a second (issue #20).
 REFRESH_S = 1.0
@@ -184,7 +185,8 @@ def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig
                         "override": None if v.override is msgspec.UNSET else v.override,
                         "error_class": v.metrics.get("error_class")
                         or ("caller" if "caller_errors" in v.reasons else None),
-                        "error_class_text": error_class_line(list(v.reasons), v.metrics)})
+                        "error_class_text": error_class_line(list(v.reasons), v.metrics),
+                        "suspect_run": v.metrics.get(SUSPECT_METRIC)})
         else:
             row.update({"state": None, "override": None})
         routes.setdefault(route or "?", {})[ch] = row
@@ -195,7 +197,9 @@ def build_board(book: VerdictBook, panels: dict[str, dict], policy: PolicyConfig
 def state_text(row: dict) -> str:
     """E.g. ``half_open · 40 s → recovering in 50 s``, ``open · 20 s → half_open in 3 min (probe at 12:33:10
     UTC)`` (the published probe time of a backed-off cooldown); a forced state has no scheduled transition
-    and says who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``."""
+    and says who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``;
+    a suspect channel (pipeline/engine/suspects.py) says so: ``healthy · 4 s; suspect (3 failures in a row):
+    its share goes to its peers``."""
     if row.get("state") is None:
         return "no verdict"
     from pipeline.alert.reasons import duration
@@ -209,6 +213,8 @@ def state_text(row: dict) -> str:
             text += time.strftime(" (probe at %H:%M:%S UTC)", time.gmtime(at / 1000))
     if o:
         text += f"; {override_text(o)}"
+    if row.get("suspect_run"):
+        text += f"; suspect ({row['suspect_run']} failures in a row): its share goes to its peers"
     return text
 
 

@@ -27,7 +27,8 @@ The engine's named parts, each holding its own state: ``routes``
 (:class:`~pipeline.engine.quality_scores.QualityScores`), ``residency``
 (:class:`~pipeline.engine.residency.Residency`), ``state``
 (:class:`~pipeline.engine.state_io.StateIO`, per-channel state in and out) and ``classes``
-(:class:`~pipeline.engine.error_classes.ErrorClasses`, what an error class does: SPEC §4.1).
+(:class:`~pipeline.engine.error_classes.ErrorClasses`, what an error class does: SPEC §4.1) and
+``suspects`` (:class:`~pipeline.engine.suspects.Suspects`: a share moved away on a short failure run).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from pipeline.engine.quality_scores import QualityScores
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
 from pipeline.engine.state_io import StateIO
+from pipeline.engine.suspects import SUSPECT_METRIC, Suspects
 from pipeline.signals.consecutive_failures import FailureRuns
 from pipeline.windows.store import EventColumns, WindowStore
 
@@ -143,6 +145,8 @@ class Engine:
         #: The engine's named parts (see the module docstring).
         self.routes = RouteShares(self.store, self.machines, self.policy, self.mark_changed)
         self.quality = QualityScores(self.store, self.mark_changed)
+        self.suspects = Suspects(self.store, self.machines, self.routes.capacity, self.policy)
+        self._early: np.ndarray | None = None  # per channel: policy.suspect_run (FailureRuns.early)
         self.residency = Residency(self.limits, self.store, self._export_channel, self._load_channel,
                                    self.mark_changed)
         self.state = StateIO(self)
@@ -374,6 +378,10 @@ class Engine:
             th[probing] = np.minimum(th[probing], self.policy.half_open_failure_run)
         if self.runs is not None:
             self.runs.threshold = th
+            if self.policy.suspect_run:
+                if self._early is None or self._early.shape != th.shape:
+                    self._early = np.full(th.shape, self.policy.suspect_run, th.dtype)
+                self.runs.early = self._early
         # SPEC §4.2: the baselines learn from the events of channels healthy (or no_data, i.e. new) at their
         # last round: a trip between rounds stops them at the next round, wherever the batches are cut
         learning = self.learns[rows]
@@ -399,7 +407,12 @@ class Engine:
             for i, now in self.classes.trips(events, cols, classified):
                 result.verdicts.append(self._trip_verdict(i, now, {}))
         if self.runs is not None:
-            result.verdicts.extend(self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th))
+            if self.suspects.since_ms or (self.runs.crossed_early.size and self.runs.crossed_early.max() >= 0):
+                result.verdicts.extend(self._suspicion(cols))  # first: a suspicion begins before its trip
+            trips = self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th)
+            result.verdicts.extend(trips)
+            if trips and self.suspects.since_ms:
+                result.verdicts.extend(self._suspicion_after(trips))
         if self.ok_runs or (self.routes.capacity.max_share and self.policy.readmit_success_run
                             and OPEN in states):
             machines = self.machines  # the open ones now (a run may have tripped one in this chunk)
@@ -442,6 +455,78 @@ class Engine:
                 out.append(self._verdict(j, now, metrics, soft_now=self._soft_active(j), weight=panic.get(j),
                                          route_reasons=[ROUTE_PANIC] if j in panic else []))
         return out
+
+    def _suspicion(self, cols: EventColumns) -> list[Verdict]:
+        """Suspicion (:mod:`pipeline.engine.suspects`), event by event over the channels that are suspect or
+        whose failure run reached ``policy.suspect_run`` in this chunk: a channel not suspect becomes suspect
+        at an event where its run is at least that long (its verdict publishes ``route_share`` 0); a
+        suspect's first success sent at or after the request that made it suspect ends it at that event
+        (its verdict publishes its share again); both may happen several times in a chunk. A suspicion whose
+        channel left service or whose route has no other channel in service any more ends at the chunk's
+        last event. Runs before :meth:`_pretrip`: a channel that trips in this chunk is read only up to that
+        trip (whose verdict ends a suspicion)."""
+        out: list[Verdict] = []
+        sus, runs, k = self.suspects, self.runs, self.policy.suspect_run
+        assert runs is not None
+        tripped = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_at.tolist()) if idx >= 0}
+        first = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_early.tolist()) if idx >= 0}
+        cands = sorted(set(first) | set(sus.since_ms))
+        # a channel's events: one scan each for a few channels, one stable sort for many (a fault on many)
+        order = np.argsort(cols.channel, kind="stable") if len(cands) > 8 else None
+        by_channel = None if order is None else cols.channel[order]
+        for c in cands:
+            if c in sus.since_ms and not sus.holds(c):  # left service, or its route's last peer left
+                if self.machines[c].state not in (OPEN, HALF_OPEN):
+                    out.append(self._verdict(c, int(cols.ts_ms.max()), self._share_metrics(c)))
+                continue
+            if c not in sus.since_ms and not sus.may_suspect(c):
+                continue  # its state and route do not change before the trips: none in this chunk
+            if order is None or by_channel is None:
+                mine = np.flatnonzero(cols.channel == c)
+            else:
+                mine = order[np.searchsorted(by_channel, c):np.searchsorted(by_channel, c, side="right")]
+            mine = mine[mine < tripped.get(c, len(cols))]
+            at = first.get(c, len(cols))  # before it the run is shorter than k; from it, at least k
+            run = k
+            # sent at ts - latency, within [0, ts]: a latency past the event's own time (hostile, or a clock)
+            # must not put a time no snapshot can hold into the suspicion
+            ts_mine = cols.ts_ms[mine]
+            sent = (ts_mine - np.minimum(cols.latency_ms[mine], ts_mine)).tolist()
+            for j, o, s_ms in zip(mine.tolist(), cols.outcome[mine].tolist(), sent):
+                if o < 0:
+                    continue
+                if o == 0 and c in sus.since_ms and s_ms >= sus.since_ms[c]:
+                    sus.end(c)
+                    out.append(self._verdict(c, int(cols.ts_ms[j]), self._share_metrics(c)))
+                if j < at:
+                    continue
+                run = run + 1 if (o == 1 and j > at) else k if j == at else 0
+                if run >= k and c not in sus.since_ms and sus.may_suspect(c):
+                    sus.start(c, s_ms, int(cols.ts_ms[j]))
+                    out.append(self._verdict(c, int(cols.ts_ms[j]), {"route_share": 0.0}))
+        return out
+
+    def _suspicion_after(self, trips: list[Verdict]) -> list[Verdict]:
+        """A suspect whose route's last other channel in service just tripped (``trips``: this chunk's trip
+        verdicts) is suspect no more, at that trip's event time: its share is published again at once (SPEC
+        §4.2: never a dark route by inference)."""
+        out: list[Verdict] = []
+        routes = self.store.routes
+        for c in list(self.suspects.since_ms):
+            if not self.suspects.holds(c) and self.machines[c].state not in (OPEN, HALF_OPEN):
+                at = max((v.ts_ms for v in trips if v.route == routes[c]), default=trips[-1].ts_ms)
+                out.append(self._verdict(c, at, self._share_metrics(c)))
+        return out
+
+    def _share_metrics(self, i: int) -> dict:
+        """``route_share`` (its route's last share; none before its route's first round) and ``max_share``
+        of channel ``i``, for a verdict between rounds."""
+        metrics: dict = {}
+        if (share := self.routes.last_share(i)) is not None:
+            metrics["route_share"] = share
+        if (cap := self.routes.capacity.max_share.get(i)) is not None:
+            metrics["max_share"] = round(cap, 4)
+        return metrics
 
     def _pretrip(self, cols: EventColumns, run_ch: np.ndarray, crossed: np.ndarray,
                  threshold: np.ndarray) -> list[Verdict]:
@@ -667,6 +752,8 @@ class Engine:
         self.seq[i] += 1
         self.changed[i] = True
         clean = metrics if cleaned else {k: clean_value(v) for k, v in metrics.items()}
+        if self.suspects.since_ms and self.suspects.holds(i, now_ms):  # its traffic goes to its peers meanwhile
+            clean = {**clean, "route_share": 0.0, SUSPECT_METRIC: self.policy.suspect_run}
         if not cleaned:
             extra, caller = self.classes.metrics(i, now_ms)
             clean.update(extra)

@@ -34,6 +34,7 @@ from pipeline.state.channel_state import CapacityRecord, ChannelState, HeldChann
 from pipeline.state.wire import MAX_SEQ, MachineWire
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
+from pipeline.engine.suspects import Suspects
 from pipeline.windows.store import WindowStore
 
 #: :class:`ChannelMachine`'s fields, in order (its dict form in :class:`ChannelState`).
@@ -64,6 +65,7 @@ class EngineParts(Protocol):
     judged_since_eval: np.ndarray
     learns: np.ndarray
     ok_runs: dict[int, int]
+    suspects: Suspects
     hard: tuple
     soft: tuple
     advisory: tuple
@@ -118,7 +120,8 @@ class StateIO:
                           fail_ratio=e.routes.fail_ratio.get(i),
                           recent=None if recent is None else (float(recent[0]), float(recent[1])),
                           p95=None if p95 is None else (int(p95[0]), float(p95[1]), float(p95[2])),
-                          ok_run=e.ok_runs.get(i, 0))
+                          ok_run=e.ok_runs.get(i, 0), suspect_sent_ms=e.suspects.since_ms.get(i),
+                          suspect_at_ms=e.suspects.began_ms.get(i))
 
     def import_state(self, state: ChannelState) -> int:
         """Load ``state`` (registering its channel); returns the channel's row.
@@ -241,6 +244,8 @@ class StateIO:
         _put(e.routes.panic_weight, i, rs.panic_weight)
         _put(e.routes.fail_ratio, i, rs.fail_ratio)
         _put(e.ok_runs, i, rs.ok_run or None)  # a run of 0 acts as no entry (Engine._readmit)
+        _put(e.suspects.since_ms, i, rs.suspect_sent_ms)
+        _put(e.suspects.began_ms, i, rs.suspect_at_ms)
 
 
 _T = TypeVar("_T")
@@ -266,6 +271,13 @@ def check_round_state(rs: RoundState) -> None:
         raise ValueError(f"state learns {rs.learns!r} is not a bool")
     if not (isinstance(rs.ok_run, int) and not isinstance(rs.ok_run, bool) and 0 <= rs.ok_run <= MAX_SEQ):
         raise ValueError(f"state re-admission success run {rs.ok_run!r} is not an integer in 0 .. 2**53")
+    if rs.suspect_sent_ms is not None and not (isinstance(rs.suspect_sent_ms, float)
+                                               and abs(rs.suspect_sent_ms) <= 2.0 ** 53):
+        raise ValueError(f"state suspect_sent_ms {rs.suspect_sent_ms!r} is not a time in -2**53 .. 2**53 ms")
+    if (rs.suspect_sent_ms is None) != (rs.suspect_at_ms is None) or (rs.suspect_at_ms is not None and not (
+            isinstance(rs.suspect_at_ms, int) and 0 <= rs.suspect_at_ms <= MAX_SEQ)):
+        raise ValueError(f"state suspect_at_ms {rs.suspect_at_ms!r} is not a time in 0 .. 2**53 ms set with "
+                         "suspect_sent_ms")
     for what, w in (("route-wide weight", rs.wide_weight), ("panic weight", rs.panic_weight),
                     ("failure ratio", rs.fail_ratio)):
         if w is not None:

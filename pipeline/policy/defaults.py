@@ -171,6 +171,15 @@ class PolicyConfig:
     #: many successes in a row (Higress re-adds a key on 1 successful check; 10: a channel failing half its
     #: requests shows such a run at a given request with probability 1e-3); 0 turns it off.
     readmit_success_run: int = 10
+    #: Suspicion (:mod:`pipeline.engine.suspects`): a run of this many failures moves a channel's route share
+    #: to its peers (``route_share`` 0, state and weight kept) until a success sent after it; 0 turns it
+    #: off. Higress ai-proxy removes a key after 3 consecutive failures (``failureThreshold``); below the
+    #: tier's ``consecutive_failures`` to have an effect.
+    suspect_run: int = 3
+    #: A suspicion neither ended by a fresh success nor confirmed by a trip ends at the channel's first verdict
+    #: (a round at the latest) this long after it began (ms, >= 1): routers that follow its share send it
+    #: nothing meanwhile. Higress health-checks a removed key every 5 s; Envoy ejects for 30 s at first.
+    suspect_max_ms: int = 10_000
     #: SPEC §4.2 probe on evidence (:meth:`~pipeline.policy.state_machine.ChannelMachine.probe_answered`): an
     #: ``open`` channel (§4 detectors) whose own traffic still fails when its cooldown ends (a run of its
     #: ``consecutive_failures`` threshold, failures in the last round, no 429 among them) counts a failed probe
@@ -220,13 +229,14 @@ class PolicyConfig:
         for name in ("reopen_backoff_max_ms", "hard_fault_probe_ms", "hard_fault_probe_max_ms",
                      "rate_limit_cooldown_ms", "rate_limit_max_ms", "rate_limit_trip_events",
                      "rate_limit_trip_window_ms", "rate_limit_half_open_ms", "rate_limit_ramp_interval_ms",
-                     "caller_errors_min"):
+                     "caller_errors_min", "suspect_max_ms"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        k = self.readmit_success_run
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-            raise ValueError(f"readmit_success_run must be an integer >= 0, got {k!r}")
+        for name in ("readmit_success_run", "suspect_run"):
+            k = getattr(self, name)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {k!r}")
         if not isinstance(self.probe_on_evidence, bool):
             raise ValueError(f"probe_on_evidence must be true or false, got {self.probe_on_evidence!r}")
         if not 0.0 <= self.backoff_jitter <= 1.0:

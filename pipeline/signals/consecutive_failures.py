@@ -36,6 +36,10 @@ class FailureRuns(SignalWindows):
     def __init__(self, spec: WindowSpec, window: int = RUN_WINDOW):
         self.tracker = RunTracker(window)
         self.threshold: np.ndarray | None = None
+        #: A second, lower run per channel (shape (C,); None: none) whose first crossings :meth:`add` leaves
+        #: in ``crossed_early`` (per group, -1: none): the engine's suspicion (pipeline/engine/suspects.py).
+        self.early: np.ndarray | None = None
+        self.crossed_early = np.zeros(0, np.int64)
         self.groups = np.zeros(0, np.int64)
         self.max_run = np.zeros(0, np.int32)
         self.crossed_at = np.zeros(0, np.int64)
@@ -45,8 +49,9 @@ class FailureRuns(SignalWindows):
 
     def add(self, cols: EventColumns, late: np.ndarray) -> None:
         """Runs continue over every judged event, ``late`` ones too (runs count requests, not time)."""
-        self.groups, self.max_run = self.tracker.update(cols.channel, cols.outcome, self.threshold)
+        self.groups, self.max_run = self.tracker.update(cols.channel, cols.outcome, self.threshold, self.early)
         self.crossed_at = self.tracker.crossed_at
+        self.crossed_early = self.tracker.crossed_early
 
     def reset(self, row: int) -> None:
         """Forget channel ``row``'s run (entering ``half_open``: only the probes count)."""

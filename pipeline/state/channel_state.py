@@ -71,7 +71,9 @@ class RoundState:
     lower bound ms) its peers read (NaN: no P95). The last four as of its last round, read by route
     peers reaching a round boundary in another call than its own, and by a trip before its next round.
     ``ok_run``: the successes in a row its own traffic showed while ``open``, as of its last event (``Engine.ok_runs``, the
-    re-admission run of :mod:`pipeline.policy.readmit`; 0 .. 2**53, 0: none).
+    re-admission run of :mod:`pipeline.policy.readmit`; 0 .. 2**53, 0: none). ``suspect_sent_ms``: while it is
+    suspect (:mod:`pipeline.engine.suspects`), when the request that made it suspect was sent (epoch ms, finite;
+    None: not suspect); ``suspect_at_ms``: the event time it became suspect at (epoch ms; set with it).
     """
 
     learns: bool | None = None
@@ -83,6 +85,8 @@ class RoundState:
     recent: tuple[float, float] | None = None
     p95: tuple[int, float, float] | None = None
     ok_run: int = 0
+    suspect_sent_ms: float | None = None
+    suspect_at_ms: int | None = None
 
 
 @dataclass

@@ -31,8 +31,10 @@ class RunTracker:
             raise ValueError(f"window must be >= 1, got {window}")
         self.window = int(window)
         self.trailing = np.zeros(capacity, dtype=np.int32)
-        #: See :meth:`update` (input indices of threshold crossings).
-        self.crossed_at = np.zeros(0, np.int64)
+        #: See :meth:`update` (input indices of threshold crossings; (2, groups) between internal calls).
+        self.crossed_at: np.ndarray = np.zeros(0, np.int64)
+        #: See :meth:`update` (input indices of ``early`` threshold crossings).
+        self.crossed_early = np.zeros(0, np.int64)
 
     def ensure_capacity(self, n_channels: int) -> None:
         """Grow (doubling) so channel indices < ``n_channels`` fit."""
@@ -44,8 +46,8 @@ class RunTracker:
         """Forget the run of ``channel`` (on entering ``half_open``: judge new probes only)."""
         self.trailing[channel] = 0
 
-    def update(self, channel: np.ndarray, outcome: np.ndarray,
-               threshold: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def update(self, channel: np.ndarray, outcome: np.ndarray, threshold: np.ndarray | None = None,
+               early: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Feed events in arrival order; return ``(channels, max_run)``.
 
         ``channel`` int (n,); ``outcome`` int8 (n,): 1 failure, 0 success,
@@ -54,7 +56,8 @@ class RunTracker:
         (including the run carried in from earlier batches). With
         ``threshold`` (per channel index, shape (C,)), :attr:`crossed_at`
         then holds, per returned channel, the input index of the first event
-        whose run reached the threshold (-1: none).
+        whose run reached the threshold (-1: none); with ``early`` (a second
+        threshold per channel, same shape), :attr:`crossed_early` likewise.
 
         >>> t = RunTracker()
         >>> t.update(np.array([0, 0, 1, 0, 0]), np.array([1, 1, 1, 0, 1], np.int8))
@@ -64,22 +67,34 @@ class RunTracker:
         """
         channel = np.asarray(channel, dtype=np.int64)
         outcome = np.asarray(outcome, dtype=np.int8)
+        limits = [t for t in (threshold, early) if t is not None]
+        out = self._update(channel, outcome, limits)
+        crossed = self.crossed_at
+        empty = np.zeros(0, np.int64)
+        self.crossed_at = crossed[0] if threshold is not None else empty
+        self.crossed_early = crossed[-1] if early is not None else empty
+        return out
+
+    def _update(self, channel: np.ndarray, outcome: np.ndarray,
+                limits: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`update` with its thresholds as a list (0 to 2 arrays (C,)); leaves :attr:`crossed_at`
+        as an int64 array (len(limits), groups) of first crossings (-1: none), one row per threshold."""
         if channel.shape[0] <= SMALL_BATCH:
-            return self._update_small(channel, outcome, threshold)
+            return self._update_small(channel, outcome, limits)
         keep = outcome >= 0
         original = np.flatnonzero(keep)
         channel, outcome = channel[keep], outcome[keep]
-        self.crossed_at = np.zeros(0, np.int64)
+        self.crossed_at = np.zeros((len(limits), 0), np.int64)
         if channel.size == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
         fail = outcome == 1
         n_fail = int(np.count_nonzero(fail))
         if n_fail * FEW_FAILURES > channel.shape[0]:
-            return self._update_sorted(channel, fail, original, threshold)
-        return self._update_few_failures(channel, fail, original, threshold)
+            return self._update_sorted(channel, fail, original, limits)
+        return self._update_few_failures(channel, fail, original, limits)
 
     def _update_few_failures(self, channel: np.ndarray, fail: np.ndarray, original: np.ndarray,
-                             threshold: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                             limits: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`update` of judged events (``channel``, ``fail`` (n,), input indices ``original``) of which
         few failed: only the channels with a failure (or a threshold <= 0) are followed event by event
         (:meth:`_update_sorted` on their events); every other channel only had successes, so its run
@@ -91,29 +106,27 @@ class RunTracker:
             groups = np.unique(channel)
         failing = np.zeros(cap, bool)
         failing[channel[fail]] = True
-        if threshold is not None:
+        for threshold in limits:
             low = groups[np.asarray(threshold)[groups] <= 0]
             failing[low] = True
         followed = failing[channel]
         max_run = np.zeros(groups.shape[0], np.int32)
-        crossed = np.full(groups.shape[0], -1, np.int64)
+        crossed = np.full((len(limits), groups.shape[0]), -1, np.int64)
         if followed.any():
             sub = np.flatnonzero(followed)
-            sub_groups, sub_max = self._update_sorted(channel[sub], fail[sub], original[sub], threshold)
+            sub_groups, sub_max = self._update_sorted(channel[sub], fail[sub], original[sub], limits)
             at = np.searchsorted(groups, sub_groups)
             max_run[at] = sub_max
-            if threshold is not None:
-                crossed[at] = self.crossed_at
+            crossed[:, at] = self.crossed_at
         quiet = groups[~failing[groups]]
         self.trailing[quiet] = 0
-        self.crossed_at = crossed if threshold is not None else np.zeros(0, np.int64)
+        self.crossed_at = crossed
         return groups, max_run
 
     def _update_sorted(self, channel: np.ndarray, fail: np.ndarray, original: np.ndarray,
-                       threshold: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                       limits: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`update` of judged events (``channel``, ``fail`` (n,) bool, input indices ``original``)
         grouped by channel with one stable sort."""
-        self.crossed_at = np.zeros(0, np.int64)
         order = np.argsort(channel, kind="stable")
         ch, fail = channel[order], fail[order]
         n = ch.size
@@ -134,38 +147,41 @@ class RunTracker:
         max_run = np.maximum.reduceat(run, starts)
         ends = np.r_[starts[1:], n] - 1
         self.trailing[groups] = run[ends]
-        if threshold is not None:
+        self.crossed_at = np.zeros((len(limits), groups.size), np.int64)
+        for row, threshold in enumerate(limits):
             hit = run >= np.asarray(threshold)[ch]
             first = np.minimum.reduceat(np.where(hit, pos, n), starts)
-            self.crossed_at = np.where(first < n, original[order[np.minimum(first, n - 1)]], -1)
+            self.crossed_at[row] = np.where(first < n, original[order[np.minimum(first, n - 1)]], -1)
         return groups, max_run
 
     def _update_small(self, channel: np.ndarray, outcome: np.ndarray,
-                      threshold: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                      limits: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`update` for a batch of at most :data:`SMALL_BATCH` events, one event at a time (the same
         results: a run continues from the carried one, a success resets it to 0, each value capped at
         ``window``); some twenty numpy calls would cost more than the loop."""
         window = self.window
         trailing = self.trailing
-        runs: dict[int, list[int]] = {}  # channel -> [uncapped run, max run, first crossing index]
-        limit = None if threshold is None else np.asarray(threshold)
+        runs: dict[int, list[int]] = {}  # channel -> [uncapped run, max run, first crossing index per limit]
+        lims = [np.asarray(t) for t in limits]
+        k = len(lims)
         for i, (c, o) in enumerate(zip(channel.tolist(), outcome.tolist())):
             if o < 0:
                 continue
             st = runs.get(c)
             if st is None:
-                st = runs[c] = [int(trailing[c]), 0, -1]
+                st = runs[c] = [int(trailing[c]), 0] + [-1] * k
             st[0] = st[0] + 1 if o == 1 else 0
             run = min(st[0], window)
             if run > st[1]:
                 st[1] = run
-            if limit is not None and st[2] < 0 and run >= limit[c]:
-                st[2] = i
+            for j in range(k):
+                if st[2 + j] < 0 and run >= lims[j][c]:
+                    st[2 + j] = i
         groups = sorted(runs)
         for c in groups:
             trailing[c] = min(runs[c][0], window)
-        self.crossed_at = (np.array([runs[c][2] for c in groups], np.int64) if threshold is not None
-                           else np.zeros(0, np.int64))
+        self.crossed_at = np.array([[runs[c][2 + j] for c in groups] for j in range(k)], np.int64).reshape(
+            k, len(groups))
         return np.array(groups, np.int64), np.array([runs[c][1] for c in groups], np.int32)
 
     def state(self) -> dict[str, np.ndarray]:

@@ -73,6 +73,8 @@ def test_next_transition_follows_the_policy_schedule() -> None:
     row = {"state": "half_open", "in_state_s": 50.0, "next": {"to": "recovering", "in_s": 40.0}, "override": None}
     assert state_text(row) == "half_open · 50 s → recovering in 40 s"
     assert state_text(dict(row, state="healthy", in_state_s=9240.0, next=None)) == "healthy · 2.6 h"
+    assert state_text(dict(row, state="healthy", in_state_s=4.0, next=None, suspect_run=3)) == (
+        "healthy · 4 s; suspect (3 failures in a row): its share goes to its peers")
 
 
 def test_a_forced_state_shows_who_forced_it_and_no_scheduled_transition() -> None:

@@ -148,7 +148,35 @@ def test_few_failures_path_equals_per_event_path(seed):
         th = rng.integers(0, 9, n_ch) if rng.random() < 0.8 else None
         g1, m1 = fast.update(ch, out, th)
         c1 = fast.crossed_at.tolist()
-        g2, m2 = slow._update_small(ch, out, th)
-        assert (g1.tolist(), m1.tolist(), c1) == (g2.tolist(), m2.tolist(), slow.crossed_at.tolist())
+        g2, m2 = slow._update_small(ch, out, [] if th is None else [th])
+        c2 = slow.crossed_at[0].tolist() if th is not None else []
+        assert (g1.tolist(), m1.tolist(), c1) == (g2.tolist(), m2.tolist(), c2)
         assert m1.dtype == m2.dtype == np.int32 and g1.dtype == np.int64
         assert fast.trailing.tolist() == slow.trailing.tolist()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_early_threshold_crossings(seed):
+    """A second threshold per channel (``early``, the engine's suspicion run) gives, on every path, the
+    first event whose run reached it, exactly as an event-by-event count does; the first threshold's
+    crossings are the same with or without it."""
+    rng = np.random.default_rng(700 + seed)
+    n_ch = int(rng.choice([2, 40, 500]))
+    t, plain = RunTracker(capacity=n_ch), RunTracker(capacity=n_ch)
+    runs = [0] * n_ch
+    for _ in range(25):
+        n = int(rng.choice([5, 32, 33, 600, 3000]))
+        ch = rng.integers(0, n_ch, n)
+        p_fail = float(rng.choice([0.002, 0.05, 0.4]))
+        out = rng.choice([F, S, N], n, p=[p_fail, 0.95 - p_fail, 0.05]).astype(np.int8)
+        th, early = np.full(n_ch, 5), rng.integers(1, 5, n_ch)
+        first: dict[int, int] = {}
+        for i, (c, o) in enumerate(zip(ch.tolist(), out.tolist())):
+            if o >= 0:
+                runs[c] = runs[c] + 1 if o == F else 0
+                if runs[c] >= early[c] and c not in first:
+                    first[c] = i
+        g, _ = t.update(ch, out, th, early)
+        assert t.crossed_early.tolist() == [first.get(c, -1) for c in g.tolist()]
+        plain.update(ch, out, th)
+        assert t.crossed_at.tolist() == plain.crossed_at.tolist()
