@@ -1,0 +1,102 @@
+"""A suspicion (pipeline/engine/suspects.py) never darkens a route at the router (SPEC §4.2 "never black out a
+route by inference"): the engine makes a channel suspect only while another channel of its route is in service
+*in its own view*, but a router may see that peer at share 0 for reasons the engine cannot know: an operator's
+override forcing it ``open`` or to weight 0 (applied after the engine, pipeline/policy/override.py), or no
+verdict of it yet (a channel new on the route, whose first round is up to 30 s away). Then every share the
+router holds is 0 and :func:`pipeline.router.table.route_shares` would report ``all_open``: a route dark on a
+run of 3 failures. The suspects then share the route by their weights (a suspicion is a soft 0)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from pipeline.contracts import Verdict
+from pipeline.engine.replay import replay
+from pipeline.engine.suspects import SUSPECT_METRIC
+from pipeline.policy.override import Override, OverrideTable
+from pipeline.router import table as router_table
+from pipeline.router.table import HealthTable, route_shares
+
+from test_suspects import START, WARM_S, _stream
+
+WALL = 1_800_000_000_000  # wall clock of the overrides (UTC epoch ms)
+
+
+def _three_quick_failures(events: list[dict], ch: str = "a") -> list[dict]:
+    """Three requests to ``ch`` sent at WARM_S + 10, 50 and 100 ms fail in 40 ms: they complete in a row
+    (+50, +90, +140 ms) between two of its regular successes: ``ch`` is suspect at +140 ms (test_suspects)."""
+    for k, sent in enumerate((10, 50, 100)):
+        events.append({"event_id": f"x{k}", "ts_ms": START + WARM_S * 1000 + sent + 40, "channel": ch, "route": "r",
+                       "status": "error", "latency_ms": 40.0, "tier": "paid", "http_status": 503})
+    events.sort(key=lambda e: e["ts_ms"])
+    return events
+
+
+def _table_at(verdicts: list[Verdict], until_ms: int, overrides: OverrideTable | None = None) -> HealthTable:
+    """A router's table fed every verdict up to event time ``until_ms`` (overrides applied, as the worker does)."""
+    table = HealthTable()
+    for v in verdicts:
+        if v.ts_ms <= until_ms:
+            table.update(overrides.apply(v) if overrides is not None else v)
+    return table
+
+
+def test_a_suspect_beside_a_peer_an_operator_forced_open_keeps_the_route():
+    """Route r = a, b; an operator forced b open (maintenance). a is healthy and carries the route (share 1 at
+    the router). a's three quick failures make it suspect (+140 ms): the engine sees b in service (it does not
+    know the override), so the router held a at 0 beside b forced to 0: all_open, the route dark. a keeps the
+    route (share 1, weight 1) while suspect; b stays at 0 as forced."""
+    _, verdicts = replay(_three_quick_failures(_stream({})))
+    suspect = next(v for v in verdicts if SUSPECT_METRIC in v.metrics)
+    assert (suspect.channel, suspect.ts_ms - START - WARM_S * 1000) == ("a", 140)
+    overrides = OverrideTable()
+    overrides.put(Override(kind="open", by="op", reason="maintenance", set_ts_ms=WALL, expires_ts_ms=WALL + 3_600_000,
+                           channel="b"), WALL)
+    before = _table_at(verdicts, suspect.ts_ms - 1, overrides).weights("r")
+    assert (before.shares, before.all_open) == ({"a": 1.0, "b": 0.0}, False)
+    during = _table_at(verdicts, suspect.ts_ms, overrides).weights("r")
+    assert (during.shares, during.all_open, during.overridden) == ({"a": 1.0, "b": 0.0}, False, ("b",))
+
+
+def test_a_suspect_beside_a_peer_without_a_verdict_yet_keeps_the_route():
+    """Route r had only a until WARM_S; b's traffic starts at WARM_S + 50 ms (a channel added to the route): the
+    engine counts b in service at once, but b's first verdict comes with its first round (+10 s here). a's
+    suspicion at +140 ms left the router's route r = {a: 0}: all_open for 2.5 s. a keeps the route."""
+    events = [e for e in _stream({}) if e["channel"] == "a" or e["ts_ms"] >= START + WARM_S * 1000 + 50]
+    _, verdicts = replay(_three_quick_failures(events))
+    suspect = next(v for v in verdicts if SUSPECT_METRIC in v.metrics)
+    assert (suspect.channel, suspect.ts_ms - START - WARM_S * 1000) == ("a", 140)
+    assert not any(v.channel == "b" for v in verdicts if v.ts_ms <= suspect.ts_ms)
+    during = _table_at(verdicts, suspect.ts_ms).weights("r")
+    assert (during.shares, during.all_open) == ({"a": 1.0}, False)
+
+
+def _v(channel: str, weight: float, share: float, seq: int = 1, suspect: bool = False,
+       override: dict | None = None) -> Verdict:
+    metrics: dict = {"route_share": share, **({SUSPECT_METRIC: 3} if suspect else {})}
+    return Verdict(channel=channel, route="r", ts_ms=START, state="healthy" if weight > 0 else "open",
+                   weight=weight, reasons=[], metrics=metrics, seq=seq,
+                   **({"override": override} if override else {}))
+
+
+def test_route_shares_suspects_share_a_route_otherwise_dark_by_their_weights():
+    """Pure rule: all shares 0 with suspects at weight > 0 among them -> the suspects by weight; a suspect beside
+    a peer with a share stays at 0; an all-open route without a suspect stays all 0; a suspect forced to weight
+    0 by an operator stays at 0 (the override wins)."""
+    forced_open = {"kind": "open", "by": "op", "reason": "m", "expires_ts_ms": WALL + 1, "set_ts_ms": WALL}
+    assert route_shares([_v("a", 1.0, 0.0, suspect=True), _v("b", 0.0, 0.0, override=forced_open)])[0] == {
+        "a": 1.0, "b": 0.0}
+    assert route_shares([_v("a", 0.5, 0.0, suspect=True), _v("b", 1.0, 0.0, suspect=True),
+                         _v("c", 0.0, 0.0)])[0] == {"a": 1 / 3, "b": 2 / 3, "c": 0.0}
+    assert route_shares([_v("a", 1.0, 0.0, suspect=True), _v("b", 1.0, 0.5)])[0] == {"a": 0.0, "b": 1.0}
+    assert route_shares([_v("a", 0.0, 0.0), _v("b", 0.0, 0.0)])[0] == {"a": 0.0, "b": 0.0}
+    forced_zero = {**forced_open, "kind": "weight", "weight": 0.0}
+    assert route_shares([_v("a", 0.0, 0.0, suspect=True, override=forced_zero), _v("b", 0.0, 0.0)])[0] == {
+        "a": 0.0, "b": 0.0}
+
+
+def test_the_router_names_the_engine_metric():
+    """The router keeps no import of the engine: its copy of the metric's name is the engine's."""
+    assert router_table.SUSPECT_METRIC == SUSPECT_METRIC
+    assert msgspec.json.decode(msgspec.json.encode(_v("a", 1.0, 0.0, suspect=True)), type=Verdict).metrics[
+        SUSPECT_METRIC] == 3
