@@ -100,3 +100,27 @@ def test_the_router_names_the_engine_metric():
     assert router_table.SUSPECT_METRIC == SUSPECT_METRIC
     assert msgspec.json.decode(msgspec.json.encode(_v("a", 1.0, 0.0, suspect=True)), type=Verdict).metrics[
         SUSPECT_METRIC] == 3
+
+
+def test_the_scorecard_router_model_follows_the_table():
+    """The scorecard's router model (pipeline/tools/scorecard/runner.py ``_engine_shares``) hands out what
+    :class:`HealthTable` does: route r = a, b(no verdict yet); a's round verdict (share 1) at t 1 s, its suspect
+    verdict at t 2 s, its end at t 3 s. Before the rule, the grid point t 2 s was a blackout (all 0); now a keeps
+    the route, as at the router. b's verdict (share 0.5) at t 4 s: 2/3, 1/3 of a's 1.0 and b's 0.5; a suspect again at 5 s
+    beside b with a share stays at 0."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from pipeline.tools.scorecard.goodput import RouteTruth
+    from pipeline.tools.scorecard.runner import _engine_shares
+
+    rt = RouteTruth("r", t_s=np.arange(7.0), demand_rps=np.ones(7), channels=("a", "b"), static=np.full((2, 7), 0.5))
+    vs = [_v("a", 1.0, 1.0, 1), _v("a", 1.0, 0.0, 2, suspect=True), _v("a", 1.0, 1.0, 3),
+          Verdict(channel="b", route="r", ts_ms=START, state="healthy", weight=1.0, reasons=[],
+                  metrics={"route_share": 0.5}, seq=1), _v("a", 1.0, 0.0, 4, suspect=True)]
+    times = [1000, 2000, 3000, 4000, 5000]
+    vs = [msgspec.structs.replace(v, ts_ms=t) for v, t in zip(vs, times)]
+    shares = _engine_shares(SimpleNamespace(routes={"r": rt}), vs, lambda ts: ts / 1000)["r"]
+    assert shares[0].tolist() == [0.5, 1.0, 1.0, 1.0, 2 / 3, 0.0, 0.0]
+    assert shares[1].tolist() == [0.5, 0.0, 0.0, 0.0, 1 / 3, 1.0, 1.0]
