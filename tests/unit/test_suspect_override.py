@@ -63,3 +63,15 @@ def test_the_override_table_names_the_engine_metric():
     from pipeline.policy import override
 
     assert override.SUSPECT_METRIC == SUSPECT_METRIC
+
+
+def test_watch_does_not_say_an_overridden_suspect_loses_its_share():
+    """``channel-health watch`` said "its share goes to its peers" of a suspect under an operator's override,
+    which the override (and the router table) hold against the suspicion: it says so instead."""
+    from pipeline.cli.watch import state_text
+
+    row = {"state": "healthy", "in_state_s": 4.0, "next": None, "suspect_run": 3,
+           "override": {"kind": "freeze", "by": "ana", "reason": "hold", "route": "r", "key_id": "k1"}}
+    assert state_text(row) == ("healthy · 4 s; route r frozen by ana (key k1): hold; suspect (3 failures in a row):"
+                               " the override holds its share")
+    assert state_text(dict(row, override=None)).endswith("suspect (3 failures in a row): its share goes to its peers")
