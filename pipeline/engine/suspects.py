@@ -23,7 +23,8 @@ and trip it, a success ends the run. On clean traffic it ends one request latenc
 the channel is failing, stale successes do not end it, and the run of 5 then opens it.
 
 A channel becomes suspect only while its route keeps another channel in service (weight above 0, not
-``open`` / ``half_open``, not suspect) and no channel of its route has a learned ``max_share`` (a
+``open`` / ``half_open`` / ``recovering``, not suspect: a router hands it the suspect's share at once, and a
+``recovering`` channel's share may only ramp, SPEC §4) and no channel of its route has a learned ``max_share`` (a
 route short of capacity cannot take load on weak evidence); only channels in ``healthy``,
 ``degraded`` or ``recovering``. When its last peer leaves service, the suspicion ends (never a dark
 route by inference).
@@ -80,11 +81,11 @@ class Suspects:
 
     def _in_service(self, j: int) -> bool:
         m = self.machines[j]
-        return m.weight > 0 and m.state not in (OPEN, HALF_OPEN) and j not in self.since_ms
+        return m.weight > 0 and m.state not in (OPEN, HALF_OPEN, RECOVERING) and j not in self.since_ms
 
     def has_peer(self, i: int) -> bool:
-        """Whether another channel of channel ``i``'s route is in service (weight above 0, not ``open`` or
-        ``half_open``, not suspect)."""
+        """Whether another channel of channel ``i``'s route is in service (weight above 0, not ``open``,
+        ``half_open`` or ``recovering``, not suspect)."""
         return any(j != i and self._in_service(j) for j in self.store.route_members()[self.store.routes[i]])
 
     def may_suspect(self, i: int) -> bool:
