@@ -124,3 +124,23 @@ def test_the_scorecard_router_model_follows_the_table():
     shares = _engine_shares(SimpleNamespace(routes={"r": rt}), vs, lambda ts: ts / 1000)["r"]
     assert shares[0].tolist() == [0.5, 1.0, 1.0, 1.0, 2 / 3, 0.0, 0.0]
     assert shares[1].tolist() == [0.5, 0.0, 0.0, 0.0, 1 / 3, 1.0, 1.0]
+
+
+def test_the_litellm_hook_keeps_serving_a_suspect_beside_a_forced_open_peer():
+    """The LiteLLM hook (pipeline/router/litellm_hook.py) reads the table: with a suspect (engine share 0) and
+    its only peer forced open by an operator it raised AllChannelsOpen (every request of the model refused);
+    now it sends the suspect everything."""
+    import pytest
+
+    litellm = pytest.importorskip("litellm", reason="optional extra")
+    from pipeline.router.litellm_hook import install
+
+    forced_open = {"kind": "open", "by": "op", "reason": "m", "expires_ts_ms": WALL + 1, "set_ts_ms": WALL}
+    table = HealthTable()
+    router = litellm.Router(model_list=[
+        {"model_name": "m", "litellm_params": {"model": f"openai/{c}", "api_key": "sk-test", "mock_response": c},
+         "model_info": {"id": c, "channel": c}} for c in ("a", "b")])
+    strategy = install(router, table)
+    table.update(_v("a", 1.0, 0.0, suspect=True))
+    table.update(_v("b", 0.0, 0.0, override=forced_open))
+    assert [(d["model_info"]["channel"], w) for d, w in strategy.shares("m")] == [("a", 1.0), ("b", 0.0)]
