@@ -199,7 +199,7 @@ def state_text(row: dict) -> str:
     UTC)`` (the published probe time of a backed-off cooldown); a forced state has no scheduled transition
     and says who forced it: ``open · 12 s; forced open by ana (key k1) until 12:30:00 UTC: vendor incident``;
     a suspect channel (pipeline/engine/suspects.py) says so: ``healthy · 4 s; suspect (3 failures in a row):
-    its share goes to its peers``."""
+    its share goes to its peers`` (under an override: ``the override holds its share``)."""
     if row.get("state") is None:
         return "no verdict"
     from pipeline.alert.reasons import duration
@@ -213,8 +213,9 @@ def state_text(row: dict) -> str:
             text += time.strftime(" (probe at %H:%M:%S UTC)", time.gmtime(at / 1000))
     if o:
         text += f"; {override_text(o)}"
-    if row.get("suspect_run"):
-        text += f"; suspect ({row['suspect_run']} failures in a row): its share goes to its peers"
+    if row.get("suspect_run"):  # an override holds the share against the suspicion (pipeline.router.table)
+        text += (f"; suspect ({row['suspect_run']} failures in a row): "
+                 + ("the override holds its share" if o else "its share goes to its peers"))
     return text
 
 

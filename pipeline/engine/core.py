@@ -148,6 +148,10 @@ class Engine:
         self.quality = QualityScores(self.store, self.mark_changed)
         self.suspects = Suspects(self.store, self.machines, self.routes.capacity, self.policy)
         self._early: np.ndarray | None = None  # per channel: policy.suspect_run (FailureRuns.early)
+        #: Verdicts of suspicions ended by an eviction (:meth:`_export_channel`), for the caller's next result;
+        #: ``_evict_ms``: the event time evictions happen at (the idle scan's or the admission's).
+        self._left: list[Verdict] = []
+        self._evict_ms = 0
         self.residency = Residency(self.limits, self.store, self._export_channel, self._load_channel,
                                    self.mark_changed)
         self.state = StateIO(self)
@@ -156,9 +160,15 @@ class Engine:
                                     self.routes.capacity.share_rose)
 
     def _export_channel(self, i: int) -> bytes:
-        """Snapshot bytes of channel row ``i`` (for :class:`Residency` to evict it)."""
+        """Snapshot bytes of channel row ``i`` (for :class:`Residency` to evict it). A suspicion of ``i`` ends
+        first, with a verdict of its share (:attr:`_left`): an evicted channel has no rounds, so nothing would
+        end it, and a router following its share 0 sends it no event to bring it back."""
         from pipeline.state.snapshot import export_channel
 
+        if i in self.suspects.since_ms:
+            now = max(self.suspects.began_ms.get(i, 0), self._evict_ms)
+            self.suspects.end(i)
+            self._left.append(self._verdict(i, now, self._share_metrics(i)))
         return export_channel(self, i)
 
     def _load_channel(self, raw: bytes) -> None:
@@ -299,8 +309,12 @@ class Engine:
             else:
                 room_ms = low_watermark_ms
             room_ms = max(room_ms, self.store.watermark_ms or 0)
+            self._evict_ms = room_ms
             events, structure, fields = self.residency.admit(events, structure, result.refused, self.channel_rows,
                                                              fields, room_ms)
+            if self._left:  # suspicions ended by making room
+                result.verdicts.extend(self._left)
+                self._left = []
             if not events:
                 return result
         n = len(events)
@@ -587,7 +601,11 @@ class Engine:
         slow = ((arrived - self.store.last_ts_ms[rows] > self.policy.allowed_lateness_ms)
                 & (arrived > now_ms - self.policy.no_data_after_ms))
         out = self._evaluate_until(rows[~slow] if slow.any() else rows, now_ms)
+        self._evict_ms = now_ms
         self.residency.evict_due(now_ms, self.policy.eval_interval_ms)
+        if self._left:  # suspicions ended by the evictions
+            out.extend(self._left)
+            self._left = []
         return out
 
     def _evaluate_until(self, rows: np.ndarray, now_ms: int) -> list[Verdict]:

@@ -23,8 +23,11 @@ and trip it, a success ends the run. On clean traffic it ends one request latenc
 the channel is failing, stale successes do not end it, and the run of 5 then opens it.
 
 A channel becomes suspect only while its route keeps another channel in service (weight above 0, not
-``open`` / ``half_open``, not suspect) and no channel of its route has a learned ``max_share`` (a
-route short of capacity cannot take load on weak evidence); only channels in ``healthy``,
+``open`` / ``half_open`` / ``recovering``, not suspect: a router hands it the suspect's share at once, and a
+``recovering`` channel's share may only ramp, SPEC §4) and no channel of its route has a learned ``max_share`` or
+a share that just rose (:meth:`~pipeline.policy.capacity.CapacityModel.share_rose`: a route short of capacity
+cannot take load on weak evidence, and a cap is learned only after the overload was judged; SPEC §4.2
+"overload is not breakage"); only channels in ``healthy``,
 ``degraded`` or ``recovering``. When its last peer leaves service, the suspicion ends (never a dark
 route by inference).
 
@@ -80,21 +83,21 @@ class Suspects:
 
     def _in_service(self, j: int) -> bool:
         m = self.machines[j]
-        return m.weight > 0 and m.state not in (OPEN, HALF_OPEN) and j not in self.since_ms
+        return m.weight > 0 and m.state not in (OPEN, HALF_OPEN, RECOVERING) and j not in self.since_ms
 
     def has_peer(self, i: int) -> bool:
-        """Whether another channel of channel ``i``'s route is in service (weight above 0, not ``open`` or
-        ``half_open``, not suspect)."""
+        """Whether another channel of channel ``i``'s route is in service (weight above 0, not ``open``,
+        ``half_open`` or ``recovering``, not suspect)."""
         return any(j != i and self._in_service(j) for j in self.store.route_members()[self.store.routes[i]])
 
     def may_suspect(self, i: int) -> bool:
         """Whether channel ``i`` may become suspect now (module text: its state, a peer in service, no
-        learned capacity cap on its route)."""
+        learned capacity cap nor a share that just rose on its route)."""
         m = self.machines[i]
         if m.state not in _SUSPECTABLE or m.weight <= 0 or i in self.since_ms:
             return False
         members = self.store.route_members()[self.store.routes[i]]
-        if self.capacity.max_share and any(j in self.capacity.max_share for j in members):
+        if any(self.capacity.share_rose(j) for j in members):  # capped, or its share rose (module text)
             return False
         return self.has_peer(i)
 

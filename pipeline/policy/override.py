@@ -22,6 +22,10 @@ the override hides. The verdict carries an ``override`` object (``kind``, ``by``
 ``reason``, ``expires_ts_ms``, ``set_ts_ms``, ``weight``, ``state`` when forced,
 ``route`` for a freeze).
 
+A freeze holds the share *under* a suspicion (:mod:`pipeline.engine.suspects`: a verdict with metric
+``suspect_run`` publishes ``route_share`` 0 for about one request latency, at most ``suspect_max_ms``): the
+channel's last share before it, so a freeze set during a suspicion does not pin that transient 0 for its TTL.
+
 Expiry is **wall time** (UTC epoch ms): a TTL is what an operator means ("for
 the next 30 minutes"), not event time, which stands still while a channel is
 idle and runs fast in a replay. A channel override takes precedence over a
@@ -54,6 +58,8 @@ DEFAULT_MAX_TTL_MS = 86_400_000
 CLOCK_SLACK_MS = 60_000
 #: Default most overrides in force at once (``CHANNEL_HEALTH_MAX_OVERRIDES``).
 DEFAULT_MAX_OVERRIDES = 1000
+#: Verdict metric of a suspect channel (:data:`pipeline.engine.suspects.SUSPECT_METRIC`; not imported: pure).
+SUSPECT_METRIC = "suspect_run"
 
 
 class OverrideRefused(ValueError):
@@ -252,8 +258,10 @@ class OverrideTable:
         if v.override is not msgspec.UNSET:  # a re-publish: start from the engine's own values
             engine_v = _engine_view(v)
         share = engine_v.metrics.get("route_share")
-        self._engine[v.channel] = (v.route, float(engine_v.weight),
-                                   float(share) if isinstance(share, (int, float)) else None)
+        share = float(share) if isinstance(share, (int, float)) else None
+        if SUSPECT_METRIC in engine_v.metrics:  # its share before the suspicion (module docstring)
+            share = self._engine.get(v.channel, (v.route, 0.0, share))[2]
+        self._engine[v.channel] = (v.route, float(engine_v.weight), share)
         o = self._active.get(f"channel:{v.channel}") or self._active.get(f"route:{v.route}")
         out = engine_v if o is None else self._forced(engine_v, o)
         self.last[v.channel] = out
@@ -289,7 +297,8 @@ class OverrideTable:
         else:  # freeze
             held = self._frozen.setdefault(o.route or "", {})
             if v.channel not in held:  # first seen during the freeze: hold from now on
-                held[v.channel] = (weight, metrics.get("route_share"))  # type: ignore[assignment]
+                share0 = metrics.get("route_share") if SUSPECT_METRIC not in v.metrics else self._engine[v.channel][2]
+                held[v.channel] = (weight, share0)  # type: ignore[assignment]
             weight, share = held[v.channel]
             if share is not None:
                 metrics["route_share"] = share

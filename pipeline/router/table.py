@@ -23,6 +23,13 @@ Rules:
   its weights normalised within the route, and ``source`` says ``weights``.
   When every share is 0 every share is 0 and ``all_open`` is set, so the
   router applies its own fallback rule.
+- **A suspicion never darkens a route.** A suspect channel (metric
+  ``suspect_run``, :mod:`pipeline.engine.suspects`) publishes share 0 while
+  the engine sees another channel of its route in service; when the router
+  sees every share at 0 all the same (that peer forced ``open`` or to weight
+  0 by an operator, or without a verdict yet), the suspects not forced by an
+  override share the route by their weights (SPEC §4.2: never a dark route
+  by inference).
 - **Overrides are honoured.** A channel under an operator's channel override
   (verdict ``override`` of kind ``open``/``healthy``/``weight``) counts with the
   forced weight against the others' ``k × route_share`` (k channels in the
@@ -217,6 +224,9 @@ class HealthTable:
 
 
 _CHANNEL_OVERRIDES = ("open", "healthy", "weight")
+#: Verdict metric of a suspect channel (:data:`pipeline.engine.suspects.SUSPECT_METRIC`; not imported: the
+#: router keeps no import of the engine).
+SUSPECT_METRIC = "suspect_run"
 
 
 def route_shares(verdicts: list[Verdict]) -> tuple[dict[str, float], str, tuple[str, ...]]:
@@ -243,6 +253,10 @@ def route_shares(verdicts: list[Verdict]) -> tuple[dict[str, float], str, tuple[
         else:
             x[v.channel] = float(v.weight)
     total = sum(x.values())
+    if total <= 0:  # a suspicion never darkens a route (module docstring): the suspects by their weights
+        x = {v.channel: float(v.weight) if SUSPECT_METRIC in v.metrics and v.channel not in overridden else 0.0
+             for v in verdicts}
+        total = sum(x.values())
     out = {c: (w / total if total > 0 else 0.0) for c, w in x.items()}
     if overridden or not usable:  # re-normalised here: keep the capacity caps the engine's shares kept
         out = keep_caps(out, {v.channel: cap for v in verdicts if (cap := _max_share(v)) is not None

@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from pipeline.engine.replay import replay
+from pipeline.engine.suspects import SUSPECT_METRIC
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.simulate.scenario import BAD_STATES, Scenario
 
@@ -192,19 +193,27 @@ def _route_outcome(truth: Truth, shares: dict[str, np.ndarray]) -> tuple[float |
 
 def _engine_shares(truth: Truth, verdicts: list, t_of: Callable[[int], float]) -> dict[str, np.ndarray]:
     """Per route, the shares a router following the engine's verdicts uses over the grid: each channel's
-    latest ``route_share`` where its weight is above 0 (:mod:`pipeline.router.table`)."""
+    latest ``route_share`` where its weight is above 0 (:mod:`pipeline.router.table`); when every share is 0,
+    the suspects' weights (:func:`pipeline.router.table.route_shares`: a suspicion never darkens a route)."""
     changes: dict[str, list[tuple[float, dict[str, float]]]] = {}
     latest: dict[str, dict[str, float]] = {}
+    suspects: dict[str, dict[str, float]] = {}
     for v in verdicts:  # time order
         snap = latest.setdefault(v.route, {})
         share = v.metrics.get("route_share")
         snap[v.channel] = float(share) if v.weight > 0 and isinstance(share, (int, float)) else 0.0
+        sus = suspects.setdefault(v.route, {})
+        if SUSPECT_METRIC in v.metrics and v.weight > 0:
+            sus[v.channel] = float(v.weight)
+        else:
+            sus.pop(v.channel, None)
+        now = snap if sum(snap.values()) > 0 or not sus else {c: sus.get(c, 0.0) for c in snap}
         seq = changes.setdefault(v.route, [])
         t = t_of(v.ts_ms)
         if seq and seq[-1][0] == t:
-            seq[-1] = (t, dict(snap))
+            seq[-1] = (t, dict(now))
         else:
-            seq.append((t, dict(snap)))
+            seq.append((t, dict(now)))
     return {r: step_shares(rt, changes.get(r, [])) for r, rt in truth.routes.items()}
 
 
