@@ -476,53 +476,55 @@ class Engine:
         return out
 
     def _suspicion(self, cols: EventColumns) -> list[Verdict]:
-        """Suspicion (:mod:`pipeline.engine.suspects`), event by event over the channels that are suspect or
-        whose failure run reached ``policy.suspect_run`` in this chunk: a channel not suspect becomes suspect
-        at an event where its run is at least that long (its verdict publishes ``route_share`` 0); a
-        suspect's first success sent at or after the request that made it suspect ends it at that event
-        (its verdict publishes its share again); both may happen several times in a chunk. A suspicion whose
-        channel left service or whose route has no other channel in service any more ends at the chunk's
-        last event. Runs before :meth:`_pretrip`: a channel that trips in this chunk is read only up to that
-        trip (whose verdict ends a suspicion)."""
+        """Suspicion (:mod:`pipeline.engine.suspects`), event by event in arrival order over the channels that
+        are suspect or whose failure run reached ``policy.suspect_run`` in this chunk: a channel not suspect
+        becomes suspect at an event where its run is at least that long (its verdict publishes
+        ``route_share`` 0); a suspect's first success sent at or after the request that made it suspect ends
+        it at that event (its verdict publishes its share again); both may happen several times in a chunk,
+        and channels of one route are read in the order their events arrived (which one may become suspect
+        depends on the others). A suspicion whose channel left service or whose route has no other channel in
+        service any more ends at the chunk's first event; with ``suspect_run`` 0 (turned off, e.g. on a
+        restart with another policy) every suspicion ends so. Runs before :meth:`_pretrip`: a channel that
+        trips in this chunk is read only up to that trip (whose verdict ends a suspicion)."""
         out: list[Verdict] = []
         sus, runs, k = self.suspects, self.runs, self.policy.suspect_run
         assert runs is not None
+        first_ts = int(cols.ts_ms.min())
+        for c in sorted(sus.since_ms):
+            if not k or not sus.holds(c):  # turned off, left service, or its route's last peer left
+                sus.end(c)
+                if self.machines[c].state not in (OPEN, HALF_OPEN):
+                    out.append(self._verdict(c, first_ts, self._share_metrics(c)))
+        if not k:
+            return out
         tripped = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_at.tolist()) if idx >= 0}
         first = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_early.tolist()) if idx >= 0}
-        cands = sorted(set(first) | set(sus.since_ms))
-        # a channel's events: one scan each for a few channels, one stable sort for many (a fault on many)
-        order = np.argsort(cols.channel, kind="stable") if len(cands) > 8 else None
-        by_channel = None if order is None else cols.channel[order]
-        for c in cands:
-            if c in sus.since_ms and not sus.holds(c):  # left service, or its route's last peer left
-                if self.machines[c].state not in (OPEN, HALF_OPEN):
-                    out.append(self._verdict(c, int(cols.ts_ms.max()), self._share_metrics(c)))
+        # channels whose events are read: suspect ones, and those that may become suspect (their state and
+        # route do not change before the trips)
+        cands = [c for c in sorted(set(first) | set(sus.since_ms)) if c in sus.since_ms or sus.may_suspect(c)]
+        if not cands:
+            return out
+        picked = np.isin(cols.channel, cands)
+        idx = np.flatnonzero(picked & (cols.outcome >= 0))
+        ch = cols.channel[idx]
+        idx = idx[idx < np.array([tripped.get(c, len(cols)) for c in ch.tolist()], np.int64)] if tripped else idx
+        ts = cols.ts_ms[idx]
+        # sent at ts - latency, within [0, ts]: a latency past the event's own time (hostile, or a clock) must
+        # not put a time no snapshot can hold into the suspicion
+        sent = (ts - np.minimum(cols.latency_ms[idx], ts)).tolist()
+        run: dict[int, int] = {}  # channel -> run since its first crossing (before it: shorter than k)
+        for j, c, o, s_ms, t in zip(idx.tolist(), cols.channel[idx].tolist(), cols.outcome[idx].tolist(), sent,
+                                    ts.tolist()):
+            if o == 0 and c in sus.since_ms and s_ms >= sus.since_ms[c]:
+                sus.end(c)
+                out.append(self._verdict(c, t, self._share_metrics(c)))
+            at = first.get(c, -1)
+            if at < 0 or j < at:
                 continue
-            if c not in sus.since_ms and not sus.may_suspect(c):
-                continue  # its state and route do not change before the trips: none in this chunk
-            if order is None or by_channel is None:
-                mine = np.flatnonzero(cols.channel == c)
-            else:
-                mine = order[np.searchsorted(by_channel, c):np.searchsorted(by_channel, c, side="right")]
-            mine = mine[mine < tripped.get(c, len(cols))]
-            at = first.get(c, len(cols))  # before it the run is shorter than k; from it, at least k
-            run = k
-            # sent at ts - latency, within [0, ts]: a latency past the event's own time (hostile, or a clock)
-            # must not put a time no snapshot can hold into the suspicion
-            ts_mine = cols.ts_ms[mine]
-            sent = (ts_mine - np.minimum(cols.latency_ms[mine], ts_mine)).tolist()
-            for j, o, s_ms in zip(mine.tolist(), cols.outcome[mine].tolist(), sent):
-                if o < 0:
-                    continue
-                if o == 0 and c in sus.since_ms and s_ms >= sus.since_ms[c]:
-                    sus.end(c)
-                    out.append(self._verdict(c, int(cols.ts_ms[j]), self._share_metrics(c)))
-                if j < at:
-                    continue
-                run = run + 1 if (o == 1 and j > at) else k if j == at else 0
-                if run >= k and c not in sus.since_ms and sus.may_suspect(c):
-                    sus.start(c, s_ms, int(cols.ts_ms[j]))
-                    out.append(self._verdict(c, int(cols.ts_ms[j]), {"route_share": 0.0}))
+            r = run[c] = (run[c] + 1 if o == 1 else 0) if j > at else k
+            if r >= k and c not in sus.since_ms and sus.may_suspect(c):
+                sus.start(c, s_ms, t)
+                out.append(self._verdict(c, t, {"route_share": 0.0}))
         return out
 
     def _suspicion_after(self, trips: list[Verdict]) -> list[Verdict]:

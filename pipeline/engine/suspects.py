@@ -112,14 +112,3 @@ class Suspects:
             self.end(i)
             return False
         return True
-
-    @staticmethod
-    def fresh_success(outcome: np.ndarray, sent_ms: np.ndarray, since_ms: float) -> int:
-        """Index of the first success (``outcome`` 0) of one channel's events (in arrival order) sent at or
-        after ``since_ms``, or -1. ``outcome`` int (n,), ``sent_ms`` float (n,) epoch ms.
-
-        >>> Suspects.fresh_success(np.array([1, 0, 0]), np.array([10.0, 5.0, 12.0]), 10.0)
-        2
-        """
-        hit = np.flatnonzero((outcome == 0) & (sent_ms >= since_ms))
-        return int(hit[0]) if hit.size else -1

@@ -21,6 +21,7 @@ from pipeline.engine import Engine
 from pipeline.engine.replay import replay
 from pipeline.engine.state_io import machine_dict
 from pipeline.engine.suspects import SUSPECT_METRIC
+from pipeline.policy.defaults import PolicyConfig
 from pipeline.state.snapshot import ROUND_STATE, SnapshotError, decode_snapshot, export_channel, import_channel
 
 from tests.unit.test_suspects import START, WARM_S, _stream
@@ -103,3 +104,18 @@ def test_a_hostile_latency_cannot_make_an_unsaveable_suspicion():
     _, rest = replay([e for e in events if e["ts_ms"] >= at], engine=restored)
     end = next(v for v in rest if v.channel == "a")
     assert (end.ts_ms, SUSPECT_METRIC in end.metrics) == (START + WARM_S * 1000 + 200, False)
+
+
+def test_a_restart_with_suspicion_turned_off_ends_it_with_its_share(cut):
+    """Records taken while a is suspect, restored into an engine whose policy has ``suspect_run = 0``: the first
+    chunk ends the suspicion with a's share (no verdict keeps a route share of 0 with ``suspect_run`` 0)."""
+    records, after, _, _ = cut
+    restored = Engine(PolicyConfig(suspect_run=0))
+    for blob in records:
+        import_channel(restored, decode_snapshot(blob))
+    assert restored.suspects.since_ms
+    _, got = replay(after, engine=restored)
+    a = [v for v in got if v.channel == "a"]
+    assert (SUSPECT_METRIC in a[0].metrics, a[0].metrics["route_share"], a[0].ts_ms) == (
+        False, 0.5, min(e["ts_ms"] for e in after))
+    assert not any(SUSPECT_METRIC in v.metrics for v in got) and restored.suspects.since_ms == {}
