@@ -49,8 +49,7 @@ from pipeline.policy.routes import ROUTE_DOWN, ROUTE_PANIC
 from pipeline.policy.capacity import OVER_CAPACITY
 from pipeline.policy.readmit import success_run_crossing
 from pipeline.policy.route_wide import PEER_LATENCY, ROUTE_WIDE
-from pipeline.policy.state_machine import (HALF_OPEN, HEALTHY, LEARNING_STATES, NO_DATA, OPEN,
-                                           READMIT_HARD_CAUSES, ChannelMachine)
+from pipeline.policy.state_machine import HALF_OPEN, HEALTHY, LEARNING_STATES, NO_DATA, OPEN, ChannelMachine
 from pipeline.engine.published import clean_value, published_values
 from pipeline.engine.columns import EventFields, make_columns, picker, resolve_structure, structure_flags
 from pipeline.engine.error_classes import ErrorClasses
@@ -428,18 +427,15 @@ class Engine:
             result.verdicts.extend(trips)
             if trips and self.suspects.since_ms:
                 result.verdicts.extend(self._suspicion_after(trips))
-        if self.ok_runs or (self.policy.readmit_success_run and OPEN in states and (
-                self.routes.capacity.max_share or any(self.machines[i].cause in READMIT_HARD_CAUSES for i, st
-                                                      in zip(rows.tolist(), states) if st == OPEN))):
+        if self.ok_runs or (self.routes.capacity.max_share and self.policy.readmit_success_run
+                            and OPEN in states):
             machines = self.machines  # the open ones now (a run may have tripped one in this chunk)
             result.verdicts.extend(self._readmit(cols, [i for i in rows.tolist()
                                                         if machines[i].state == OPEN or i in self.ok_runs]))
 
     def _readmit(self, cols: EventColumns, rows: list[int]) -> list[Verdict]:
         """SPEC §4.2 re-admission on evidence (:mod:`pipeline.policy.readmit`): an ``open`` channel of
-        ``rows`` whose route has a peer over its ``max_share`` (cause "": the §4 detectors), or whose cause is
-        a dead key (``credential``, SPEC §4.1: it fails every request, so a run of successes says the key was
-        rotated; :data:`~pipeline.policy.state_machine.READMIT_HARD_CAUSES`), goes ``half_open``
+        ``rows`` (cause "": the §4 detectors) whose route has a peer over its ``max_share`` goes ``half_open``
         at the event that completed a run of ``readmit_success_run`` successes (its events since it opened,
         this chunk's and the earlier ones'); its route's shares are recomputed at once and every channel of
         the route whose share moved gets a verdict. Other channels leave :attr:`ok_runs`."""
@@ -447,8 +443,7 @@ class Engine:
         out: list[Verdict] = []
         for i in rows:
             m = self.machines[i]
-            if not k or m.state != OPEN or not (m.cause in READMIT_HARD_CAUSES
-                                                or (not m.cause and self.routes.peer_over_cap(i))):
+            if not k or m.state != OPEN or m.cause or not self.routes.peer_over_cap(i):
                 self.ok_runs.pop(i, None)
                 continue
             mine = np.flatnonzero((cols.channel == i) & (cols.ts_ms >= m.entered_ms))

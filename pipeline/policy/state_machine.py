@@ -53,13 +53,8 @@ HEALTHY, DEGRADED, OPEN, HALF_OPEN, RECOVERING, NO_DATA = (
 LEARNING_STATES = frozenset((HEALTHY, NO_DATA))
 
 _EPS = 1e-9
-#: Causes whose probe failures keep their cause (and schedule) when the channel re-opens: SPEC §4.1's hard
-#: faults (a dead key, a spent quota), which do not heal by waiting.
+#: Causes whose probe failures keep their cause (and schedule) when the channel re-opens.
 _PROBED = ("credential", "quota_exhausted")
-#: Hard causes a run of successes of the channel's own traffic re-admits (SPEC §4.2 re-admission on evidence):
-#: a revoked key answers 401/403 to every request, so 10 successes in a row say it was rotated. Not
-#: ``quota_exhausted``: a draining quota lets some requests through (runs of successes while still spent).
-READMIT_HARD_CAUSES = ("credential",)
 #: SPEC §4.1: the reason code an ``open`` caused by each error class carries (the route's panic floor,
 #: SPEC §4.2, reads ``credential_invalid`` / ``quota_exhausted`` as hard faults: keep these codes).
 CLASS_REASON: dict[str, str] = {"credential": "credential_invalid", "quota_exhausted": "quota_exhausted",
@@ -176,13 +171,10 @@ class ChannelMachine:
         return True
 
     def readmit(self, now_ms: int, cfg: PolicyConfig) -> bool:
-        """``open`` (cause "": the §4 detectors, or a hard fault of :data:`READMIT_HARD_CAUSES`) -> ``half_open`` now,
-        before the cooldown ends: its own traffic shows it serves again (SPEC §4.2 re-admission on evidence,
-        :mod:`pipeline.policy.readmit`; the caller decides when). The probe then runs as after a cooldown (a
-        hard fault keeps its cause: a failed probe re-opens on its schedule). Returns True when the state
-        changed; False for another state, a ``rate_limited`` open (its cooldown is the provider's) or a
-        ``quota_exhausted`` one."""
-        if self.state != OPEN or (self.cause and self.cause not in READMIT_HARD_CAUSES):
+        """``open`` (cause "": the §4 detectors) -> ``half_open`` now, before the cooldown ends: its own traffic
+        shows it serves again (SPEC §4.2 re-admission on evidence, :mod:`pipeline.policy.readmit`; the caller
+        decides when). The probe then runs as after a cooldown. Returns True when the state changed."""
+        if self.state != OPEN or self.cause:
             return False
         self._enter(HALF_OPEN, now_ms, cfg.half_open_weight)
         self.left_open_ms = int(now_ms)

@@ -40,14 +40,8 @@ def test_dead_key_probes_follow_the_backoff_schedule(scenario_run):
     for k, v in enumerate(dead):
         assert v.metrics["next_probe_ts_ms"] == v.ts_ms + sched.delay_ms(k, seed=v.ts_ms)
     probes = [v for v in run.transitions(BIG) if v.state == "half_open"]
-    for v, p in zip(dead[:3], probes):  # each probe at the first 30 s round at or after the scheduled time
+    for v, p in zip(dead, probes):  # each probe at the first 30 s round at or after the scheduled time
         assert 0 <= p.ts_ms - v.metrics["next_probe_ts_ms"] < 30_000
-    # after the rotation the key's own traffic (10 successes in a row) re-admits it before its 4th probe time
-    # (SPEC §4.2 re-admission on evidence, a dead key: pipeline/policy/state_machine.py READMIT_HARD_CAUSES)
-    rotated = WARMUP_S + DEAD_KEY_S
-    ok_after = sorted(e["ts_ms"] for e in run.events if e["channel"] == BIG and e["status"] == "ok"
-                      and run.t(e["ts_ms"]) >= rotated)
-    assert probes[3].ts_ms == ok_after[9] < dead[3].metrics["next_probe_ts_ms"]
     gaps_s = [(b.ts_ms - a.ts_ms) / 1000 for a, b in zip(dead, dead[1:])]
     assert 300 <= gaps_s[0] < 330 and 600 <= gaps_s[1] < 690 and 1200 <= gaps_s[2] < 1350
 
