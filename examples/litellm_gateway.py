@@ -9,8 +9,9 @@ What happens:
    ``fake-b/gpt@paid``), with the channel-health callback publishing one event per upstream call
    (pipeline.gateways.litellm) and the routing hook choosing deployments by the verdicts
    (pipeline.router.litellm_hook);
-4. traffic flows; then provider ``a`` starts answering HTTP 500; the worker's verdict opens ``a``
-   and the hook moves the traffic to ``b``.
+4. traffic flows; then provider ``a`` starts answering HTTP 500: after 3 failures in a row the worker makes
+   ``a`` suspect (its route share goes to ``b`` at once, docs/ROUTE_PROTECTION.md), and while the gateway
+   keeps serving, the verdict opens ``a`` (a run of 5) and the hook keeps the traffic on ``b``.
 
 It prints every verdict as it arrives and the traffic split of each phase. ``--calls N`` sets the calls of
 each phase (default 40). docs/CONNECTING.md explains each piece.
@@ -77,6 +78,9 @@ async def run(settings, calls: int, timeout_s: float) -> int:
             both_seen.set()
         print(f"verdict {v.channel} state={v.state} weight={v.weight:.2f} reasons={','.join(v.reasons) or '-'}",
               flush=True)
+        if v.metrics.get("suspect_run"):
+            print(f"suspect {v.channel}: {v.metrics['suspect_run']} failures in a row, its share goes to its peers",
+                  flush=True)
         if v.channel == CHANNELS["a"] and v.state == "open" and not opened.is_set():
             opened_at.append(time.monotonic())
             opened.set()
@@ -98,9 +102,18 @@ async def run(settings, calls: int, timeout_s: float) -> int:
             print("provider a now answers HTTP 500", flush=True)
             t0 = time.monotonic()
             await phase(router, server, "during the fault", calls, 0.05)
-            try:
-                await asyncio.wait_for(opened.wait(), timeout_s)
-            except asyncio.TimeoutError:
+            # the gateway keeps serving until the verdict opens a: a suspect a gets no traffic, and its share
+            # comes back (suspect_max_ms) at its next round, where two more failures make the run of 5
+            before = {u: server.calls(u) for u in CHANNELS}
+            while not opened.is_set() and time.monotonic() - t0 < timeout_s:
+                try:
+                    await router.acompletion(model="chat", messages=[{"role": "user", "content": "hello"}])
+                except Exception:  # a's answers while its share comes back
+                    pass
+                await asyncio.sleep(0.2)
+            print("traffic while waiting for the verdict: " + " ".join(
+                f"{u}={server.calls(u) - before[u]}" for u in CHANNELS), flush=True)
+            if not opened.is_set():
                 print(f"no open verdict for {CHANNELS['a']} within {timeout_s:.0f} s", flush=True)
                 return 1
             print(f"{CHANNELS['a']} open {opened_at[0] - t0:.1f} s after the fault began", flush=True)

@@ -41,8 +41,6 @@ Applications, vol. 1, XIII.7), e.g. every 2.7e7 requests at the simulator's paid
 
 from __future__ import annotations
 
-import numpy as np
-
 from pipeline.policy.capacity import CapacityModel
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.state_machine import DEGRADED, HALF_OPEN, HEALTHY, OPEN, RECOVERING, ChannelMachine
