@@ -421,7 +421,8 @@ class Engine:
             for i, now in self.classes.trips(events, cols, classified):
                 result.verdicts.append(self._trip_verdict(i, now, {}))
         if self.runs is not None:
-            if self.suspects.since_ms or (self.runs.crossed_early.size and self.runs.crossed_early.max() >= 0):
+            if self.suspects.since_ms or self.suspects.expired or (
+                    self.runs.crossed_early.size and self.runs.crossed_early.max() >= 0):
                 result.verdicts.extend(self._suspicion(cols))  # first: a suspicion begins before its trip
             trips = self._pretrip(cols, self.runs.groups, self.runs.crossed_at, th)
             result.verdicts.extend(trips)
@@ -496,7 +497,8 @@ class Engine:
         first = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_early.tolist()) if idx >= 0}
         # channels whose events are read: suspect ones, and those that may become suspect (their state and
         # route do not change before the trips)
-        cands = [c for c in sorted(set(first) | set(sus.since_ms)) if c in sus.since_ms or sus.may_suspect(c)]
+        cands = [c for c in sorted(set(first) | set(sus.since_ms) | set(sus.expired))
+                 if c in sus.since_ms or c in sus.expired or sus.may_suspect(c)]
         if not cands:
             return out
         picked = np.isin(cols.channel, cands)
@@ -513,6 +515,8 @@ class Engine:
             if o == 0 and c in sus.since_ms and s_ms >= sus.since_ms[c]:
                 sus.end(c)
                 out.append(self._verdict(c, t, self._share_metrics(c)))
+            if o == 0:
+                sus.expired.pop(c, None)  # its run ended: a later run may make it suspect again
             at = first.get(c, -1)
             if at < 0 or j < at:
                 continue
@@ -568,6 +572,7 @@ class Engine:
         hard fault, it keeps the panic floor's weight with reason ``route_panic``
         (:meth:`RouteShares.keep_on_trip <pipeline.engine.route_shares.RouteShares.keep_on_trip>`; SPEC
         §4.2 "never black out a route by inference") and ``metrics`` gains its last ``route_share``."""
+        self.suspects.expired.pop(i, None)  # its run tripped it
         wide = self.routes.wide.keep_on_trip(i)  # SPEC §4.2: a route-wide member keeps its weight
         kept = self.routes.keep_on_trip(i) if wide is None else None
         if kept is not None and (share := self.routes.last_share(i)) is not None:

@@ -121,7 +121,8 @@ class StateIO:
                           recent=None if recent is None else (float(recent[0]), float(recent[1])),
                           p95=None if p95 is None else (int(p95[0]), float(p95[1]), float(p95[2])),
                           ok_run=e.ok_runs.get(i, 0), suspect_sent_ms=e.suspects.since_ms.get(i),
-                          suspect_at_ms=e.suspects.began_ms.get(i))
+                          suspect_at_ms=e.suspects.began_ms.get(i),
+                          suspect_expired_ms=e.suspects.expired.get(i))
 
     def import_state(self, state: ChannelState) -> int:
         """Load ``state`` (registering its channel); returns the channel's row.
@@ -246,6 +247,7 @@ class StateIO:
         _put(e.ok_runs, i, rs.ok_run or None)  # a run of 0 acts as no entry (Engine._readmit)
         _put(e.suspects.since_ms, i, rs.suspect_sent_ms)
         _put(e.suspects.began_ms, i, rs.suspect_at_ms)
+        _put(e.suspects.expired, i, rs.suspect_expired_ms)
 
 
 _T = TypeVar("_T")
@@ -278,6 +280,9 @@ def check_round_state(rs: RoundState) -> None:
             isinstance(rs.suspect_at_ms, int) and 0 <= rs.suspect_at_ms <= MAX_SEQ)):
         raise ValueError(f"state suspect_at_ms {rs.suspect_at_ms!r} is not a time in 0 .. 2**53 ms set with "
                          "suspect_sent_ms")
+    if rs.suspect_expired_ms is not None and not (isinstance(rs.suspect_expired_ms, int)
+                                                  and 0 <= rs.suspect_expired_ms <= MAX_SEQ):
+        raise ValueError(f"state suspect_expired_ms {rs.suspect_expired_ms!r} is not a time in 0 .. 2**53 ms")
     for what, w in (("route-wide weight", rs.wide_weight), ("panic weight", rs.panic_weight),
                     ("failure ratio", rs.fail_ratio)):
         if w is not None:

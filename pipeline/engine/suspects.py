@@ -68,6 +68,11 @@ class Suspects:
         self.since_ms: dict[int, float] = {}
         #: channel row -> event time (epoch ms) its suspicion began at (that request's ``ts_ms``).
         self.began_ms: dict[int, int] = {}
+        #: channel row -> event time (epoch ms) its last suspicion ran out (``max_ms``) while its failure run went
+        #: on: it may not become suspect again before a success ends that run (its share is back so that more
+        #: requests complete the run of ``consecutive_failures`` and trip it; a new suspicion at the run's next
+        #: failure would starve it of them again, and a router following the shares would never see it open).
+        self.expired: dict[int, int] = {}
 
     def start(self, i: int, sent_ms: float, at_ms: int) -> None:
         """Channel ``i`` is suspect from event time ``at_ms`` on, made so by a request sent at ``sent_ms``."""
@@ -92,7 +97,7 @@ class Suspects:
         """Whether channel ``i`` may become suspect now (module text: its state, a peer in service, no
         learned capacity cap nor a share that just rose on its route)."""
         m = self.machines[i]
-        if m.state not in _SUSPECTABLE or m.weight <= 0 or i in self.since_ms:
+        if m.state not in _SUSPECTABLE or m.weight <= 0 or i in self.since_ms or i in self.expired:
             return False
         members = self.store.route_members()[self.store.routes[i]]
         if any(self.capacity.share_rose(j) for j in members):  # capped, or its share rose (module text)
@@ -105,8 +110,11 @@ class Suspects:
         ``max_ms`` or more before ``now_ms`` ends here (returns False)."""
         if i not in self.since_ms:
             return False
-        if (self.machines[i].state not in _SUSPECTABLE or not self.has_peer(i)
-                or (now_ms is not None and now_ms - self.began_ms.get(i, now_ms) >= self.max_ms)):
+        if now_ms is not None and now_ms - self.began_ms.get(i, now_ms) >= self.max_ms:
+            self.end(i)
+            self.expired[i] = now_ms
+            return False
+        if self.machines[i].state not in _SUSPECTABLE or not self.has_peer(i):
             self.end(i)
             return False
         return True

@@ -73,7 +73,9 @@ class RoundState:
     ``ok_run``: the successes in a row its own traffic showed while ``open``, as of its last event (``Engine.ok_runs``, the
     re-admission run of :mod:`pipeline.policy.readmit`; 0 .. 2**53, 0: none). ``suspect_sent_ms``: while it is
     suspect (:mod:`pipeline.engine.suspects`), when the request that made it suspect was sent (epoch ms, finite;
-    None: not suspect); ``suspect_at_ms``: the event time it became suspect at (epoch ms; set with it).
+    None: not suspect); ``suspect_at_ms``: the event time it became suspect at (epoch ms; set with it);
+    ``suspect_expired_ms``: when its last suspicion ran out while its failure run went on (epoch ms; None: none),
+    so that it is not suspected again before a success.
     """
 
     learns: bool | None = None
@@ -87,6 +89,7 @@ class RoundState:
     ok_run: int = 0
     suspect_sent_ms: float | None = None
     suspect_at_ms: int | None = None
+    suspect_expired_ms: int | None = None
 
 
 @dataclass

@@ -101,14 +101,15 @@ WIRE_FIELDS = {
 #: Arrays: ``learns`` and ``peer_active`` bool (1,); ``held_since_ms``, ``judged_since_ms``,
 #: ``p95_round_ms`` and ``ok_run`` (the re-admission success run, when > 0) int64 (1,); ``usual``,
 #: ``max_share``, ``wide_weight``, ``panic_weight``, ``fail_ratio``, ``suspect_sent_ms`` (while suspect)
-#: float64 (1,); ``suspect_at_ms`` (with it) int64 (1,); ``held`` float64 (k,), k <= 64; ``usual_counts``, ``recent`` float64 (2,); ``p95`` float64
+#: float64 (1,); ``suspect_at_ms`` (with it) and ``suspect_expired_ms`` int64 (1,); ``held`` float64 (k,), k <= 64; ``usual_counts``, ``recent`` float64 (2,); ``p95`` float64
 #: (2,): the P95 and its lower bound in ms, -1 for NaN (no P95).
 ROUND_STATE = "engine:round"
 #: Shapes of the fixed-size arrays of :data:`ROUND_STATE` (``held`` is checked on its own).
 _ROUND_LAYOUT = {"learns": (1,), "peer_active": (1,), "held_since_ms": (1,), "judged_since_ms": (1,),
                  "usual": (1,), "max_share": (1,), "wide_weight": (1,), "usual_counts": (2,),
                  "panic_weight": (1,), "fail_ratio": (1,), "recent": (2,), "p95_round_ms": (1,), "p95": (2,),
-                 "ok_run": (1,), "suspect_sent_ms": (1,), "suspect_at_ms": (1,)}
+                 "ok_run": (1,), "suspect_sent_ms": (1,), "suspect_at_ms": (1,),
+                 "suspect_expired_ms": (1,)}
 _LEARNING = ("healthy", "no_data")  # pipeline.policy.state_machine.LEARNING_STATES (not imported here)
 
 #: ``n_buckets`` of a record whose engine keeps no latency windows (the default bucket mapping's).
@@ -251,6 +252,8 @@ def _with_round_state(ext: dict[str, dict[str, np.ndarray]], state: ChannelState
         out["suspect_sent_ms"] = np.array([rs.suspect_sent_ms], np.float64)
     if rs.suspect_at_ms is not None:
         out["suspect_at_ms"] = np.array([rs.suspect_at_ms], np.int64)
+    if rs.suspect_expired_ms is not None:
+        out["suspect_expired_ms"] = np.array([rs.suspect_expired_ms], np.int64)
     return {**ext, ROUND_STATE: out} if out else ext
 
 
@@ -264,7 +267,8 @@ def _round_state(snap: ChannelSnapshot) -> tuple[RoundState, int]:
         return RoundState(), -1
     z = snap.version in ZLIB_ARRAY_VERSIONS
     want = {"learns": "|b1", "peer_active": "|b1", "held_since_ms": "<i8", "judged_since_ms": "<i8",
-            "p95_round_ms": "<i8", "ok_run": "<i8", "suspect_at_ms": "<i8"}
+            "p95_round_ms": "<i8", "ok_run": "<i8", "suspect_at_ms": "<i8",
+            "suspect_expired_ms": "<i8"}
     a: dict[str, np.ndarray] = {}
     for key, (dtype, shape, b) in packed.items():
         if dtype != want.get(key, "<f8") or (key != "held" and tuple(shape) != _ROUND_LAYOUT.get(key)) or (
@@ -291,7 +295,8 @@ def _round_state(snap: ChannelSnapshot) -> tuple[RoundState, int]:
                     p95=None if p95 is None else (one("p95_round_ms", int),
                                                   *(float("nan") if x == -1.0 else float(x) for x in p95.tolist())),
                     ok_run=one("ok_run", int) or 0, suspect_sent_ms=one("suspect_sent_ms", float),
-                    suspect_at_ms=one("suspect_at_ms", int))
+                    suspect_at_ms=one("suspect_at_ms", int),
+                    suspect_expired_ms=one("suspect_expired_ms", int))
     held = one("held_since_ms", int)
     return rs, -1 if held is None else held
 

@@ -24,7 +24,7 @@ from pipeline.engine.suspects import SUSPECT_METRIC
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.state.snapshot import ROUND_STATE, SnapshotError, decode_snapshot, export_channel, import_channel
 
-from tests.unit.test_suspects import START, WARM_S, _stream
+from tests.unit.test_suspects import START, WARM_S, _stream, starved_then_failing
 
 _enc = msgspec.json.Encoder()
 SENT_MS = START + WARM_S * 1000 + 100  # the third extra failure's send time
@@ -119,3 +119,22 @@ def test_a_restart_with_suspicion_turned_off_ends_it_with_its_share(cut):
     assert (SUSPECT_METRIC in a[0].metrics, a[0].metrics["route_share"], a[0].ts_ms) == (
         False, 0.5, min(e["ts_ms"] for e in after))
     assert not any(SUSPECT_METRIC in v.metrics for v in got) and restored.suspects.since_ms == {}
+
+
+def test_a_restart_after_a_suspicion_ran_out_keeps_it_from_a_new_one():
+    """tests/unit/test_suspects.py ``starved_then_failing``: records taken at +40.3 s (the suspicion ran out at
+    the +40 s round; the fault's failures have begun) restore ``suspect_expired_ms``: the restored engine
+    trips a at +40.84 s without suspecting it again, byte-identical to the engine that never stopped."""
+    events = starved_then_failing()
+    at = START + WARM_S * 1000 + 40_300
+    before, after = [e for e in events if e["ts_ms"] < at], [e for e in events if e["ts_ms"] >= at]
+    eng, _ = replay(before)
+    _, want = replay(after, engine=eng)
+    at_cut, _ = replay(before)
+    assert at_cut.suspects.expired == {at_cut.channel_rows["a"]: START + WARM_S * 1000 + 40_000}
+    restored = Engine()
+    for i in range(at_cut.store.n_channels):
+        import_channel(restored, decode_snapshot(export_channel(at_cut, i)))
+    _, got = replay(after, engine=restored)
+    assert [_enc.encode(v) for v in got] == [_enc.encode(v) for v in want]
+    assert next(v for v in got if v.channel == "a").state == "open"

@@ -250,3 +250,27 @@ def test_two_channels_of_a_route_in_one_chunk_are_read_in_arrival_order():
     _, verdicts = replay(events)
     sus = [(v.channel, v.ts_ms - START - WARM_S * 1000) for v in verdicts if SUSPECT_METRIC in v.metrics]
     assert sus == [("b", 120)]
+
+
+def test_after_its_suspicion_runs_out_a_failing_channel_trips_instead_of_being_suspected_again():
+    """Closed loop: a is suspect from +140 ms (three quick failures) and a router following its share sends it
+    nothing; at the +40 s round (10 s or more after) the suspicion runs out and its share is back. The fault is
+    still on: its requests from +40 s fail in 40 ms. Their run reaches 3 at +40.44 s: a is not suspected again
+    (that would starve it of the requests that complete the run, and it would never open); the 5th failure
+    trips it at +40.84 s. Before: suspected again at +40.44 s, and open only after further rounds."""
+    base = START + WARM_S * 1000
+    _, verdicts = replay(starved_then_failing())
+    mine = [(v.ts_ms - base, v.state, SUSPECT_METRIC in v.metrics) for v in _of(verdicts, "a") if v.ts_ms < base + 45_000]
+    assert mine == [(140, "healthy", True), (10_000, "healthy", True), (40_000, "healthy", False),
+                    (40_840, "open", False)]
+
+
+def starved_then_failing() -> list[dict]:
+    """The stream of the test above: a suspect at +140 ms, no requests sent to it for 40 s, then failing."""
+    base = START + WARM_S * 1000
+    events = [e for e in _stream({"a": [(WARM_S + 40, WARM_S + 120)]}, until_s=WARM_S + 60)
+              if not (e["channel"] == "a" and base < e["ts_ms"] - e["latency_ms"] < base + 40_000)]
+    for k, sent in enumerate((10, 50, 100)):
+        events.append({"event_id": f"x{k}", "ts_ms": base + sent + 40, "channel": "a", "route": "r",
+                       "status": "error", "latency_ms": 40.0, "tier": "paid", "http_status": 503})
+    return sorted(events, key=lambda e: e["ts_ms"])
