@@ -134,6 +134,12 @@ class TypedBatch(msgspec.Struct):
     events: Annotated[list[RequestEvent], msgspec.Meta(min_length=1)]
 
 
+#: Verdict metric of a suspect channel (:mod:`pipeline.engine.suspects`): the failure run that made it suspect;
+#: its ``route_share`` is then 0 while its state and weight stay. Read by the router table, the override table,
+#: the board and the scorecard: one name for all of them.
+SUSPECT_METRIC = "suspect_run"
+
+
 class Verdict(msgspec.Struct, omit_defaults=False):
     """Channel-health verdict published on ``channel.health`` (SPEC §3).
 

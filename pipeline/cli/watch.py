@@ -43,11 +43,10 @@ import typer
 from pipeline.cli.settings import kafka_settings_or_exit
 from pipeline.config import Settings
 from pipeline.redaction import redact_secrets
-from pipeline.contracts import Verdict, decode_verdict
+from pipeline.contracts import SUSPECT_METRIC, Verdict, decode_verdict
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.alert.error_class_text import error_class_line
 from pipeline.alert.reasons import next_probe_ms, override_text
-from pipeline.engine.suspects import SUSPECT_METRIC
 
 #: Live refresh interval (s): at least once a second (issue #20).
 REFRESH_S = 1.0

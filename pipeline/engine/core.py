@@ -36,12 +36,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Mapping, Sequence, cast
+from typing import Callable, Mapping, Sequence, cast
 
 import numpy as np
 
 from pipeline.config import StateLimits
-from pipeline.contracts import RequestEvent, Verdict
+from pipeline.contracts import SUSPECT_METRIC, RequestEvent, Verdict
 from pipeline.signals import SIGNALS, Signal, ThresholdArrays
 from pipeline.policy.defaults import PolicyConfig, threshold_arrays
 from pipeline.policy.reasons import published_reasons
@@ -57,7 +57,7 @@ from pipeline.engine.quality_scores import QualityScores
 from pipeline.engine.residency import Residency
 from pipeline.engine.route_shares import RouteShares
 from pipeline.engine.state_io import StateIO
-from pipeline.engine.suspects import SUSPECT_METRIC, Suspects
+from pipeline.engine.suspects import Suspects
 from pipeline.signals.consecutive_failures import FailureRuns
 from pipeline.windows.store import EventColumns, WindowStore
 
@@ -482,15 +482,10 @@ class Engine:
         service any more ends at the chunk's first event; with ``suspect_run`` 0 (turned off, e.g. on a
         restart with another policy) every suspicion ends so. Runs before :meth:`_pretrip`: a channel that
         trips in this chunk is read only up to that trip (whose verdict ends a suspicion)."""
-        out: list[Verdict] = []
         sus, runs, k = self.suspects, self.runs, self.policy.suspect_run
         assert runs is not None
         first_ts = int(cols.ts_ms.min())
-        for c in sorted(sus.since_ms):
-            if not k or not sus.holds(c):  # turned off, left service, or its route's last peer left
-                sus.end(c)
-                if self.machines[c].state not in (OPEN, HALF_OPEN):
-                    out.append(self._verdict(c, first_ts, self._share_metrics(c)))
+        out = self._end_lapsed(sorted(sus.since_ms), lambda c: first_ts, off=not k)
         if not k:
             return out
         tripped = {c: idx for c, idx in zip(runs.groups.tolist(), runs.crossed_at.tolist()) if idx >= 0}
@@ -530,12 +525,20 @@ class Engine:
         """A suspect whose route's last other channel in service just tripped (``trips``: this chunk's trip
         verdicts) is suspect no more, at that trip's event time: its share is published again at once (SPEC
         §4.2: never a dark route by inference)."""
-        out: list[Verdict] = []
         routes = self.store.routes
-        for c in list(self.suspects.since_ms):
-            if not self.suspects.holds(c) and self.machines[c].state not in (OPEN, HALF_OPEN):
-                at = max((v.ts_ms for v in trips if v.route == routes[c]), default=trips[-1].ts_ms)
-                out.append(self._verdict(c, at, self._share_metrics(c)))
+        return self._end_lapsed(list(self.suspects.since_ms), lambda c: max(
+            (v.ts_ms for v in trips if v.route == routes[c]), default=trips[-1].ts_ms))
+
+    def _end_lapsed(self, rows: list[int], at_ms: Callable[[int], int], off: bool = False) -> list[Verdict]:
+        """End the suspicions of ``rows`` that no longer hold (:meth:`Suspects.holds
+        <pipeline.engine.suspects.Suspects.holds>`; every one with ``off``): each channel still in service
+        publishes its share again at event time ``at_ms(row)``; one that tripped has its trip verdict."""
+        out: list[Verdict] = []
+        for c in rows:
+            if off or not self.suspects.holds(c):
+                self.suspects.end(c)
+                if self.machines[c].state not in (OPEN, HALF_OPEN):
+                    out.append(self._verdict(c, at_ms(c), self._share_metrics(c)))
         return out
 
     def _share_metrics(self, i: int) -> dict:

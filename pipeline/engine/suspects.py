@@ -46,10 +46,8 @@ from pipeline.policy.defaults import PolicyConfig
 from pipeline.policy.state_machine import DEGRADED, HALF_OPEN, HEALTHY, OPEN, RECOVERING, ChannelMachine
 from pipeline.windows.store import WindowStore
 
-__all__ = ["SUSPECT_METRIC", "Suspects"]
+__all__ = ["Suspects"]
 
-#: Verdict metric of a suspect channel: the run that made it suspect (its ``route_share`` is then 0).
-SUSPECT_METRIC = "suspect_run"
 #: States a channel may become suspect in (in service, not probing).
 _SUSPECTABLE = frozenset((HEALTHY, DEGRADED, RECOVERING))
 

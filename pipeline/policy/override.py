@@ -39,7 +39,7 @@ from typing import Iterable, Literal
 
 import msgspec
 
-from pipeline.contracts import Verdict
+from pipeline.contracts import SUSPECT_METRIC, Verdict
 
 Kind = Literal["open", "healthy", "weight", "freeze"]
 KINDS: tuple[str, ...] = ("open", "healthy", "weight", "freeze")
@@ -58,8 +58,6 @@ DEFAULT_MAX_TTL_MS = 86_400_000
 CLOCK_SLACK_MS = 60_000
 #: Default most overrides in force at once (``CHANNEL_HEALTH_MAX_OVERRIDES``).
 DEFAULT_MAX_OVERRIDES = 1000
-#: Verdict metric of a suspect channel (:data:`pipeline.engine.suspects.SUSPECT_METRIC`; not imported: pure).
-SUSPECT_METRIC = "suspect_run"
 
 
 class OverrideRefused(ValueError):

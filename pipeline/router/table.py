@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from pipeline.contracts import Verdict
+from pipeline.contracts import SUSPECT_METRIC, Verdict
 
 #: Default staleness bound: three 30 s evaluation rounds (SPEC §4) missed.
 DEFAULT_STALE_AFTER_S = 90.0
@@ -224,9 +224,6 @@ class HealthTable:
 
 
 _CHANNEL_OVERRIDES = ("open", "healthy", "weight")
-#: Verdict metric of a suspect channel (:data:`pipeline.engine.suspects.SUSPECT_METRIC`; not imported: the
-#: router keeps no import of the engine).
-SUSPECT_METRIC = "suspect_run"
 
 
 def route_shares(verdicts: list[Verdict]) -> tuple[dict[str, float], str, tuple[str, ...]]:

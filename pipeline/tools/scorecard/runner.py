@@ -26,8 +26,8 @@ from typing import Callable
 
 import numpy as np
 
+from pipeline.contracts import SUSPECT_METRIC
 from pipeline.engine.replay import replay
-from pipeline.engine.suspects import SUSPECT_METRIC
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.tools.simulate.scenario import BAD_STATES, Scenario
 
