@@ -27,24 +27,36 @@ SWING = Fault("a", T0 + H + 1_800_000, T0 + 2 * H + 1_800_000, latency_factor=1.
 BASE_POLICY = "[tier.paid]\nlatency_ratio_clear = 1.05\n"
 
 
-@pytest.fixture(scope="module")
-def history(tmp_path_factory) -> Iterator[tuple[object, Path]]:
+def _recorded(tmp_path_factory, name: str, channels: list[str], end_ms: int, faults: list) -> tuple[object, Path]:
+    """A fresh chDB in a new temporary folder ``name`` holding the worker's record of ``channels``' synthetic
+    traffic from T0 to ``end_ms`` (1 req/s, ``faults``, seed 7, no base errors)."""
     from pipeline.storage.client import close_clients, open_client
     from pipeline.storage.schema import apply_ddl
 
     close_clients()
-    tmp = tmp_path_factory.mktemp("tune")
+    tmp = tmp_path_factory.mktemp(name)
     client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{tmp / 'chdb'}"))
     apply_ddl(client)
-    record(client, synthetic_events(["a", "b"], T0, END, 1.0, faults=[INC1, INC2, SWING], seed=7,
-                                    base_error_rate=0.0))
+    record(client, synthetic_events(channels, T0, end_ms, 1.0, faults=faults, seed=7, base_error_rate=0.0))
+    return client, tmp
+
+
+def _close() -> None:
+    from pipeline.storage.client import close_clients
+
+    close_clients()
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> Iterator[tuple[object, Path]]:
+    client, tmp = _recorded(tmp_path_factory, "tune", ["a", "b"], END, [INC1, INC2, SWING])
     mark_incident(client, "b", INC1.from_ms, INC1.to_ms, "latency", note="incident 1")
     mark_incident(client, "b", INC2.from_ms, INC2.to_ms, "latency", note="incident 2")
     mark_incident(client, "a", T0 + H, END, "clean")
     mark_incident(client, "b", T0 + H, T0 + 2 * H, "clean")
     (tmp / "policy.toml").write_text(BASE_POLICY)
     yield client, tmp
-    close_clients()
+    _close()
 
 
 def _bounds(tmp: Path, text: str) -> Path:
@@ -149,15 +161,7 @@ INC_C = Fault("c", T0 + 2 * H, T0 + 2 * H + 1_200_000, latency_factor=2.4 / 1.8)
 
 @pytest.fixture(scope="module")
 def peer_history(tmp_path_factory) -> Iterator[tuple[object, Path]]:
-    from pipeline.storage.client import close_clients, open_client
-    from pipeline.storage.schema import apply_ddl
-
-    close_clients()
-    tmp = tmp_path_factory.mktemp("tune_peer")
-    client = open_client(Settings(kafka_bootstrap=None, clickhouse_url=f"chdb://{tmp / 'chdb'}"))
-    apply_ddl(client)
-    record(client, synthetic_events(["a", "b", "c"], T0, PEER_END, 1.0, faults=[C_SLOW, INC_C], seed=7,
-                                    base_error_rate=0.0))
+    client, tmp = _recorded(tmp_path_factory, "tune_peer", ["a", "b", "c"], PEER_END, [C_SLOW, INC_C])
     mark_incident(client, "c", INC_C.from_ms, INC_C.to_ms, "latency", note="c far slower than its peers")
     for ch in "ab":
         mark_incident(client, ch, T0 + H, PEER_END, "clean")
@@ -166,7 +170,7 @@ def peer_history(tmp_path_factory) -> Iterator[tuple[object, Path]]:
     mark_incident(client, "c", INC_C.to_ms + 600_000, PEER_END, "clean")
     (tmp / "policy.toml").write_text("")
     yield client, tmp
-    close_clients()
+    _close()
 
 
 def test_tune_searches_a_route_wide_number(peer_history) -> None:

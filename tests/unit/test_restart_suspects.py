@@ -20,7 +20,7 @@ import pytest
 from pipeline.engine import Engine
 from pipeline.engine.replay import replay
 from pipeline.engine.state_io import machine_dict
-from pipeline.engine.suspects import SUSPECT_METRIC
+from pipeline.contracts import SUSPECT_METRIC
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.state.snapshot import ROUND_STATE, SnapshotError, decode_snapshot, export_channel, import_channel
 

@@ -243,7 +243,7 @@ def test_router_shares_grow_within_the_engine_bound_when_the_primary_flips(clock
     """Primary open for 4 min (backup takes the load), then recovers: per round, the router's shares
     grow at most by the engine's bound (x1.5 or +0.05), while raw weights would jump."""
     from pipeline.engine.replay import replay
-    from pipeline.engine.suspects import SUSPECT_METRIC
+    from pipeline.contracts import SUSPECT_METRIC
     from pipeline.policy.defaults import PolicyConfig
     from pipeline.policy.routes import MIN_GROWTH_ABS
 

@@ -12,7 +12,7 @@ import msgspec
 
 from pipeline.contracts import Verdict
 from pipeline.engine.replay import replay
-from pipeline.engine.suspects import SUSPECT_METRIC
+from pipeline.contracts import SUSPECT_METRIC
 from pipeline.policy.override import Override, OverrideTable
 from pipeline.router import table as router_table
 from pipeline.router.table import HealthTable, route_shares

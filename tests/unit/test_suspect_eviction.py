@@ -12,7 +12,7 @@ from __future__ import annotations
 from pipeline.config import StateLimits
 from pipeline.engine import Engine
 from pipeline.engine.replay import replay
-from pipeline.engine.suspects import SUSPECT_METRIC
+from pipeline.contracts import SUSPECT_METRIC
 from pipeline.state.snapshot import ROUND_STATE, decode_snapshot
 
 from test_suspect_dark_route import _three_quick_failures

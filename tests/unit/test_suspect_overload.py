@@ -11,10 +11,9 @@ pile-up onto one backup."""
 from __future__ import annotations
 
 from pipeline.engine.replay import replay
-from pipeline.engine.suspects import SUSPECT_METRIC
-from pipeline.router.table import HealthTable
+from pipeline.contracts import SUSPECT_METRIC
 
-from test_suspects import START, WARM_S, _stream
+from test_suspects import START, WARM_S, _stream, router_shares_until, with_quick_failures
 
 
 def test_429s_of_a_channel_whose_share_rose_make_no_suspect():
@@ -24,15 +23,8 @@ def test_429s_of_a_channel_whose_share_rose_make_no_suspect():
     alone carried the route (1.0, 3 x its usual share). Now: no suspicion of b; the router keeps 0.5 / 0.5."""
     events = _stream({"a": [(WARM_S, WARM_S + 600)]}, channels=("a", "b", "c"), until_s=WARM_S + 120)
     t = START + (WARM_S + 65) * 1000
-    for k, sent in enumerate((10, 50, 100)):
-        events.append({"event_id": f"x{k}", "ts_ms": t + sent + 40, "channel": "b", "route": "r", "status": "error",
-                       "latency_ms": 40.0, "tier": "paid", "http_status": 429})
-    events.sort(key=lambda e: e["ts_ms"])
+    events = with_quick_failures(events, "b", t, 429)
     engine, verdicts = replay(events)
     assert not any(SUSPECT_METRIC in v.metrics for v in verdicts if v.channel == "b")
     assert engine.routes.capacity.share_rose(engine.channel_rows["b"])
-    table = HealthTable()
-    for v in verdicts:
-        if v.ts_ms <= t + 3000:
-            table.update(v)
-    assert table.weights("r").shares == {"a": 0.0, "b": 0.5, "c": 0.5}
+    assert router_shares_until(verdicts, t + 3000) == {"a": 0.0, "b": 0.5, "c": 0.5}

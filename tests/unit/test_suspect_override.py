@@ -4,7 +4,7 @@ override wins, and a route freeze does not pin a suspicion's transient share 0 f
 from __future__ import annotations
 
 from pipeline.engine.replay import replay
-from pipeline.engine.suspects import SUSPECT_METRIC
+from pipeline.contracts import SUSPECT_METRIC
 from pipeline.policy.override import Override, OverrideTable
 from pipeline.router.table import HealthTable
 

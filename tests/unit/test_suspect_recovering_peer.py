@@ -9,10 +9,9 @@ up to ``suspect_max_ms``: the jump the ramp exists to prevent, onto a channel ju
 from __future__ import annotations
 
 from pipeline.engine.replay import replay
-from pipeline.engine.suspects import SUSPECT_METRIC
-from pipeline.router.table import HealthTable
+from pipeline.contracts import SUSPECT_METRIC
 
-from test_suspects import START, WARM_S, _stream
+from test_suspects import START, WARM_S, _stream, router_shares_until, with_quick_failures
 
 
 def test_a_run_of_3_beside_a_recovering_peer_moves_no_share():
@@ -25,15 +24,8 @@ def test_a_run_of_3_beside_a_recovering_peer_moves_no_share():
     first = next(v for v in before if v.channel == "b" and v.state == "recovering")
     assert (first.ts_ms - START - WARM_S * 1000, first.weight) == (-200_000, 0.1)
     t = first.ts_ms + 1000
-    for k, sent in enumerate((10, 50, 100)):
-        events.append({"event_id": f"x{k}", "ts_ms": t + sent + 40, "channel": "a", "route": "r", "status": "error",
-                       "latency_ms": 40.0, "tier": "paid", "http_status": 503})
-    events.sort(key=lambda e: e["ts_ms"])
+    events = with_quick_failures(events, "a", t)
     _, verdicts = replay(events)
     assert not any(SUSPECT_METRIC in v.metrics for v in verdicts if v.channel == "a")
-    table = HealthTable()
-    for v in verdicts:
-        if v.ts_ms <= t + 3000:
-            table.update(v)
-    assert {c: round(s, 3) for c, s in table.weights("r").shares.items()} == {"a": 0.909, "b": 0.091}
+    assert {c: round(s, 3) for c, s in router_shares_until(verdicts, t + 3000).items()} == {"a": 0.909, "b": 0.091}
     assert [(v.channel, v.state) for v in verdicts if t <= v.ts_ms <= t + 3000] == []

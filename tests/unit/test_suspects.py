@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.engine.replay import replay
-from pipeline.engine.suspects import SUSPECT_METRIC
+from pipeline.contracts import SUSPECT_METRIC
 from pipeline.policy.defaults import PolicyConfig
 from pipeline.router.table import route_shares
 
@@ -274,3 +274,22 @@ def starved_then_failing() -> list[dict]:
         events.append({"event_id": f"x{k}", "ts_ms": base + sent + 40, "channel": "a", "route": "r",
                        "status": "error", "latency_ms": 40.0, "tier": "paid", "http_status": 503})
     return sorted(events, key=lambda e: e["ts_ms"])
+
+
+def with_quick_failures(events: list[dict], channel: str, at_ms: int, http: int = 503) -> list[dict]:
+    """``events`` plus three requests to ``channel`` sent at ``at_ms`` + 10, 50 and 100 ms that fail with HTTP
+    ``http`` in 40 ms (a run of 3 in completion order, between two of a channel's regular successes), sorted."""
+    extra = [{"event_id": f"x{k}", "ts_ms": at_ms + sent + 40, "channel": channel, "route": "r", "status": "error",
+              "latency_ms": 40.0, "tier": "paid", "http_status": http} for k, sent in enumerate((10, 50, 100))]
+    return sorted(events + extra, key=lambda e: e["ts_ms"])
+
+
+def router_shares_until(verdicts, until_ms: int) -> dict[str, float]:
+    """Route r's shares in a router table fed every verdict up to event time ``until_ms``."""
+    from pipeline.router.table import HealthTable
+
+    table = HealthTable()
+    for v in verdicts:
+        if v.ts_ms <= until_ms:
+            table.update(v)
+    return table.weights("r").shares
